@@ -1,0 +1,91 @@
+"""Back-ends by name, and the one entry point everything calls: `solve`.
+
+`solve` plans the canonical form of the failed set and maps the plan back to the real
+replica numbers, so the same plan is reused (and cached) for every symmetric failure.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable
+
+from planner.failures import Canonical, Worker, canonicalize, check_plannable, normalize
+from planner.job import JobSpec
+from planner.plan import Action, Plan, WorkerPlan
+from planner.timeline import Mode
+
+
+@dataclass(frozen=True)
+class SolveOptions:
+    time_limit: float = 10.0
+    num_workers: int = 2
+    seed: int = 0
+
+
+def _greedy(job, failed, mode, opts):
+    from planner.greedy import greedy_plan
+    return greedy_plan(job, failed, mode)
+
+
+def _1f1b(job, failed, mode, opts):
+    from planner.greedy import one_f_one_b_plan
+    return one_f_one_b_plan(job, failed)
+
+
+def _cpsat(job, failed, mode, opts):
+    from planner.cpsat import cpsat_plan
+    return cpsat_plan(job, failed, mode, time_limit=opts.time_limit,
+                      num_workers=opts.num_workers, seed=opts.seed)
+
+
+def _milp(job, failed, mode, opts):
+    from planner.milp import milp_plan
+    return milp_plan(job, failed, mode, time_limit=opts.time_limit)
+
+
+BACKENDS: dict[str, Callable[[JobSpec, list[Worker], Mode, SolveOptions], Plan]] = {
+    "1f1b": _1f1b, "greedy": _greedy, "cpsat": _cpsat, "milp": _milp,
+}
+
+
+class UnknownBackend(ValueError):
+    pass
+
+
+def solve(job: JobSpec, failed: Iterable[Iterable[int]], solver: str = "greedy",
+          mode: Mode = Mode(), opts: SolveOptions = SolveOptions(),
+          canonical: bool = True) -> Plan:
+    """Plan for `failed` with the named back-end. Raises NoPlanError when a stage has no
+    live worker, FailedSetError for workers outside the grid."""
+    if solver not in BACKENDS:
+        raise UnknownBackend(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
+    failed = normalize(job, failed)
+    check_plannable(job, failed)
+    if not canonical:
+        return BACKENDS[solver](job, failed, mode, opts)
+    canon = canonicalize(job, failed)
+    plan = BACKENDS[solver](job, list(canon.failed), mode, opts)
+    return map_plan(plan, canon)
+
+
+def map_plan(plan: Plan, canon: Canonical) -> Plan:
+    """Rename replicas of a plan solved for `canon.failed` back to the original ones.
+    Micro-batch g of canonical replica c is micro-batch m of original replica perm[c]."""
+    perm = canon.perm
+    if list(perm) == sorted(perm):
+        return plan
+    job = plan.job
+    M = job.microbatches
+
+    def gmap(g):
+        return None if g is None else perm[g // M] * M + g % M
+
+    routes = [None] * len(plan.routes)
+    for g, row in enumerate(plan.routes):
+        routes[gmap(g)] = [perm[d] for d in row]
+    workers = sorted(
+        (WorkerPlan.model_construct(replica=perm[w.replica], stage=w.stage, actions=[
+            Action.model_construct(op=a.op, microbatch=gmap(a.microbatch), start=a.start,
+                                   end=a.end) for a in w.actions])
+         for w in plan.workers), key=lambda w: (w.replica, w.stage))
+    failed = sorted((perm[r], s) for r, s in plan.failed)
+    return plan.model_copy(update={"routes": routes, "workers": workers, "failed": failed})

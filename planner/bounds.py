@@ -1,0 +1,98 @@
+"""Lower bounds on the period (staggered) and the makespan (synchronous).
+
+For a worker of stage s that runs n micro-batches, its span (first action to OPT end) is
+at least its work plus the idle time it cannot avoid:
+  - ramp: its first I needs one micro-batch's round trip through the later stages
+    (`chain`); before it only F's can run, at most `min(n, slots)` of them;
+  - drain: after its last F, that micro-batch's I is again a round trip away; meanwhile
+    only the I and W of the other micro-batches it holds can run.
+Ramp and drain idle may overlap, so the larger counts. With `slots` micro-batches of memory,
+each held from its F to its W for at least a round trip, the span is also at least the
+total hold time divided by the slots.
+
+A second family bounds through a bottleneck worker v of stage s: it runs n_v F's and I's
+one at a time, its first F waits for one micro-batch to cross stages r..s-1, and its last
+I must travel back to stage r, whose all-reduce waits for it; so stage r's earliest-starting
+worker spans at least head + n_v (F + I) + tail + W_r + OPT_r.
+
+Every bound grows with n, so the
+best re-routing is the one that minimises the largest span: identical units on workers
+with non-decreasing costs, for which assigning one unit at a time to the worker whose cost
+grows least is optimal. Any routing, not just ours, is covered.
+"""
+from __future__ import annotations
+
+import heapq
+
+from planner.failures import Worker, check_plannable, normalize
+from planner.job import JobSpec
+from planner.timeline import Mode
+
+
+def _fastest(job: JobSpec, dead: set[Worker], op: str, s: int) -> int:
+    return min(job.duration(op, d, s) for d in range(job.replicas) if (d, s) not in dead)
+
+
+def span_bound(job: JobSpec, d: int, s: int, n: int, chain: int) -> int:
+    f, i, w = (job.duration(op, d, s) for op in "FIW")
+    opt = job.duration("OPT", d, s)
+    if n == 0:
+        return 0
+    slots = job.slots(s)
+    held = n if slots is None else min(n, slots)
+    ramp = f + chain - held * f
+    drain = chain - (held - 1) * (i + w)
+    work = n * (f + i + w) + max(0, ramp, drain)
+    if slots is not None:
+        work = max(work, -(-n * (f + chain + i + w) // slots))
+    return work + opt
+
+
+def _minmax(job: JobSpec, live: list[int], cost) -> int:
+    """Smallest possible max over live workers of cost(d, n_d), the n_d adding up to all
+    micro-batches, for costs non-decreasing in n (greedy is optimal)."""
+    if job.speed is None:  # identical workers: the counts differ by at most one
+        return cost(live[0], -(-job.num_microbatches // len(live)))
+    count = {d: 0 for d in live}
+    heap = [(cost(d, 1), d) for d in live]
+    heapq.heapify(heap)
+    for _ in range(job.num_microbatches):
+        _, d = heapq.heappop(heap)
+        count[d] += 1
+        heapq.heappush(heap, (cost(d, count[d] + 1), d))
+    return max(cost(d, count[d]) for d in live)
+
+
+def stage_bounds(job: JobSpec, failed: list[Worker]) -> list[int]:
+    """Per stage s, a bound on the span of some worker of s: its own busiest-worker bound,
+    or a bottleneck bound through a later stage."""
+    dead = set(failed)
+    S, D = job.stages, job.replicas
+    fast = {op: [_fastest(job, dead, op, s) for s in range(S)] for op in "FIW"}
+    hop = job.min_delay
+    live = [[d for d in range(D) if (d, s) not in dead] for s in range(S)]
+    out = []
+    for s in range(S):
+        chain = sum(fast["F"][t] + fast["I"][t] for t in range(s + 1, S)) + 2 * (S - 1 - s) * hop
+        out.append(_minmax(job, live[s], lambda d, n: span_bound(job, d, s, n, chain)))
+    for v in range(1, S):
+        busy = _minmax(job, live[v], lambda d, n: n * (job.duration("F", d, v) + job.duration("I", d, v)))
+        for r in range(v):
+            there_and_back = sum(fast["F"][t] + fast["I"][t] for t in range(r, v)) + 2 * (v - r) * hop
+            tail = min(job.duration("W", d, r) + job.duration("OPT", d, r) for d in live[r])
+            out[r] = max(out[r], there_and_back + busy + tail)
+    return out
+
+
+def lower_bound(job: JobSpec, failed: list[Worker], mode: Mode = Mode()) -> int:
+    failed = normalize(job, failed)
+    check_plannable(job, failed)
+    per_stage = stage_bounds(job, failed)
+    if mode.staggered:
+        return max(per_stage)
+    dead = set(failed)
+    best, head = 0, 0
+    for s in range(job.stages):  # a stage cannot start before one F has crossed the earlier ones
+        best = max(best, head + per_stage[s])
+        head += _fastest(job, dead, "F", s) + job.min_delay
+    return best

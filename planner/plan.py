@@ -1,0 +1,124 @@
+"""The one plan type every part shares (DESIGN section 5), with JSON and CSV writers.
+
+A plan is data: routes plus, per live worker, the ordered timed actions it runs. Passes
+over it (validation, metrics, mapping through a replica permutation, CSV export) are small
+pure functions, in the spirit of torch.distributed.pipelining's schedule IR.
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.job import JobSpec
+
+PLAN_FORMAT = "recycle.plan/v1"
+Op = Literal["F", "I", "W", "B", "OPT"]
+
+
+class Action(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    op: Op
+    microbatch: Optional[int] = None
+    start: int
+    end: int
+
+    def label(self, stage: int) -> str:
+        """torch.distributed.pipelining's action string, e.g. `1F3`."""
+        if self.op == "OPT":
+            return f"{stage}OPT"
+        return f"{stage}{self.op}{self.microbatch}"
+
+
+class WorkerPlan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    replica: int
+    stage: int
+    actions: list[Action]
+
+    @property
+    def key(self) -> tuple[int, int]:
+        return (self.replica, self.stage)
+
+
+class Metrics(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    period: int
+    makespan: int
+    lower_bound: int
+    gap: float
+    # Period measured as if the optimizer were staggered / synchronous, whatever the
+    # plan's own mode: the ablation reports both (DESIGN section 4).
+    period_staggered: Optional[int] = None
+    period_synchronous: Optional[int] = None
+
+
+class SolverInfo(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    status: str
+    wall_s: float
+    optimizer: Literal["staggered", "synchronous"] = "staggered"
+    split_backward: bool = True
+    bound: Optional[int] = Field(default=None, description="solver's proven bound on its objective")
+
+
+class Plan(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["recycle.plan/v1"] = PLAN_FORMAT
+    job: JobSpec
+    failed: list[tuple[int, int]]
+    version: int = 0
+    routes: list[list[int]]
+    workers: list[WorkerPlan]
+    metrics: Metrics
+    solver: SolverInfo
+
+    # ---- lookups --------------------------------------------------------------------
+    def worker(self, replica: int, stage: int) -> Optional[WorkerPlan]:
+        for w in self.workers:
+            if w.replica == replica and w.stage == stage:
+                return w
+        return None
+
+    def is_rerouted(self, g: int, stage: int) -> bool:
+        return self.routes[g][stage] != self.job.owner(g)
+
+    # ---- I/O ------------------------------------------------------------------------
+    def to_json(self, indent: Optional[int] = None) -> str:
+        return self.model_dump_json(indent=indent)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Plan":
+        return cls.model_validate_json(text)
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as fh:
+            fh.write(self.to_json(indent=1))
+
+    @classmethod
+    def load(cls, path: str) -> "Plan":
+        with open(path) as fh:
+            return cls.from_json(fh.read())
+
+    def to_pipelining_csv(self, replica: int = 0) -> str:
+        """One replica's pipeline as torch.distributed.pipelining CSV: one row per rank
+        (stage), actions `{stage}{op}{microbatch}` with the replica-local micro-batch index.
+        Re-routed work is not part of a single pipeline, so only a failure-free replica can
+        be exported faithfully; other replicas' micro-batches run here are skipped."""
+        M = self.job.microbatches
+        rows = []
+        for s in range(self.job.stages):
+            w = self.worker(replica, s)
+            if w is None:
+                rows.append("")
+                continue
+            cells = []
+            for a in w.actions:
+                if a.op == "OPT":
+                    continue  # pipelining schedules end at the backward; the step is outside
+                if self.job.owner(a.microbatch) != replica:
+                    continue
+                cells.append(f"{s}{a.op}{a.microbatch % M}")
+            rows.append(",".join(cells))
+        return "\n".join(rows) + "\n"
