@@ -1,0 +1,149 @@
+"""`recycle plan`, `recycle precompute`, `recycle validate`, `recycle bench planner`."""
+from __future__ import annotations
+
+import json
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from planner.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.failures import NoPlanError, parse_worker
+from planner.job import JobSpec
+from planner.plan import Plan
+from planner.timeline import Mode
+
+console = Console()
+
+
+def register(app: typer.Typer, bench: typer.Typer) -> None:
+    app.command("plan")(plan_cmd)
+    app.command("precompute")(precompute_cmd)
+    app.command("validate")(validate_cmd)
+    bench.command("planner")(bench_planner_cmd)
+
+
+def _mode(no_split: bool, sync: bool) -> Mode:
+    return Mode(split_backward=not no_split, staggered=not sync)
+
+
+def plan_cmd(
+    spec: str = typer.Argument(..., help="job spec JSON (DESIGN section 5)"),
+    fail: List[str] = typer.Option([], "--fail", "-f", help="failed worker REPLICA:STAGE"),
+    solver: str = typer.Option("greedy", help="1f1b | greedy | cpsat | milp"),
+    time_limit: float = typer.Option(10.0, help="solver time limit (s)"),
+    workers: int = typer.Option(2, help="CP-SAT search workers"),
+    seed: int = typer.Option(0, help="CP-SAT random seed"),
+    no_split: bool = typer.Option(False, "--no-split", help="fused backward (B), no I/W split"),
+    sync: bool = typer.Option(False, "--sync", help="synchronous optimizer (barrier)"),
+    as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+    out: Optional[str] = typer.Option(None, help="write the plan JSON here"),
+    gantt: Optional[str] = typer.Option(None, help="write a Gantt chart (.html or .svg)"),
+    csv: Optional[str] = typer.Option(None, help="write replica 0's pipeline as pipelining CSV"),
+):
+    """Plan one iteration for SPEC with the given workers failed."""
+    from planner.backends import SolveOptions, solve
+
+    with user_errors("job spec"):
+        job = JobSpec.load(spec)
+        failed = [parse_worker(f) for f in fail]
+        try:
+            plan = solve(job, failed, solver, _mode(no_split, sync),
+                         SolveOptions(time_limit=time_limit, num_workers=workers, seed=seed))
+        except NoPlanError as exc:
+            if as_json:
+                typer.echo(json.dumps({"outcome": "restore_from_checkpoint", "reason": str(exc)}))
+            else:
+                console.print(f"[bold red]{exc}[/]")
+            raise typer.Exit(EXIT_NO_PLAN)
+    if out:
+        plan.save(out)
+    if gantt:
+        from planner.gantt import write_gantt
+        write_gantt(plan, gantt)
+    if csv:
+        with open(csv, "w") as fh:
+            fh.write(plan.to_pipelining_csv(0))
+    if as_json:
+        typer.echo(plan.to_json(indent=1))
+    else:
+        print_plan(plan)
+
+
+def print_plan(plan: Plan) -> None:
+    m, sv = plan.metrics, plan.solver
+    failed = ", ".join(f"{r}:{s}" for r, s in plan.failed) or "none"
+    console.print(f"[bold]{sv.name}[/] {sv.status} in {sv.wall_s:.3f}s  optimizer={sv.optimizer} "
+                  f"split_backward={sv.split_backward}  failed: {failed}")
+    console.print(f"period [bold]{m.period}[/]  makespan {m.makespan}  lower bound {m.lower_bound}"
+                  f"  gap {m.gap:.1%}" + (f"  solver bound {sv.bound}" if sv.bound else ""))
+    table = Table("worker", "micro-batches", "re-routed in", "busy", "idle", "span", "busy %")
+    for w in plan.workers:
+        busy = sum(a.end - a.start for a in w.actions)
+        span = w.actions[-1].end - w.actions[0].start
+        mbs = {a.microbatch for a in w.actions if a.microbatch is not None}
+        foreign = sum(1 for g in mbs if plan.job.owner(g) != w.replica)
+        table.add_row(f"{w.replica}:{w.stage}", str(len(mbs)), str(foreign), str(busy),
+                      str(span - busy), str(span), f"{busy / span:.0%}" if span else "-")
+    console.print(table)
+
+
+def precompute_cmd(
+    spec: str = typer.Argument(..., help="job spec JSON"),
+    max_failures: int = typer.Option(1, "--max-failures", "-k", min=0, help="failures per set, at most"),
+    db: str = typer.Option("plans.sqlite", help="SQLite plan cache file"),
+    solver: List[str] = typer.Option(["greedy", "cpsat"], help="back-ends, in order"),
+    time_limit: float = typer.Option(5.0, help="per-set solver time limit (s)"),
+    no_split: bool = typer.Option(False, "--no-split"),
+    sync: bool = typer.Option(False, "--sync"),
+):
+    """Fill the plan cache for every canonical failed set with up to k failures."""
+    from rich.progress import Progress
+
+    from planner.backends import BACKENDS, SolveOptions
+    from planner.cache import PlanCache, precompute
+
+    with user_errors("job spec"):
+        job = JobSpec.load(spec)
+        bad = [s for s in solver if s not in BACKENDS]
+        if bad:
+            raise ValueError(f"unknown solver {bad[0]!r}; choose from {', '.join(BACKENDS)}")
+    cache = PlanCache(db)
+    with Progress(console=console) as progress:
+        task = progress.add_task("planning", total=None)
+
+        def tick(done, total, canon, plan):
+            progress.update(task, total=total, completed=done,
+                            description=f"{plan.solver.name:6s} {canon.key:>12s} period {plan.metrics.period}")
+        n = precompute(cache, job, max_failures, solver, _mode(no_split, sync),
+                       SolveOptions(time_limit=time_limit), tick)
+    console.print(f"{n} canonical failed sets cached in {db} ({cache.count(job)} plans for this job)")
+
+
+def validate_cmd(path: str = typer.Argument(..., help="plan JSON")):
+    """Check a plan against every constraint and replay its metrics."""
+    from planner.validate import replay_metrics, validate
+
+    with user_errors("plan"):
+        plan = Plan.load(path)
+    errs = validate(plan)
+    if errs:
+        for e in errs:
+            console.print(f"[red]{e}[/]")
+        raise typer.Exit(1)
+    stag, sync = replay_metrics(plan.job, plan.workers)
+    console.print(f"valid: period (staggered) {stag}, makespan {sync}")
+
+
+def bench_planner_cmd(
+    out: str = typer.Option("benchmarks/results/planner.md", help="results table (markdown)"),
+    quick: bool = typer.Option(False, help="a small subset, for a smoke run"),
+    time_limit: float = typer.Option(10.0, help="CP-SAT limit per instance (s)"),
+    cpsat_max_actions: int = typer.Option(3500, help="run CP-SAT up to this many actions"),
+):
+    """Period / lower bound per back-end, solve times, and the ablation."""
+    from planner.bench import run_planner_bench
+
+    run_planner_bench(out, quick=quick, time_limit=time_limit,
+                      cpsat_max_actions=cpsat_max_actions, console=console)

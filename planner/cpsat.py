@@ -1,0 +1,189 @@
+"""CP-SAT back-end: the exact model of DESIGN section 4 for fixed routes, hinted by greedy.
+
+What makes it work (measured, see shared/SOLVER_NOTES.md): fixed-size intervals with one
+no-overlap per worker, memory as a reservoir that presolve must not expand, the greedy
+plan as a complete hint (with 2 workers CP-SAT has no first-solution search of its own),
+micro-batch symmetry fixed, and the analytic lower bound on the objective variable.
+Period propagates badly as an objective, so staggered mode minimises makespan first and
+then period, hinted with the makespan plan. The result is never worse than the greedy hint.
+"""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+from ortools.sat.python import cp_model
+
+from planner.bounds import lower_bound
+from planner.failures import Worker, normalize
+from planner.greedy import list_schedule
+from planner.job import JobSpec
+from planner.plan import Plan
+from planner.routing import balanced_routes
+from planner.schedmodel import (Actions, build_actions, canonical_starts, period_horizon,
+                                slots_needed, starts_of, symmetry_chains, timeline_of)
+from planner.timeline import Mode, add_opt, finish_plan
+
+_STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE"}
+_WALL_CAP = 1.5  # wall-clock safety cap, as a multiple of the time limit
+
+
+class _Model:
+    """One CP-SAT model; `objective` is "makespan" or "period"."""
+
+    def __init__(self, job: JobSpec, acts: Actions, chains: list[list[int]], objective: str,
+                 horizon: int, obj_lb: int, obj_ub: int):
+        m = self.m = cp_model.CpModel()
+        n = len(acts)
+        self.acts = acts
+        dur, es, tail = acts.dur, acts.es, acts.tail
+        # Domains from the chains: [earliest start, horizon - tail] prunes before search.
+        self.start = [m.new_int_var(es[i], max(es[i], horizon - tail[i]), "") for i in range(n)]
+        st = self.start
+        for i in range(n):
+            p = acts.pred[i]
+            if p >= 0:
+                m.add(st[i] >= st[p] + acts.lag[i])
+        # A zero-length action still takes a unit slot in the no-overlap: CP-SAT would
+        # otherwise place it inside another action, which a worker cannot run.
+        for w, idx in acts.on.items():
+            m.add_no_overlap([m.new_fixed_size_interval_var(st[i], max(1, dur[i]), "")
+                              for i in idx])
+        for ch in chains:
+            for a, b in zip(ch, ch[1:]):
+                m.add(st[b] >= st[a] + max(1, dur[a]))
+        # Along a chain only the first F can be a worker's first action and only the last
+        # release can be its stage's last: the others' OPT and span constraints are implied.
+        not_first = {i for ch in chains for i in ch[1:]}
+        not_last = {i for ch in chains for i in ch[:-1]}
+        # Memory: +1 slot at F start, -1 at the release's end (W, or B when fused).
+        for w, slots in slots_needed(job, acts).items():
+            if slots is None:
+                continue
+            times, deltas = [], []
+            for i in acts.on[w]:
+                if acts.ops[i] == "F":
+                    times.append(st[i]); deltas.append(1)
+                elif acts.ops[i] == acts.release:
+                    times.append(st[i] + dur[i]); deltas.append(-1)
+            m.add_reservoir_constraint(times, deltas, 0, slots)
+        # OPT of stage s: one start for all live peers, after every release of the stage.
+        stages = sorted({s for _, s in acts.on})
+        self.opt = {s: m.new_int_var(0, horizon, "") for s in stages}
+        for i in range(n):
+            if acts.ops[i] == acts.release and i not in not_last:
+                m.add(self.opt[acts.stage[i]] >= st[i] + dur[i])
+        self.obj = m.new_int_var(obj_lb, max(obj_lb, obj_ub), objective)
+        opt_dur = {w: job.duration("OPT", *w) for w in acts.on}
+        if objective == "makespan":
+            for w in acts.on:
+                m.add(self.obj >= self.opt[w[1]] + opt_dur[w])
+            self.first = {}
+        else:  # span of a worker: its OPT end minus its first action (always an F)
+            self.first = {w: m.new_int_var(0, horizon, "") for w in acts.on}
+            for w, idx in acts.on.items():
+                for i in idx:
+                    if acts.ops[i] == "F" and i not in not_first:
+                        m.add(self.first[w] <= st[i])
+                m.add(self.obj >= self.opt[w[1]] + opt_dur[w] - self.first[w])
+        m.minimize(self.obj)
+
+    def hint(self, job: JobSpec, starts: list[int]) -> None:
+        """A complete hint: every start, the OPTs, the first actions and the objective."""
+        acts, m = self.acts, self.m
+        for v, t in zip(self.start, starts):
+            m.add_hint(v, t)
+        opt = {s: 0 for s in self.opt}
+        for i, t in enumerate(starts):
+            if acts.ops[i] == acts.release:
+                opt[acts.stage[i]] = max(opt[acts.stage[i]], t + acts.dur[i])
+        for s, v in self.opt.items():
+            m.add_hint(v, opt[s])
+        ends = {w: opt[w[1]] + job.duration("OPT", *w) for w in acts.on}
+        if self.first:
+            first = {w: min(starts[i] for i in idx) for w, idx in acts.on.items()}
+            for w, v in self.first.items():
+                m.add_hint(v, first[w])
+            m.add_hint(self.obj, max(ends[w] - first[w] for w in acts.on))
+        else:
+            m.add_hint(self.obj, max(ends.values()))
+
+    def solve(self, det_time: float, wall_cap: float, num_workers: int, seed: int):
+        solver = cp_model.CpSolver()
+        p = solver.parameters
+        p.num_workers = num_workers
+        p.interleave_search = True
+        p.random_seed = seed
+        p.max_deterministic_time = max(0.01, det_time)
+        p.max_time_in_seconds = max(0.01, wall_cap)  # safety cap only
+        p.expand_reservoir_constraints = False
+        status = solver.solve(self.m)
+        if status not in _STATUS:  # values after UNKNOWN are garbage
+            return None, solver
+        return [solver.value(v) for v in self.start], solver
+
+
+def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_limit: float = 10.0,
+               num_workers: int = 2, seed: int = 0,
+               routes: Optional[list[list[int]]] = None) -> Plan:
+    t0 = time.perf_counter()
+    failed = normalize(job, failed)
+    routes = routes if routes is not None else balanced_routes(job, failed)
+    acts = build_actions(job, routes, mode)
+    chains = symmetry_chains(job, routes, acts)
+
+    greedy_tl = list_schedule(job, routes, mode)
+    g_starts = canonical_starts(acts, chains, starts_of(acts, greedy_tl))
+    add_opt(job, greedy_tl)
+    greedy = finish_plan(job, failed, routes, greedy_tl, mode, "cpsat", "HEURISTIC", 0.0)
+
+    def plan_of(starts):
+        tl = timeline_of(acts, starts)
+        add_opt(job, tl)
+        return finish_plan(job, failed, routes, tl, mode, "cpsat", "HEURISTIC", 0.0)
+
+    lb_period = lower_bound(job, failed, mode)
+    lb_makespan = lower_bound(job, failed, Mode(mode.split_backward, staggered=False))
+    # Deterministic time is the budget (reproducible plans); wall time only caps a slow
+    # machine, and a run that hits it is no longer reproducible.
+    deadline = t0 + _WALL_CAP * time_limit + 1.0
+    solve = lambda mdl, dt: mdl.solve(dt, deadline - time.perf_counter(), num_workers, seed)
+
+    g_make = greedy.metrics.makespan
+    model = _Model(job, acts, chains, "makespan", g_make, lb_makespan, g_make)
+    model.hint(job, g_starts)
+    starts, solver = solve(model, time_limit * (0.5 if mode.staggered else 1.0))
+    used = solver.deterministic_time
+    best, bound = greedy, lb_period
+    if starts is not None:
+        cand = plan_of(starts)
+        if cand.metrics.period <= best.metrics.period:
+            best = cand
+        if not mode.staggered:
+            bound = max(bound, _floor(solver.best_objective_bound))
+    if mode.staggered and best.metrics.period > lb_period and used < time_limit:
+        P = best.metrics.period
+        model = _Model(job, acts, chains, "period", period_horizon(job, acts, P), lb_period, P)
+        model.hint(job, starts_of(acts, _as_timeline(best)))
+        starts, solver = solve(model, time_limit - used)
+        if starts is not None:
+            bound = max(bound, _floor(solver.best_objective_bound))
+            cand = plan_of(starts)
+            # Equal period: keep the makespan-optimised plan, it also ends sooner.
+            if cand.metrics.period < best.metrics.period:
+                best = cand
+    if best is greedy:
+        status = "HEURISTIC"
+    else:
+        status = "OPTIMAL" if best.metrics.period <= bound else "FEASIBLE"
+    return best.model_copy(update={"solver": best.solver.model_copy(update={
+        "status": status, "wall_s": round(time.perf_counter() - t0, 4), "bound": bound})})
+
+
+def _floor(x: float) -> int:
+    return int(x + 1e-6)  # integral model: the bound is an integer up to float noise
+
+
+def _as_timeline(plan: Plan):
+    return {(w.replica, w.stage): [(a.op, a.microbatch, a.start, a.end) for a in w.actions
+                                   if a.op != "OPT"] for w in plan.workers}
