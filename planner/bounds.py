@@ -11,7 +11,8 @@ each held from its F to its W for at least a round trip, the span is also at lea
 total hold time divided by the slots.
 
 A second family bounds through a bottleneck worker v of stage s: it runs n_v F's and I's
-one at a time, its first F waits for one micro-batch to cross stages r..s-1, and its last
+one at a time (and, short of memory, the W's that make room for its last F's), its first F
+waits for one micro-batch to cross stages r..s-1, and its last
 I must travel back to stage r, whose all-reduce waits for it; so stage r's earliest-starting
 worker spans at least head + n_v (F + I) + tail + W_r + OPT_r.
 
@@ -63,6 +64,14 @@ def _minmax(job: JobSpec, live: list[int], cost) -> int:
     return max(cost(d, count[d]) for d in live)
 
 
+def _busy_until_last_i(job: JobSpec, d: int, v: int, n: int) -> int:
+    """Work worker (d, v) must do between its first F and its last I: every F and I, and,
+    when it holds fewer slots than micro-batches, the W's that free room for the last F's."""
+    slots = job.slots(v)
+    forced_w = 0 if slots is None else max(0, n - slots)
+    return n * (job.duration("F", d, v) + job.duration("I", d, v)) + forced_w * job.duration("W", d, v)
+
+
 def stage_bounds(job: JobSpec, failed: list[Worker]) -> list[int]:
     """Per stage s, a bound on the span of some worker of s: its own busiest-worker bound,
     or a bottleneck bound through a later stage."""
@@ -76,7 +85,7 @@ def stage_bounds(job: JobSpec, failed: list[Worker]) -> list[int]:
         chain = sum(fast["F"][t] + fast["I"][t] for t in range(s + 1, S)) + 2 * (S - 1 - s) * hop
         out.append(_minmax(job, live[s], lambda d, n: span_bound(job, d, s, n, chain)))
     for v in range(1, S):
-        busy = _minmax(job, live[v], lambda d, n: n * (job.duration("F", d, v) + job.duration("I", d, v)))
+        busy = _minmax(job, live[v], lambda d, n: _busy_until_last_i(job, d, v, n))
         for r in range(v):
             there_and_back = sum(fast["F"][t] + fast["I"][t] for t in range(r, v)) + 2 * (v - r) * hop
             tail = min(job.duration("W", d, r) + job.duration("OPT", d, r) for d in live[r])

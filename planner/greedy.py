@@ -71,8 +71,17 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
         t, w = pop(events)
         if free_at[w] > t:
             continue
-        qi = qI[w]
+        qi, qf = qI[w], qF[w]
+        ready_f = qf and qf[0][0] <= t
         if qi and qi[0][0] <= t:
+            op = back
+        elif ready_f and held[w] < slots[w]:
+            op = "F"
+        elif qW[w]:
+            op = "W"
+        else:
+            continue  # nothing ready: an arrival will wake this worker
+        if op == back:
             _, _, g = pop(qi)
             end = t + dur_back[w]
             out[w].append((back, g, t, end))
@@ -86,8 +95,8 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
                 r = end + (intra if route_d[g][s] == route_d[g][s - 1] else cross)
                 push(qI[w2], (r, g, g))
                 push(events, (r if r > free_at[w2] else free_at[w2], w2))
-        elif qF[w] and qF[w][0][0] <= t and held[w] < slots[w]:
-            _, _, g = pop(qF[w])
+        elif op == "F":
+            _, _, g = pop(qf)
             end = t + dur_f[w]
             out[w].append(("F", g, t, end))
             held[w] += 1
@@ -98,14 +107,12 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
                 push(qF[w2], (r, g % M, g))
                 push(events, (r if r > free_at[w2] else free_at[w2], w2))
             else:
-                push(qI[w], (end, g, g))
-        elif qW[w]:
+                push(qi, (end, g, g))
+        else:
             g = qW[w].popleft()
             end = t + dur_w[w]
             out[w].append(("W", g, t, end))
             held[w] -= 1
-        else:
-            continue  # nothing ready: an arrival will wake this worker
         free_at[w] = end
         push(events, (end, w))
 
