@@ -1,0 +1,213 @@
+"""Execute planner Plans in one process: the semantic model of the distributed runtime.
+
+Every live worker gets its own StageCompute, its own copy of the stage's parameters and its
+own optimizer (replicas start identical and stay identical). Actions run in each worker's
+plan order; across workers the next action chosen is the ready one with the earliest plan
+start time, where ready means its inputs have arrived: F(s, g) needs the activation of
+(s-1, g), I/B(s, g) the gradient of (s+1, g), OPT every live peer of the stage at its OPT
+(the all-reduce joins them). A plan whose order cannot be met deadlocks and raises.
+
+failures_by_iteration maps an iteration to either
+  * a list of (replica, stage) workers that fail DURING it: the iteration runs until half
+    its F/I/W/B actions are done (or until the first OPT would run, whichever is first, so
+    no stage has stepped), is aborted on all survivors (partial gradients dropped), a new
+    plan is solved for the grown failed set, and the iteration re-runs from the start;
+  * a Plan to switch to at the start of it (e.g. a worker coming back: it copies its
+    stage's parameters and optimizer state from a live peer, DESIGN section 6).
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Mapping, Optional, Sequence, Union
+
+import torch
+from torch import nn
+
+from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.reference import Summary, checksum, snapshot
+from executor.stage import StageCompute
+from planner.backends import solve
+from planner.plan import Plan
+from planner.timeline import Mode
+
+Key = tuple[int, int]  # (replica, stage)
+Event = Union[Plan, Sequence[Sequence[int]]]
+
+
+class Aborted(RuntimeError):
+    """The iteration in flight was aborted by an injected failure."""
+
+
+@dataclass
+class _Worker:
+    module: nn.Module
+    compute: StageCompute
+    opt: torch.optim.Optimizer
+
+
+def _mode(plan: Plan) -> Mode:
+    return Mode(split_backward=plan.solver.split_backward,
+                staggered=plan.solver.optimizer == "staggered")
+
+
+class LocalRunner:
+    def __init__(self, cfg: ModelConfig, plan: Plan, workload: Workload = DEFAULT_WORKLOAD):
+        self.cfg, self.wl, self.plan = cfg, workload, plan
+        job = plan.job
+        self.S, self.n = job.stages, job.replicas * job.microbatches
+        self.workers: dict[Key, _Worker] = {}
+        for w in plan.workers:
+            self.workers[w.key] = self._new_worker(w.stage)
+
+    def _new_worker(self, stage: int) -> _Worker:
+        module = self.wl.build_stage(self.cfg, stage, self.S)
+        compute = StageCompute(module, stage == 0, stage == self.S - 1, 1.0 / self.n,
+                               loss_fn=self.wl.loss_fn)
+        return _Worker(module, compute, self.wl.make_optimizer(self.cfg, module.parameters()))
+
+    # ---- plan changes (at iteration boundaries only) --------------------------------
+    def switch(self, plan: Plan) -> None:
+        if (plan.job.stages, plan.job.replicas * plan.job.microbatches) != (self.S, self.n):
+            raise ValueError("a new plan must keep the grid's stages and global batch")
+        keep = {w.key for w in plan.workers}
+        for key in list(self.workers):
+            if key not in keep:
+                del self.workers[key]
+        for key in sorted(keep - set(self.workers)):
+            donor = next((v for k, v in sorted(self.workers.items()) if k[1] == key[1]), None)
+            if donor is None:
+                raise RuntimeError(f"no live peer of stage {key[1]} to restore {key} from")
+            w = self._new_worker(key[1])
+            w.module.load_state_dict(donor.module.state_dict())
+            w.opt.load_state_dict(copy.deepcopy(donor.opt.state_dict()))
+            self.workers[key] = w
+        self.plan = plan
+
+    def fail(self, failed: Sequence[Sequence[int]]) -> None:
+        dead = {tuple(f) for f in failed}
+        union = sorted({tuple(f) for f in self.plan.failed} | dead)
+        self.switch(solve(self.plan.job, union, solver="greedy", mode=_mode(self.plan)))
+
+    # ---- one iteration --------------------------------------------------------------
+    def iteration(self, it: int, abort_midway: bool = False) -> float:
+        plan, S = self.plan, self.S
+        queues = {w.key: list(w.actions) for w in plan.workers}
+        pos = {k: 0 for k in queues}
+        acts: dict[Key, torch.Tensor] = {}   # (stage, g) -> output of that stage
+        grads: dict[Key, torch.Tensor] = {}  # (stage, g) -> gradient w.r.t. its input
+        batches = {g: self.wl.microbatch(self.cfg, it, g) for g in range(self.n)}
+        losses: dict[int, float] = {}
+        todo = sum(a.op != "OPT" for q in queues.values() for a in q)
+        kill_at = todo // 2 if abort_midway else None
+        done = 0
+
+        def ready(key: Key) -> bool:
+            a = queues[key][pos[key]]
+            s = key[1]
+            if a.op == "F":
+                return s == 0 or (s - 1, a.microbatch) in acts
+            if a.op in ("I", "B"):
+                return s == S - 1 or (s + 1, a.microbatch) in grads
+            if a.op == "OPT":
+                return all(queues[k][pos[k]].op == "OPT" for k in queues
+                           if k[1] == s and pos[k] < len(queues[k]))
+            return True
+
+        while True:
+            live = [k for k in queues if pos[k] < len(queues[k])]
+            if not live:
+                break
+            live.sort(key=lambda k: (queues[k][pos[k]].start, k))
+            key = next((k for k in live if ready(k)), None)
+            if key is None:
+                raise RuntimeError(f"plan deadlocks at iteration {it}: " + ", ".join(
+                    f"{k}:{queues[k][pos[k]].label(k[1])}" for k in live))
+            a = queues[key][pos[key]]
+            if kill_at is not None and (done >= kill_at or a.op == "OPT"):
+                for w in self.workers.values():
+                    w.compute.reset()
+                raise Aborted(f"iteration {it} aborted after {done} of {todo} actions")
+            d, s = key
+            w = self.workers[key]
+            if a.op == "OPT":
+                peers = sorted(k for k in queues if k[1] == s)
+                self._all_reduce_step([self.workers[k] for k in peers])
+                for k in peers:
+                    pos[k] += 1
+                continue
+            g = a.microbatch
+            if a.op in ("F", "I", "B") and plan.routes[g][s] != d:
+                raise RuntimeError(f"{a.label(s)} on replica {d}, routes say {plan.routes[g][s]}")
+            if a.op == "F":
+                x = batches[g][0] if s == 0 else acts.pop((s - 1, g))
+                out = w.compute.forward(g, x, batches[g][1] if s == S - 1 else None)
+                if s == S - 1:
+                    losses[g] = w.compute.loss(g)
+                else:
+                    acts[(s, g)] = out
+            elif a.op in ("I", "B"):
+                grad = None if s == S - 1 else grads.pop((s + 1, g))
+                fn = w.compute.backward_input if a.op == "I" else w.compute.backward_full
+                gx = fn(g, grad)
+                if s > 0:
+                    grads[(s, g)] = gx
+            elif a.op == "W":
+                w.compute.backward_weight(g)
+            pos[key] += 1
+            done += 1
+        if sorted(losses) != list(range(self.n)):
+            raise RuntimeError(f"iteration {it} computed losses for {sorted(losses)}")
+        return sum(losses[g] for g in range(self.n)) / self.n
+
+    @staticmethod
+    def _all_reduce_step(peers: list[_Worker]) -> None:
+        """OPT: sum each parameter's gradient over the live peers (fixed order, so every
+        peer gets the identical sum), then step each peer's optimizer."""
+        for w in peers:
+            if w.compute.pending():
+                raise RuntimeError(f"OPT with micro-batches {w.compute.pending()} unfinished")
+        for params in zip(*(list(w.module.parameters()) for w in peers)):
+            parts = [p.grad for p in params if p.grad is not None]
+            if not parts:
+                continue
+            total = parts[0].clone()
+            for t in parts[1:]:
+                total.add_(t)
+            for p in params:
+                p.grad = total.clone()
+        for w in peers:
+            w.opt.step()
+            w.compute.zero_grad()
+
+    def summary(self, losses: list[float]) -> Summary:
+        sums, states = [], []
+        for s in range(self.S):
+            peers = [w for k, w in sorted(self.workers.items()) if k[1] == s]
+            first = snapshot(peers[0].module)
+            for other in peers[1:]:  # replicas must stay bit-identical
+                if any(not torch.equal(first[n], t) for n, t in snapshot(other.module).items()):
+                    raise AssertionError(f"replicas of stage {s} diverged")
+            sums.append(checksum(peers[0].module))
+            states.append(first)
+        return Summary(losses=losses, param_checksums=sums, state=states)
+
+
+def run_plan_locally(cfg: ModelConfig, plan: Plan, iterations: int,
+                     failures_by_iteration: Optional[Mapping[int, Event]] = None, *,
+                     workload: Workload = DEFAULT_WORKLOAD) -> Summary:
+    runner = LocalRunner(cfg, plan, workload)
+    events = dict(failures_by_iteration or {})
+    losses = []
+    for it in range(iterations):
+        ev = events.get(it)
+        if isinstance(ev, Plan):
+            runner.switch(ev)
+        elif ev:
+            try:
+                runner.iteration(it, abort_midway=True)
+                raise AssertionError("an injected failure must abort the iteration")
+            except Aborted:
+                runner.fail(ev)
+        losses.append(runner.iteration(it))
+    return runner.summary(losses)

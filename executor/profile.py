@@ -1,0 +1,161 @@
+"""Measure a job's real per-stage costs and memory, and write them as a planner JobSpec.
+
+Per stage: F, I, W (median over `repeats`, after a warm-up) in microseconds, OPT = the
+measured AdamW step plus a ring all-reduce estimate over `replicas` peers, and the
+activation memory of one micro-batch in bytes: the larger of what its F saves for
+backward and what its weight-gradient store keeps from I to W (distinct storages,
+parameters excluded), i.e. what the planner charges from F's start to W's end.
+Point-to-point delays and the all-reduce are estimates from bandwidths (one process
+cannot measure the network); pass the numbers of your cluster.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Optional
+
+import torch
+
+from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.stage import StageCompute
+from executor.wgrad import store_bytes
+from planner.job import Cost, JobSpec, Memory, P2P
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class _Timer:
+    def __init__(self, device: torch.device):
+        self.device = device
+
+    def __enter__(self):
+        _sync(self.device)
+        self.t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        _sync(self.device)
+        self.us = (time.perf_counter() - self.t0) * 1e6
+
+
+def _saved_bytes(fn, exclude: set[int]) -> int:
+    """Bytes of distinct storages autograd saves for backward while fn runs."""
+    seen: dict[int, int] = {}
+
+    def pack(t):
+        if id(t) not in exclude:
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        fn()
+    return sum(seen.values())
+
+
+def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "cpu",
+                  repeats: int = 5, workload: Workload = DEFAULT_WORKLOAD) -> dict:
+    """Timings (us) of F, I, W, the fused B, a native full backward and the AdamW step of
+    one micro-batch on `stage`, plus its activation, output and parameter bytes."""
+    dev = torch.device(device)
+    wl = workload
+    tokens, targets = wl.microbatch(cfg, 0, 0)
+    tokens, targets = tokens.to(dev), targets.to(dev)
+    x = tokens
+    with torch.no_grad():  # a real input activation: run the earlier stages once
+        for s in range(stage):
+            x = wl.build_stage(cfg, s, stages).to(dev)(x)
+    module = wl.build_stage(cfg, stage, stages).to(dev)
+    first, last = stage == 0, stage == stages - 1
+    comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn)
+    opt = wl.make_optimizer(cfg, module.parameters())
+    params = {id(p) for p in module.parameters()}
+    grad = None
+    if not last:
+        with torch.no_grad():
+            out = module(x)
+        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+    t = {k: [] for k in ("F", "I", "W", "B", "native_backward", "OPT")}
+    act = store = 0
+    for r in range(repeats + 1):
+        keep = r > 0  # the first round warms up kernels and allocators
+        with _Timer(dev) as tm:
+            comp.forward(0, x, targets)
+        t["F"].append(tm.us)
+        with _Timer(dev) as tm:
+            comp.backward_input(0, grad)
+        t["I"].append(tm.us)
+        store = store_bytes(comp._after_i[0], params)
+        with _Timer(dev) as tm:
+            comp.backward_weight(0)
+        t["W"].append(tm.us)
+        with _Timer(dev) as tm:
+            opt.step()
+        t["OPT"].append(tm.us)
+        comp.zero_grad()
+        comp.forward(0, x, targets)
+        with _Timer(dev) as tm:
+            comp.backward_full(0, grad)
+        t["B"].append(tm.us)
+        comp.zero_grad()
+        # native autograd (no deferral) as the yardstick for "W is not a second backward"
+        xin = x if first else x.detach().requires_grad_(True)
+        root = None
+
+        def fwd():
+            nonlocal root
+            out = module(xin)
+            root = wl.loss_fn(out, targets) if last else out
+        act = _saved_bytes(fwd, params)
+        with _Timer(dev) as tm:
+            torch.autograd.backward(root, grad)
+        t["native_backward"].append(tm.us)
+        comp.zero_grad()
+        if not keep:
+            for v in t.values():
+                v.clear()
+    comp.reset()
+    res = {k: statistics.median(v) for k, v in t.items()}
+    res.update(activation_bytes=max(act, store), saved_bytes=act, store_bytes=store,
+               output_bytes=0 if last else grad.numel() * grad.element_size(),
+               param_bytes=sum(p.numel() * p.element_size() for p in module.parameters()))
+    return res
+
+
+def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
+            device: str = "cpu", repeats: int = 5, *, memory_budget: Optional[int] = None,
+            intra_gbps: float = 50.0, cross_gbps: float = 12.5, latency_us: float = 5.0,
+            workload: Workload = DEFAULT_WORKLOAD, details: Optional[list] = None) -> JobSpec:
+    """A JobSpec with measured durations (us) and memory (bytes). memory_budget: bytes per
+    worker (default: the GPU's memory on CUDA, no memory limit on CPU); capacity is the
+    budget less parameters, gradients and AdamW's two moments (4x parameter bytes).
+    `details`, if given, receives each stage's measure_stage dict."""
+    us = lambda v: max(1, int(round(v)))
+    rows = [measure_stage(cfg, s, stages, device=device, repeats=repeats, workload=workload)
+            for s in range(stages)]
+    if details is not None:
+        details.extend(rows)
+    ring = 2 * (replicas - 1) / replicas  # bytes each peer sends in a ring all-reduce
+    opt = [r["OPT"] + (ring * r["param_bytes"] / (cross_gbps * 1e3) + latency_us
+                       if replicas > 1 else 0) for r in rows]
+    out_bytes = max(r["output_bytes"] for r in rows)
+    p2p = P2P(intra=us(latency_us + out_bytes / (intra_gbps * 1e3)),
+              cross=us(latency_us + out_bytes / (cross_gbps * 1e3)))
+    if memory_budget is None and torch.device(device).type == "cuda":
+        memory_budget = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    memory = None
+    if memory_budget is not None:
+        act = [max(1, r["activation_bytes"]) for r in rows]
+        cap = [int(memory_budget - 4 * r["param_bytes"]) for r in rows]
+        for s, (a, c) in enumerate(zip(act, cap)):
+            if c < a:
+                raise ValueError(f"memory_budget {memory_budget} B cannot hold stage {s}'s "
+                                 f"state plus one micro-batch ({4 * rows[s]['param_bytes']} + {a} B)")
+        memory = Memory(activation=act, capacity=cap)
+    return JobSpec(replicas=replicas, stages=stages, microbatches=microbatches,
+                   cost=Cost(F=[us(r["F"]) for r in rows], I=[us(r["I"]) for r in rows],
+                             W=[us(r["W"]) for r in rows], OPT=[us(v) for v in opt]),
+                   p2p=p2p, memory=memory)

@@ -1,0 +1,105 @@
+"""Ground truth: the same training in one process with plain autograd, and a comparison.
+
+Iteration i trains on micro-batches g = 0..D*M-1 of data.microbatch(cfg, i, g), each loss
+scaled by 1/(D*M), one AdamW per stage (AdamW is element-wise, so per-stage optimizers
+equal one optimizer over the whole model; no clipping, which would need a barrier across
+stages). The layers run their native ops here (no deferred W), so this also checks the
+I/W split of every distributed or local run against ordinary autograd.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+from torch import Tensor, nn
+
+from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+
+
+@dataclass
+class Summary:
+    losses: list[float]  # per iteration: mean of the D*M micro-batch losses
+    param_checksums: list[float]  # per stage: float64 sum of all its parameters
+    # Final parameters per stage (name -> tensor), for per-parameter diffs; not serialised.
+    state: Optional[list[dict[str, Tensor]]] = field(default=None, repr=False, compare=False)
+
+    def to_json(self) -> str:
+        return json.dumps({"losses": self.losses, "param_checksums": self.param_checksums})
+
+    @classmethod
+    def from_json(cls, text: str) -> "Summary":
+        d = json.loads(text)
+        return cls(losses=[float(x) for x in d["losses"]],
+                   param_checksums=[float(x) for x in d["param_checksums"]])
+
+    def save(self, path: str) -> None:
+        with open(path, "w") as fh:
+            fh.write(self.to_json())
+
+    @classmethod
+    def load(cls, path: str) -> "Summary":
+        with open(path) as fh:
+            return cls.from_json(fh.read())
+
+
+def checksum(module: nn.Module) -> float:
+    with torch.no_grad():
+        return float(sum((p.detach().double().sum() for p in module.parameters()),
+                         torch.zeros((), dtype=torch.float64)))
+
+
+def snapshot(module: nn.Module) -> dict[str, Tensor]:
+    return {n: p.detach().cpu().clone() for n, p in module.named_parameters()}
+
+
+def compare(a: Summary, b: Summary, tol: float = 1e-5) -> list[str]:
+    """Differences beyond tol (absolute, relative above magnitude 1); empty: they agree."""
+    out = []
+    close = lambda x, y: abs(x - y) <= tol * max(1.0, abs(x), abs(y))
+    if len(a.losses) != len(b.losses):
+        out.append(f"{len(a.losses)} vs {len(b.losses)} iterations")
+    for i, (x, y) in enumerate(zip(a.losses, b.losses)):
+        if not close(x, y):
+            out.append(f"loss[{i}]: {x!r} vs {y!r} (diff {abs(x - y):.3g})")
+    if len(a.param_checksums) != len(b.param_checksums):
+        out.append(f"{len(a.param_checksums)} vs {len(b.param_checksums)} stages")
+    for s, (x, y) in enumerate(zip(a.param_checksums, b.param_checksums)):
+        if not close(x, y):
+            out.append(f"checksum[stage {s}]: {x!r} vs {y!r} (diff {abs(x - y):.3g})")
+    if a.state is not None and b.state is not None:
+        for s, (sa, sb) in enumerate(zip(a.state, b.state)):
+            if set(sa) != set(sb):
+                out.append(f"stage {s}: parameter names differ")
+                continue
+            for name in sa:
+                d = float((sa[name] - sb[name]).abs().max()) if sa[name].numel() else 0.0
+                if d > tol:
+                    out.append(f"stage {s} {name}: max abs diff {d:.3g}")
+    return out
+
+
+def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iterations: int,
+                    stages: int, *, workload: Workload = DEFAULT_WORKLOAD) -> Summary:
+    wl = workload
+    modules = [wl.build_stage(cfg, s, stages) for s in range(stages)]
+    opts = [wl.make_optimizer(cfg, m.parameters()) for m in modules]
+    n = replicas * microbatches
+    scale = 1.0 / n
+    losses = []
+    for it in range(iterations):
+        total = 0.0
+        for g in range(n):
+            x, targets = wl.microbatch(cfg, it, g)
+            for m in modules:
+                x = m(x)
+            loss = wl.loss_fn(x, targets)
+            (loss * scale).backward()
+            total += float(loss.detach())
+        losses.append(total / n)
+        for opt in opts:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return Summary(losses=losses, param_checksums=[checksum(m) for m in modules],
+                   state=[snapshot(m) for m in modules])
