@@ -25,7 +25,16 @@ from planner.schedmodel import (Actions, build_actions, canonical_starts, period
 from planner.timeline import Mode, add_opt, finish_plan
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE"}
-_WALL_CAP = 1.5  # wall-clock safety cap, as a multiple of the time limit
+# `time_limit` is spent as deterministic time (reproducible plans) at this rate: on the
+# shared 2-core reference machine CP-SAT advanced 0.4 to 0.75 deterministic seconds per
+# wall second, so the run then takes about `time_limit`. Wall time (1.5 x the limit) is a
+# safety cap only: a run that hits it is no longer reproducible.
+_DET_PER_S = 0.5
+# The period model (per-worker first-action variables) spent 10 to 50 s before its first
+# search step at 3K actions, ignoring every time limit (ortools 9.15, cause not found);
+# at a few hundred actions it starts at once. Above this size period is not re-solved.
+_PERIOD_MAX_ACTIONS = 1000
+_WALL_CAP = 1.5
 
 
 class _Model:
@@ -144,15 +153,18 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
 
     lb_period = lower_bound(job, failed, mode)
     lb_makespan = lower_bound(job, failed, Mode(mode.split_backward, staggered=False))
-    # Deterministic time is the budget (reproducible plans); wall time only caps a slow
-    # machine, and a run that hits it is no longer reproducible.
-    deadline = t0 + _WALL_CAP * time_limit + 1.0
-    solve = lambda mdl, dt: mdl.solve(dt, deadline - time.perf_counter(), num_workers, seed)
+    budget = _DET_PER_S * time_limit
+    deadline = t0 + _WALL_CAP * time_limit + 0.5
+
+    def solve(mdl, dt, wall_share):
+        cap = (deadline - time.perf_counter()) * wall_share
+        return mdl.solve(dt, cap, num_workers, seed)
 
     g_make = greedy.metrics.makespan
     model = _Model(job, acts, chains, "makespan", g_make, lb_makespan, g_make)
     model.hint(job, g_starts)
-    starts, solver = solve(model, time_limit * (0.5 if mode.staggered else 1.0))
+    share = 0.5 if mode.staggered and len(acts) <= _PERIOD_MAX_ACTIONS else 1.0
+    starts, solver = solve(model, budget * share, share)
     used = solver.deterministic_time
     best, bound = greedy, lb_period
     if starts is not None:
@@ -161,11 +173,12 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
             best = cand
         if not mode.staggered:
             bound = max(bound, _floor(solver.best_objective_bound))
-    if mode.staggered and best.metrics.period > lb_period and used < time_limit:
+    if mode.staggered and best.metrics.period > lb_period and len(acts) <= _PERIOD_MAX_ACTIONS:
         P = best.metrics.period
         model = _Model(job, acts, chains, "period", period_horizon(job, acts, P), lb_period, P)
-        model.hint(job, starts_of(acts, _as_timeline(best)))
-        starts, solver = solve(model, time_limit - used)
+        model.hint(job, canonical_starts(acts, chains, starts_of(acts, _as_timeline(best))))
+        # Phase 1 may overrun its deterministic share; period still gets a fifth.
+        starts, solver = solve(model, max(budget - used, 0.2 * budget), 1.0)
         if starts is not None:
             bound = max(bound, _floor(solver.best_objective_bound))
             cand = plan_of(starts)

@@ -2,6 +2,7 @@
 from hypothesis import strategies as st
 
 from planner.job import JobSpec
+from planner.timeline import Mode
 
 
 @st.composite
@@ -44,3 +45,31 @@ def failed_sets(draw, job, max_failures=3):
 def job_and_failures(draw, **kw):
     job = draw(jobs(**kw))
     return job, draw(failed_sets(job))
+
+
+@st.composite
+def small_jobs(draw, max_d=3, max_s=3, max_m=3, max_actions=None):
+    D = draw(st.integers(1, max_d))
+    S = draw(st.integers(1, max_s))
+    M = draw(st.integers(1, max_m))
+    if max_actions is not None:
+        while 3 * D * S * M > max_actions and M > 1:
+            M -= 1
+        while 3 * D * S * M > max_actions and S > 1:
+            S -= 1
+    cost = st.lists(st.integers(1, 9), min_size=S, max_size=S)
+    spec = {"replicas": D, "stages": S, "microbatches": M,
+            "cost": {op: draw(cost) for op in ("F", "I", "W", "OPT")},
+            "p2p": {"intra": draw(st.integers(0, 2)), "cross": draw(st.integers(0, 3))}}
+    if draw(st.booleans()):
+        act = draw(st.lists(st.integers(1, 3), min_size=S, max_size=S))
+        spec["memory"] = {"activation": act,
+                          "capacity": [a * draw(st.integers(1, 3)) for a in act]}
+    job = JobSpec.model_validate(spec)
+    # Failed workers, leaving at least one live replica per stage.
+    failed = []
+    for s in range(S):
+        k = draw(st.integers(0, D - 1))
+        failed += [(d, s) for d in draw(st.permutations(range(D)))[:k]]
+    mode = draw(st.sampled_from([Mode(), Mode(staggered=False), Mode(split_backward=False)]))
+    return job, sorted(failed), mode
