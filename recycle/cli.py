@@ -16,16 +16,19 @@ app.add_typer(bench, name="bench")
 
 
 def _register_parts() -> None:
-    from planner.cli import register as register_planner
-    register_planner(app, bench)
-    for module in ("executor.cli", "api.cli", "recycle.demo"):
+    """Each part adds its commands; a part missing from this build is simply left out."""
+    from planner.cli import register as planner_commands
+    planner_commands(app, bench)
+    parts = (("executor.cli", app), ("executor.bench_cli", bench), ("api.cli", app),
+             ("recycle.demo", app))
+    for module, group in parts:
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
             if exc.name != module:
                 raise
             continue
-        mod.register(app, bench) if mod.register.__code__.co_argcount == 2 else mod.register(app)
+        mod.register(group)
 
 
 _register_parts()
