@@ -1,0 +1,299 @@
+"""The worker loop of one (replica, stage): get a plan, build its world, run its actions.
+
+Failure handling (DESIGN section 6):
+  - fencing: a plan for another job, or older than one already seen, is refused (logged);
+    a worker that is not in an admitted plan stops, an empty plan means "training done";
+  - any CommError (peer died, hung, or left for a newer plan) aborts the iteration in
+    flight: compute state and partial gradients are dropped, the suspect is reported, the
+    world is closed (so peers blocked on us fail fast too) and the worker waits for a
+    newer plan;
+  - entering a plan = new world + a sync: all members all-gather (last stepped iteration,
+    needs-state). Training resumes at r = 1 + min over members holding state, everyone
+    rolls back to "after step r-1", restarted workers receive params + optimizer state
+    from a live peer of their stage, and iteration r re-runs under the new plan.
+
+Rollback with a staggered optimizer: a stage steps as soon as its own all-reduce is done,
+so when a later stage fails in iteration i, earlier stages may already have stepped i
+(and stage 0 may be running i+1). Before every step each worker keeps a snapshot of its
+pre-step parameters and optimizer state; snapshots are dropped once the coordinator
+reports the iteration committed (stepped by every live worker). Rolling back is restoring
+snapshot r. Cost: one extra copy of a stage's state per iteration in flight (usually 1-2),
+in exchange for keeping the stagger (committing steps only after a global barrier would
+remove exactly the overlap the staggered optimizer exists for).
+"""
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from typing import Optional
+
+import torch
+
+from executor.comm import BWD, FWD, CommError, World
+from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.plan_source import TrainingHalted
+from executor.reference import checksum
+from executor.stage import StageCompute
+from planner.job import JobSpec
+from planner.plan import Plan, WorkerPlan
+
+
+class Agent:
+    def __init__(self, cfg: ModelConfig, me: tuple[int, int], job: JobSpec, iterations: int,
+                 source, store, *, timeout_s: float = 5.0, incarnation: int = 1,
+                 start_iteration: int = 0, init_state: Optional[dict] = None,
+                 ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
+                 device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
+                 workload: Workload = DEFAULT_WORKLOAD, pause_at=(), gates=()):
+        self.cfg, self.me, self.job, self.iterations = cfg, tuple(me), job, iterations
+        self.source, self.store, self.timeout_s = source, store, timeout_s
+        self.S, self.wl, self.device, self.local_workers = job.stages, workload, device, local_workers
+        s = self.me[1]
+        self.module = workload.build_stage(cfg, s, self.S).to(device)
+        self.opt = workload.make_optimizer(cfg, self.module.parameters())
+        self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
+                                    1.0 / job.num_microbatches, workload.loss_fn)
+        if init_state is not None:
+            self._load(init_state)
+        self.fresh = incarnation > 1  # restarted: its state must come from a live peer
+        self.done = start_iteration - 1  # last iteration this worker has stepped
+        self.version, self._refused = -1, -1
+        self.job_hash = job.spec_hash()
+        self.snapshots: dict[int, tuple[dict, dict]] = {}  # iteration -> pre-step state
+        self.world: Optional[World] = None
+        self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
+        self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.d_model)
+        self._batches: dict[int, tuple] = {}
+        self.pause_at = set(pause_at)  # iterations where an injected SIGKILL will hit us
+        # (replica, stage, iteration): a scheduled rejoin; that worker must be in the plan
+        # before the iteration starts, so hold at the boundary until the coordinator says so.
+        self.gates = [tuple(g) for g in gates]
+
+    def log(self, msg: str) -> None:
+        stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
+        print(f"{stamp} [worker {self.me[0]}:{self.me[1]}] {msg}", flush=True)
+
+    # ---- plans and fencing ------------------------------------------------------------
+    def admit(self, plan: Plan) -> bool:
+        got = plan.job.spec_hash()
+        if got != self.job_hash:
+            self.log(f"refusing plan v{plan.version}: it is for job {got}, "
+                     f"this worker runs job {self.job_hash}")
+            self._refused = max(self._refused, plan.version)
+            return False
+        if plan.version < self.version:
+            self.log(f"refusing plan v{plan.version}: older than v{self.version} already seen")
+            return False
+        return plan.version > self.version
+
+    def _next_plan(self, timeout_s: float) -> Optional[Plan]:
+        plan = self.source.wait_for_plan(max(self.version, self._refused), timeout_s)
+        return plan if plan is not None and self.admit(plan) else None
+
+    def _await_plan(self) -> Plan:
+        while True:
+            plan = self._next_plan(1.0)
+            if plan is not None:
+                return plan
+
+    # ---- main loop --------------------------------------------------------------------
+    def run(self) -> int:
+        threading.Thread(target=self._heartbeats, daemon=True).start()
+        self.log(f"started (incarnation {'restarted' if self.fresh else 'first'})")
+        if self.fresh:
+            self.source.send("ready")
+            self.log("restarted: waiting to be admitted to a plan")
+        plan: Optional[Plan] = None
+        try:
+            while True:
+                plan = plan or self._await_plan()
+                wp = plan.worker(*self.me)
+                if wp is None:
+                    self.version = plan.version
+                    if self.fresh:  # not admitted yet: wait for the plan that includes us
+                        plan = None
+                        continue
+                    if not plan.workers:
+                        self.log(f"training complete (plan v{plan.version})")
+                    else:
+                        self.log(f"not in plan v{plan.version} (failed {plan.failed}): stopping")
+                    return 0
+                try:
+                    self._enter(plan)
+                    plan = self._run_plan(plan, wp)
+                except CommError as exc:
+                    self._abort(exc)
+                    plan = None
+        except TrainingHalted as exc:
+            self.log(f"training halted: {exc}")
+            return 0
+        finally:
+            if self.world is not None:
+                self.world.close()
+
+    def _heartbeats(self) -> None:
+        while True:
+            try:
+                self.source.heartbeat(self.me[0], self.me[1], self.done + 1)
+            except Exception:  # the coordinator is gone: nothing left to train for
+                os._exit(3)
+            time.sleep(0.5)
+
+    def _enter(self, plan: Plan) -> None:
+        self.version = self.source.version = plan.version
+        if self.world is not None:
+            self.world.close()
+            self.world = None
+        live = [w.key for w in plan.workers]
+        self.world = World(self.store, plan.version, self.me, live, self.timeout_s,
+                           self.device, self.local_workers)
+        info = self.world.allgather_ints([self.done, int(self.fresh)])
+        holders = [done for done, fresh in info.values() if not fresh]
+        if not holders:
+            raise RuntimeError("no live worker holds trained state: resume from a checkpoint")
+        r = min(holders) + 1
+        if not self.fresh and self.done >= r:
+            sd, osd = self.snapshots[r]
+            self.module.load_state_dict(sd)
+            self.opt.load_state_dict(osd)
+            self.log(f"rolled back iterations {r}..{self.done} (plan v{plan.version})")
+        self.snapshots = {k: v for k, v in self.snapshots.items() if k < r}
+        peers = [w for w in self.world.workers if w[1] == self.me[1]]
+        donors = [w for w in peers if not info[w][1]]
+        takers = [w for w in peers if info[w][1]]
+        if takers and not donors:
+            raise RuntimeError(f"stage {self.me[1]} has no live peer to load state from")
+        if self.fresh:
+            self._load(self.world.recv_blob(donors[0]))
+            self.log(f"loaded stage {self.me[1]} state from worker {donors[0]} at iteration {r - 1}")
+            self.fresh = False
+        elif takers and self.me == donors[0]:
+            state = {"model": self.module.state_dict(), "optim": self.opt.state_dict()}
+            for w in takers:
+                self.world.send_blob(state, w)
+        self.done = r - 1
+        self.writer = self.me == min(peers)
+        self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}) "
+                 f"at iteration {r}")
+        self.source.send("done", it=self.done, checksum=checksum(self.module), sync=True)
+
+    def _run_plan(self, plan: Plan, wp: WorkerPlan) -> Optional[Plan]:
+        """Iterations under `plan` until training ends; a newer plan is taken only at an
+        iteration boundary (returned). After the last iteration: wait for the next plan
+        (a rollback, or the final empty plan)."""
+        while self.done + 1 < self.iterations:
+            it = self.done + 1
+            held = [(r, s) for r, s, i in self.gates if i == it and plan.worker(r, s) is None]
+            newer = self._next_plan(10 * self.timeout_s if held else 0)
+            if newer is not None:
+                return newer
+            if held:
+                self.log(f"rejoin of {held} did not come in time: going on without it")
+                self.gates = [g for g in self.gates if g[2] != it]
+            committed = self.source.committed()
+            self.snapshots = {k: v for k, v in self.snapshots.items() if k > committed}
+            self._iteration(plan, wp, self.done + 1)
+        return None
+
+    def _abort(self, exc: CommError) -> None:
+        self.log(f"plan v{self.version}: iteration {self.done + 1} aborted: {exc}")
+        self.compute.reset()  # graphs, losses and partial gradients of the iteration go
+        self.source.report_suspect(*(exc.peer or self.me), reason=f"{self.me}: {exc}")
+        if self.world is not None:
+            self.world.close()  # peers blocked on us get 'connection closed' now
+            self.world = None
+
+    # ---- one iteration ----------------------------------------------------------------
+    def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
+        self._batches.clear()
+        half = len(wp.actions) // 2
+        for k, a in enumerate(wp.actions):
+            if k == half:
+                self.source.send("mid", it=it)
+                if it in self.pause_at:  # an injected kill is due: let it land right here
+                    self.pause_at.discard(it)
+                    time.sleep(2 * self.timeout_s)
+            if a.op == "F":
+                self._forward(plan, it, a.microbatch)
+            elif a.op in ("I", "B"):
+                self._backward(plan, it, a.microbatch, a.op)
+            elif a.op == "W":
+                self.compute.backward_weight(a.microbatch)
+            else:
+                self._step(it)
+        self.world.flush()
+
+    def _batch(self, it: int, g: int):
+        if g not in self._batches:
+            self._batches[g] = self.wl.microbatch(self.cfg, it, g)
+        return self._batches[g]
+
+    def _forward(self, plan: Plan, it: int, g: int) -> None:
+        s = self.me[1]
+        if s == 0:
+            x = self._batch(it, g)[0]
+        else:
+            x = self.world.recv(self.act_shape, (plan.routes[g][s - 1], s - 1), it, g, FWD)
+        targets = self._batch(it, g)[1] if s == self.S - 1 else None
+        out = self.compute.forward(g, x, targets)
+        if s < self.S - 1:
+            self.world.send(out, (plan.routes[g][s + 1], s + 1), it, g, FWD)
+
+    def _backward(self, plan: Plan, it: int, g: int, op: str) -> None:
+        s = self.me[1]
+        grad = None
+        if s < self.S - 1:
+            grad = self.world.recv(self.act_shape, (plan.routes[g][s + 1], s + 1), it, g, BWD)
+        fn = self.compute.backward_input if op == "I" else self.compute.backward_full
+        gx = fn(g, grad)
+        if s > 0:
+            self.world.send(gx, (plan.routes[g][s - 1], s - 1), it, g, BWD)
+
+    def _step(self, it: int) -> None:
+        """OPT: sum the stage's gradients over its live peers, snapshot, AdamW step.
+        On the last stage the per-micro-batch losses ride along in the same all-reduce
+        (each g has one contributor, so the sum is exact): every last-stage peer that
+        stepped can report all of the iteration's losses, even if the peer that computed
+        some of them dies right after."""
+        params = list(self.module.parameters())
+        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+        last = self.me[1] == self.S - 1
+        if last:
+            lv = torch.zeros(self.job.num_microbatches, device=self.device)
+            for g, v in self.compute.losses().items():
+                lv[g] = v
+            parts.append(lv)
+        flat = self.world.allreduce_stage(torch.cat(parts))
+        off = 0
+        for p in params:
+            p.grad = flat[off:off + p.numel()].view_as(p).clone()
+            off += p.numel()
+        losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
+        self.snapshots[it] = ({k: v.detach().clone() for k, v in self.module.state_dict().items()},
+                              copy.deepcopy(self.opt.state_dict()))
+        self.opt.step()
+        self.compute.reset()
+        self.done = it
+        self.source.send("done", it=it, losses=losses, checksum=checksum(self.module))
+        if self.writer and self.ckpt_dir and ((it + 1) % self.ckpt_every == 0
+                                              or it == self.iterations - 1):
+            self._checkpoint(it)
+
+    # ---- state --------------------------------------------------------------------------
+    def _load(self, state: dict) -> None:
+        self.module.load_state_dict(state["model"])
+        self.opt.load_state_dict(state["optim"])
+
+    def _checkpoint(self, it: int) -> None:
+        """This stage's state after step `it`, for the restart when a whole stage is lost
+        (the coordinator assembles the newest iteration every stage has)."""
+        s = self.me[1]
+        path = os.path.join(self.ckpt_dir, f"stage{s}-iter{it}.pt")
+        torch.save({"iteration": it, "model": self.module.state_dict(),
+                    "optim": self.opt.state_dict()}, path + ".tmp")
+        os.replace(path + ".tmp", path)
+        old = os.path.join(self.ckpt_dir, f"stage{s}-iter{it - 3 * self.ckpt_every}.pt")
+        if os.path.exists(old):
+            os.remove(old)

@@ -1,0 +1,176 @@
+"""Communication for one plan version: a fresh world of the live workers only.
+
+Every plan version gets its own process group, rendezvoused under a new store prefix
+(`recycle/v{version}/`), with ranks renumbered over the live workers in (replica, stage)
+order, so traffic of an aborted version can never reach the next one (DESIGN section 6).
+Inside a world:
+  - p2p: activations and gradients between whichever workers the plan's routes name,
+    tagged by (iteration parity, micro-batch, direction) so re-routed streams never mix;
+  - one group per stage, of its live peers only, for the all-reduce of its gradients;
+  - small control traffic (all-gather of ints, byte blobs for state transfer).
+Every blocking call has a timeout: a SIGKILLed peer shows up as "connection closed" at
+once, a hung one as a timeout, both as CommError, never as a hang.
+
+Devices: on CUDA with one GPU per local worker the world is "cpu:gloo,cuda:nccl" (data
+over NCCL, control over gloo); with fewer GPUs than workers everything goes through gloo
+with CPU copies (NCCL cannot run two ranks on one device).
+"""
+from __future__ import annotations
+
+import io
+import os
+from datetime import timedelta
+from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+Worker = tuple[int, int]
+FWD, BWD = 0, 1
+_BLOB_TAG = 1 << 24
+
+
+class CommError(RuntimeError):
+    """A peer died, hung or left: the iteration in flight must be aborted."""
+
+    def __init__(self, msg: str, peer: Optional[Worker] = None):
+        super().__init__(msg)
+        self.peer = peer
+
+
+def connect_store(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
+    return dist.TCPStore(host, port, None, is_master, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def pick_device(local_rank: int) -> torch.device:
+    if torch.cuda.is_available():
+        return torch.device("cuda", local_rank % torch.cuda.device_count())
+    return torch.device("cpu")
+
+
+class World:
+    """The process group of one plan version, seen from one worker."""
+
+    def __init__(self, store: dist.Store, version: int, me: Worker, live: Sequence[Worker],
+                 timeout_s: float, device: torch.device = torch.device("cpu"),
+                 local_workers: Optional[int] = None):
+        self.version, self.me = version, me
+        self.workers = sorted(tuple(w) for w in live)
+        self.rank_of = {w: i for i, w in enumerate(self.workers)}
+        self.rank = self.rank_of[me]
+        self.timeout = timedelta(seconds=timeout_s)
+        self.device = device
+        n_local = local_workers or len(self.workers)
+        # NCCL only where each local rank owns a GPU; else gloo sees CPU copies.
+        self.nccl = device.type == "cuda" and torch.cuda.device_count() >= n_local
+        self._pending: list[tuple[dist.Work, torch.Tensor, Worker]] = []
+        if dist.is_initialized():  # the previous version's world: close its sockets first
+            dist.destroy_process_group()
+        try:
+            dist.init_process_group(
+                "cpu:gloo,cuda:nccl" if self.nccl else "gloo",
+                store=dist.PrefixStore(f"recycle/v{version}/", store),
+                rank=self.rank, world_size=len(self.workers), timeout=self.timeout,
+                **({"device_id": device} if self.nccl else {}))
+            # The stage's own group, built by its members only (dist.new_group would need
+            # every rank, and names groups by a process-wide counter that ranks which
+            # aborted at different points no longer agree on).
+            peers = [w for w in self.workers if w[1] == me[1]]
+            sub = dist.PrefixStore(f"recycle/v{version}/stage{me[1]}/", store)
+            if self.nccl:
+                self.stage_group = dist.ProcessGroupNCCL(sub, peers.index(me), len(peers))
+            else:
+                self.stage_group = dist.ProcessGroupGloo(sub, peers.index(me), len(peers),
+                                                         self.timeout)
+        except Exception as exc:
+            raise CommError(f"world v{version} rendezvous failed: {exc}") from exc
+
+    # ---- p2p -------------------------------------------------------------------------
+    def _tag(self, iteration: int, g: int, direction: int) -> int:
+        return ((iteration % 2) * (1 << 20) + g) * 2 + direction
+
+    def _wire(self, t: torch.Tensor) -> torch.Tensor:
+        return t.contiguous() if self.nccl or t.device.type == "cpu" else t.cpu()
+
+    def send(self, t: torch.Tensor, to: Worker, iteration: int, g: int, direction: int) -> None:
+        """Non-blocking: the tensor is kept until flush() so a slow receiver never stalls
+        the plan order (a blocking send could deadlock two workers that both send first)."""
+        buf = self._wire(t.detach())
+        try:
+            work = dist.isend(buf, self.rank_of[to], tag=self._tag(iteration, g, direction))
+        except Exception as exc:
+            raise CommError(f"send to {to} failed: {exc}", to) from exc
+        self._pending.append((work, buf, to))
+
+    def recv(self, shape, frm: Worker, iteration: int, g: int, direction: int,
+             dtype=torch.float32) -> torch.Tensor:
+        dev = self.device if self.nccl else torch.device("cpu")
+        buf = torch.empty(shape, dtype=dtype, device=dev)
+        self._wait(dist.irecv(buf, self.rank_of[frm], tag=self._tag(iteration, g, direction)),
+                   f"recv of micro-batch {g} from {frm}", frm)
+        return buf.to(self.device)
+
+    def flush(self) -> None:
+        pending, self._pending = self._pending, []
+        for work, _, to in pending:
+            self._wait(work, f"send to {to}", to)
+
+    def _wait(self, work, what: str, peer: Optional[Worker] = None) -> None:
+        try:
+            if not work.wait(timeout=self.timeout):
+                raise RuntimeError("timed out")
+        except CommError:
+            raise
+        except Exception as exc:
+            raise CommError(f"v{self.version} {what}: {str(exc)[:200]}", peer) from exc
+
+    # ---- collectives -----------------------------------------------------------------
+    def allreduce_stage(self, flat: torch.Tensor) -> torch.Tensor:
+        """SUM over this stage's live peers (in place on the returned tensor)."""
+        buf = self._wire(flat)
+        try:
+            work = self.stage_group.allreduce([buf])
+        except Exception as exc:
+            raise CommError(f"all-reduce of stage {self.me[1]} failed: {exc}") from exc
+        self._wait(work, f"all-reduce of stage {self.me[1]}")
+        return buf.to(flat.device) if buf is not flat else flat
+
+    def allgather_ints(self, values: Sequence[int]) -> dict[Worker, list[int]]:
+        mine = torch.tensor(list(values), dtype=torch.int64)
+        out = [torch.empty_like(mine) for _ in self.workers]
+        self._wait(dist.all_gather(out, mine, async_op=True), "all-gather")
+        return {w: t.tolist() for w, t in zip(self.workers, out)}
+
+    def send_blob(self, obj, to: Worker) -> None:
+        """Any torch-serialisable object (a state dict) to one peer, blocking."""
+        bio = io.BytesIO()
+        torch.save(obj, bio)
+        data = torch.frombuffer(bytearray(bio.getvalue()), dtype=torch.uint8)
+        size = torch.tensor([data.numel()], dtype=torch.int64)
+        for i, t in enumerate((size, data)):
+            self._wait(dist.isend(t, self.rank_of[to], tag=_BLOB_TAG + i), f"state to {to}", to)
+
+    def recv_blob(self, frm: Worker):
+        size = torch.empty(1, dtype=torch.int64)
+        self._wait(dist.irecv(size, self.rank_of[frm], tag=_BLOB_TAG), f"state from {frm}", frm)
+        data = torch.empty(int(size), dtype=torch.uint8)
+        self._wait(dist.irecv(data, self.rank_of[frm], tag=_BLOB_TAG + 1), f"state from {frm}", frm)
+        return torch.load(io.BytesIO(data.numpy().tobytes()), map_location=self.device,
+                          weights_only=False)
+
+    def close(self) -> None:
+        """Leave the world; peers blocked on us get 'connection closed' at once."""
+        self._pending.clear()
+        self.stage_group = None
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:  # a broken group still releases its sockets
+                pass
+
+
+def local_workers_hint() -> Optional[int]:
+    """torchrun tells how many ranks share this host; NCCL needs one GPU each."""
+    v = os.environ.get("LOCAL_WORLD_SIZE")
+    return int(v) if v else None

@@ -1,0 +1,299 @@
+"""`train`: one process per (replica, stage) and the in-process coordinator.
+
+The coordinator hosts the TCPStore, plans with planner.backends.solve and publishes
+versioned plans into the store (rendezvous.py). Failure detection, in order of speed:
+  1. the worker's process exits (poll of the child; a SIGKILL shows up within a loop tick);
+  2. a peer's comm op fails ('connection closed' or a timeout) and it reports a suspect:
+     the coordinator re-publishes (same failed set if nobody died) so every worker
+     re-syncs under a new version instead of waiting forever;
+  3. external workers (torchrun): heartbeat older than hb_timeout.
+Injected failures: --kill R:S@I really SIGKILLs the worker when it reports it is halfway
+through its actions of iteration I (it pauses there so the kill lands mid-iteration);
+--rejoin R:S@I restarts it as soon as its death is seen, the plan without that failure is
+published once the new process reports ready (it loads its state from a live peer while
+entering that plan, see agent.py), and the others hold before iteration I until then.
+Losing every replica of a stage halts: the newest iteration for which every stage's
+writer left a state file is assembled into one checkpoint that `resume` continues from.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import multiprocessing
+import os
+import re
+import signal
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Optional, Sequence
+
+import torch
+from rich.console import Console
+
+from executor.comm import connect_store
+from executor.model import ModelConfig
+from executor.reference import Summary
+from executor.worker import child as worker_child
+from executor.rendezvous import Mailbox, publish_plan, read_int, set_counter, wkey
+from planner.backends import solve
+from planner.failures import NoPlanError
+from planner.job import JobSpec
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+Worker = tuple[int, int]
+
+
+@dataclass
+class TrainResult:
+    summary: Optional[Summary]
+    halted: Optional[str] = None
+    checkpoint: Optional[str] = None
+    versions: int = 0
+    run_dir: str = ""
+    events: list = field(default_factory=list)
+
+
+def parse_event(text: str) -> tuple[int, int, int]:
+    """`R:S@ITER` as typed on the command line."""
+    m = re.fullmatch(r"(\d+):(\d+)@(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION, e.g. 1:0@2")
+    return int(m[1]), int(m[2]), int(m[3])
+
+
+class Coordinator:
+    def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
+                 solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None, resume=None,
+                 external=False, store_port=0, console=None, ckpt_every=1, deadline_s=None):
+        self.cfg, self.job, self.iterations = cfg, job, iterations
+        self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
+        self.kills, self.rejoins = list(kills), list(rejoins)
+        self.solver, self.timeout, self.external = solver, timeout, external
+        self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
+        self.ckpt_dir = os.path.join(self.run_dir, "stage-states")
+        os.makedirs(self.ckpt_dir, exist_ok=True)
+        self.checkpoint_path = checkpoint_path or os.path.join(self.run_dir, "checkpoint.pt")
+        self.console = console or Console(stderr=True)
+        self.deadline = time.monotonic() + deadline_s if deadline_s else None
+        self.start, self.losses = 0, {}
+        if resume:
+            ck = torch.load(resume, map_location="cpu", weights_only=False)
+            if (ck["replicas"], ck["stages"], ck["microbatches"]) != (self.D, self.S, job.microbatches):
+                raise ValueError(f"checkpoint {resume} is for a {ck['replicas']}x{ck['stages']}x"
+                                 f"{ck['microbatches']} grid")
+            self.start = ck["iteration"] + 1
+            self.losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(ck["losses"])}
+        self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
+        self.store = connect_store("0.0.0.0" if external else "127.0.0.1", store_port,
+                                   timeout_s=timeout, is_master=True)
+        self.store.set("config", json.dumps({
+            "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
+            "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
+            "resume": resume, "local_workers": None if external else len(self.workers),
+            "kills": self.kills, "rejoins": self.rejoins}))
+        self.mailbox = Mailbox(self.store)
+        self.procs: dict[Worker, multiprocessing.Process] = {}
+        self.failed: set[Worker] = set()
+        self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
+        self.final_checks: dict[int, float] = {}
+        self.version, self.plan, self.committed = -1, None, -1
+        self.suspect_since: Optional[float] = None
+        self.printed, self.t_last = self.start - 1, time.monotonic()
+        self.events: list[str] = []
+
+    # ---- processes ----------------------------------------------------------------------
+    def spawn(self, w: Worker) -> None:
+        """A worker process: forked from a forkserver that has torch imported (real, separate
+        processes; the same entry point as `python -m executor.worker`)."""
+        if ROOT not in sys.path:
+            sys.path.insert(0, ROOT)
+        ctx = multiprocessing.get_context("forkserver")
+        ctx.set_forkserver_preload(["executor.worker"])
+        p = ctx.Process(target=worker_child, name=f"recycle-worker-{wkey(w)}", args=(
+            f"127.0.0.1:{self.store.port}", w[0], w[1],
+            os.path.join(self.run_dir, f"worker-{w[0]}-{w[1]}.log")))
+        p.start()
+        self.procs[w] = p
+
+    def event(self, msg: str) -> None:
+        self.events.append(msg)
+        self.console.print(f"[yellow]{msg}[/]")
+
+    def fail(self, w: Worker, why: str) -> None:
+        if w not in self.failed:
+            self.failed.add(w)
+            self.done.pop(w, None)
+            self.event(f"worker {wkey(w)} failed ({why})")
+            self.publish()
+            for k in [k for k in self.rejoins if (k[0], k[1]) == w and w in self.procs]:
+                # Restart now; workers hold at iteration k[2] until the plan includes it.
+                self.rejoins.remove(k)
+                self.event(f"restarting worker {wkey(w)} to rejoin at iteration {k[2]}")
+                self.spawn(w)
+
+    # ---- plans ------------------------------------------------------------------------
+    def publish(self, final: bool = False) -> None:
+        if final:
+            plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
+        else:
+            plan = solve(self.job, sorted(self.failed), solver=self.solver)  # may raise NoPlanError
+            plan = plan.model_copy(update={"version": self.version + 1})
+        self.version, self.plan, self.suspect_since = plan.version, plan, None
+        publish_plan(self.store, plan)
+
+    def live(self) -> list[Worker]:
+        return [w.key for w in self.plan.workers if w.key not in self.failed]
+
+    # ---- main loop ---------------------------------------------------------------------
+    def run(self) -> TrainResult:
+        try:
+            self.publish()
+            if not self.external:
+                for w in self.workers:
+                    self.spawn(w)
+            while True:
+                self.tick()
+                if self.complete():
+                    self.publish(final=True)
+                    self.reap(self.timeout * 2)
+                    return TrainResult(self.summary(), versions=self.version,
+                                       run_dir=self.run_dir, events=self.events)
+                if self.deadline and time.monotonic() > self.deadline:
+                    raise TimeoutError(
+                        f"training did not finish in time (logs in {self.run_dir}); plan "
+                        f"v{self.version}, failed {sorted(self.failed)}, last steps {self.done}, "
+                        f"losses {[len(self.losses.get(i, {})) for i in range(self.iterations)]}")
+                time.sleep(0.02)
+        except NoPlanError as exc:
+            return self.halt(str(exc))
+        finally:
+            for p in self.procs.values():
+                if p.exitcode is None:
+                    p.kill()
+                p.join()
+
+    def tick(self) -> None:
+        incs = {w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}
+        for msg in self.mailbox.drain({w: i for w, i in incs.items() if i > 0}):
+            self.handle(msg)
+        now = time.monotonic()
+        for w, p in self.procs.items():
+            if p.exitcode is not None and w not in self.failed:
+                self.fail(w, f"process exited with code {p.exitcode}")
+        if self.external:
+            for w in self.live():
+                if self.store.check([f"hb/{wkey(w)}"]):
+                    t = float(self.store.get(f"hb/{wkey(w)}").split()[0])
+                    if time.time() - t > 3 * self.timeout:
+                        self.fail(w, "heartbeat stopped")
+        if self.suspect_since is not None and now - self.suspect_since > 0.3:
+            # Comm trouble with nobody dead: a new version makes every worker re-sync.
+            self.event(f"suspect reported under plan v{self.version} but no worker died: re-publishing")
+            self.publish()
+        vals = [self.done[w][0] for w in self.live() if w in self.done]
+        if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
+            self.committed = min(vals)
+            set_counter(self.store, "committed", self.committed + 1)
+        self.progress()
+
+    def handle(self, m: dict) -> None:
+        w, kind = (m["r"], m["s"]), m["t"]
+        if kind == "mid":
+            for k in [k for k in self.kills if k == (w[0], w[1], m["it"])]:
+                self.kills.remove(k)
+                if w in self.procs and self.procs[w].exitcode is None:
+                    self.event(f"SIGKILL worker {wkey(w)} mid-iteration {m['it']}")
+                    os.kill(self.procs[w].pid, signal.SIGKILL)
+        elif kind == "done":
+            self.done[w] = (m["it"], m["v"])
+            for g, loss in m.get("losses", {}).items():
+                self.losses.setdefault(m["it"], {})[int(g)] = loss
+            if m["it"] == self.iterations - 1:
+                self.final_checks[w[1]] = m["checksum"]
+        elif kind == "suspect":
+            if m["v"] == self.version and self.suspect_since is None:
+                self.suspect_since = time.monotonic()
+        elif kind == "ready" and w in self.failed:
+            self.failed.discard(w)
+            self.event(f"worker {wkey(w)} is back: publishing the plan that includes it")
+            self.publish()
+
+    def complete(self) -> bool:
+        if any(len(self.losses.get(i, {})) < self.n for i in range(self.iterations)):
+            return False
+        final = (self.iterations - 1, self.version)
+        return (all(self.done.get(w) == final for w in self.live())
+                and len(self.final_checks) == self.S)
+
+    def reap(self, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        for p in self.procs.values():
+            p.join(max(0.1, end - time.monotonic()))
+
+    # ---- output -----------------------------------------------------------------------
+    def loss(self, i: int) -> float:
+        row = self.losses[i]
+        return sum(float(row[g]) for g in range(self.n)) / self.n
+
+    def progress(self) -> None:
+        while len(self.losses.get(self.printed + 1, {})) == self.n:
+            self.printed += 1
+            now = time.monotonic()
+            tok = self.n * self.cfg.micro_batch_size * self.cfg.seq_len / max(now - self.t_last, 1e-9)
+            self.t_last = now
+            self.console.print(f"iter {self.printed:>4}  loss {self.loss(self.printed):.5f}  "
+                               f"{tok:>9,.0f} tok/s  plan v{self.version}  "
+                               f"failed {sorted(self.failed) or '-'}")
+
+    def summary(self) -> Summary:
+        return Summary(losses=[self.loss(i) for i in range(self.iterations)],
+                       param_checksums=[self.final_checks[s] for s in range(self.S)])
+
+    def halt(self, reason: str) -> TrainResult:
+        self.store.set("halted", reason)
+        self.reap(self.timeout * 2)
+        time.sleep(0.1)
+        for msg in self.mailbox.drain({w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}):
+            self.handle(msg)  # last reports: losses of the newest complete iteration
+        path = self.write_checkpoint()
+        where = (f"checkpoint of iteration {self._ck_iter} written to {path}; continue with "
+                 f"`recycle train --resume {path}`") if path else "no complete checkpoint yet"
+        self.console.print(f"[red bold]training halted:[/] {reason}; {where}")
+        return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
+                           run_dir=self.run_dir, events=self.events)
+
+    def write_checkpoint(self) -> Optional[str]:
+        have = [set() for _ in range(self.S)]
+        for f in glob.glob(os.path.join(self.ckpt_dir, "stage*-iter*.pt")):
+            s, i = map(int, re.findall(r"\d+", os.path.basename(f)))
+            have[s].add(i)
+        common = sorted(set.intersection(*have), reverse=True)
+        for i in common:  # newest iteration whose state AND losses are all known
+            if all(len(self.losses.get(j, {})) == self.n for j in range(i + 1)):
+                states = [torch.load(os.path.join(self.ckpt_dir, f"stage{s}-iter{i}.pt"),
+                                     map_location="cpu", weights_only=False) for s in range(self.S)]
+                torch.save({"format": "recycle.ckpt/v1", "model": self.cfg.to_dict(),
+                            "replicas": self.D, "stages": self.S,
+                            "microbatches": self.job.microbatches, "iteration": i,
+                            "losses": [[self.losses[j][g] for g in range(self.n)] for j in range(i + 1)],
+                            "stage_states": states}, self.checkpoint_path)
+                self._ck_iter = i
+                return self.checkpoint_path
+        return None
+
+
+def train(cfg: ModelConfig, replicas: int, stages: int, microbatches: int, iterations: int,
+          kills: Sequence[tuple[int, int, int]] = (), rejoins: Sequence[tuple[int, int, int]] = (),
+          summary_path: Optional[str] = None, *, job: Optional[JobSpec] = None,
+          **options) -> TrainResult:
+    """Train `iterations` iterations on a replicas x stages grid of worker processes
+    (options: see Coordinator). Writes the summary JSON when training completes."""
+    job = job or JobSpec.uniform(replicas, stages, microbatches)
+    if (job.replicas, job.stages, job.microbatches) != (replicas, stages, microbatches):
+        raise ValueError("job spec grid does not match --replicas/--stages/--microbatches")
+    result = Coordinator(cfg, job, iterations, kills=kills, rejoins=rejoins, **options).run()
+    if result.summary is not None and summary_path:
+        result.summary.save(summary_path)
+    return result

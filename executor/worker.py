@@ -1,0 +1,81 @@
+"""Worker process entry point: `python -m executor.worker`.
+
+Started by the launcher (one process per (replica, stage)) or by torchrun on several
+machines; either way it needs only the coordinator's store address and its identity:
+  --store HOST:PORT   or env RECYCLE_STORE   (the coordinator's TCPStore)
+  --replica R --stage S   or env RANK (rank = replica * S + stage, DESIGN section 2)
+Everything else (model config, job spec, iterations, paths) is read from the store.
+Multi-machine:  recycle train ... --external --store-port 29400   on the coordinator host,
+then on every machine
+  RECYCLE_STORE=HOST:29400 torchrun --nnodes N --nproc-per-node K --node-rank i \
+      --max-restarts 3 -m executor.worker
+(torchrun's restart of a dead worker becomes a rejoin: its incarnation counter is > 1).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from datetime import timedelta
+
+import torch
+
+from executor.agent import Agent
+from executor.comm import connect_store, local_workers_hint, pick_device
+from executor.model import ModelConfig
+from executor.rendezvous import StorePlanSource
+from planner.job import JobSpec
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="executor.worker")
+    ap.add_argument("--store", default=os.environ.get("RECYCLE_STORE"))
+    ap.add_argument("--replica", type=int)
+    ap.add_argument("--stage", type=int)
+    args = ap.parse_args(argv)
+    if not args.store:
+        ap.error("no store address: pass --store HOST:PORT or set RECYCLE_STORE")
+    torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
+    host, port = args.store.rsplit(":", 1)
+    store = connect_store(host, int(port), timeout_s=60)
+    conf = json.loads(store.get("config"))
+    job = JobSpec.model_validate(conf["job"])
+    if args.replica is None:
+        args.replica, args.stage = divmod(int(os.environ["RANK"]), job.stages)
+    me = (args.replica, args.stage)
+    timeout = float(conf["timeout"])
+    store.set_timeout(timedelta(seconds=timeout))
+    incarnation = int(store.add(f"inc/{me[0]}:{me[1]}", 1))
+    init_state, start = None, 0
+    if conf.get("resume") and incarnation == 1:
+        ckpt = torch.load(conf["resume"], map_location="cpu", weights_only=False)
+        init_state, start = ckpt["stage_states"][me[1]], ckpt["iteration"] + 1
+    # The plan source gets its own connection: the heartbeat thread uses it concurrently.
+    source = StorePlanSource(connect_store(host, int(port), timeout_s=timeout), me, incarnation)
+    local_rank = int(os.environ.get("LOCAL_RANK", args.replica * job.stages + args.stage))
+    agent = Agent(ModelConfig.from_dict(conf["model"]), me, job, int(conf["iterations"]),
+                  source, store, timeout_s=timeout, incarnation=incarnation,
+                  start_iteration=start, init_state=init_state, ckpt_dir=conf.get("ckpt_dir"),
+                  ckpt_every=int(conf.get("ckpt_every", 1)), device=pick_device(local_rank),
+                  local_workers=local_workers_hint() or conf.get("local_workers"),
+                  pause_at=[i for r, s, i in conf.get("kills", []) if (r, s) == me and incarnation == 1],
+                  gates=conf.get("rejoins", []))
+    return agent.run()
+
+
+def child(store: str, replica: int, stage: int, log_path: str) -> None:
+    """multiprocessing target (the launcher's forkserver has torch imported already, so a
+    worker starts in milliseconds instead of seconds): output goes to the worker's log."""
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    sys.stdout = os.fdopen(1, "w", buffering=1)
+    sys.stderr = os.fdopen(2, "w", buffering=1)
+    code = main(["--store", store, "--replica", str(replica), "--stage", str(stage)])
+    sys.stdout.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""The multi-process runtime against the one-process reference (DESIGN section 7).
+
+Real worker processes, real gloo worlds, real SIGKILLs: every run must give the losses and
+final parameter checksums of executor.reference.train_reference on the same global
+batches, within 1e-5, whatever failed on the way.
+"""
+import glob
+import io
+import os
+import time
+from functools import lru_cache
+
+import pytest
+import torch
+import torch.distributed as dist
+from rich.console import Console
+
+from executor.agent import Agent
+from executor.comm import connect_store
+from executor.launcher import parse_event, train
+from executor.model import ModelConfig
+from executor.reference import compare, train_reference
+from executor.rendezvous import StorePlanSource, publish_plan
+from planner.backends import solve
+from planner.job import JobSpec
+
+CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
+M = 2
+TOL = 1e-5
+
+
+@lru_cache(maxsize=None)
+def reference(D, S, iterations):
+    return train_reference(CFG, D, M, iterations, S)
+
+
+def run(tmp_path, D, S, iterations, **kw):
+    out = io.StringIO()
+    t0 = time.monotonic()
+    res = train(CFG, D, S, M, iterations, summary_path=str(tmp_path / "summary.json"),
+                timeout=4.0, deadline_s=50, run_dir=str(tmp_path),
+                console=Console(file=out, width=200), **kw)
+    res.output, res.wall = out.getvalue(), time.monotonic() - t0
+    return res
+
+
+def logs(tmp_path):
+    return "".join(open(f).read() for f in sorted(glob.glob(str(tmp_path / "worker-*.log"))))
+
+
+def assert_exact(res, D, S, iterations, tmp_path):
+    assert res.summary is not None, f"halted: {res.halted}\n{res.output}\n{logs(tmp_path)}"
+    diffs = compare(res.summary, reference(D, S, iterations), TOL)
+    assert not diffs, "\n".join(diffs) + "\n" + res.output
+
+
+@pytest.mark.parametrize("D,S", [(2, 2), (3, 2)])
+def test_no_failure_matches_reference(tmp_path, D, S):
+    res = run(tmp_path, D, S, 3)
+    assert_exact(res, D, S, 3, tmp_path)
+    assert res.versions == 1  # v0, then the final (empty) plan
+    assert os.path.exists(tmp_path / "summary.json")
+
+
+def test_one_worker_sigkilled_mid_iteration(tmp_path):
+    res = run(tmp_path, 2, 2, 3, kills=[(0, 1, 1)])
+    assert_exact(res, 2, 2, 3, tmp_path)
+    assert any("SIGKILL worker 0:1 mid-iteration 1" in e for e in res.events)
+    assert any("worker 0:1 failed (process exited with code -9)" in e for e in res.events)
+
+
+@pytest.mark.parametrize("kills", [[(0, 1, 1), (1, 1, 2)], [(0, 0, 1), (2, 1, 1)]],
+                         ids=["same-stage", "different-stages"])
+def test_two_workers_killed_3x2(tmp_path, kills):
+    res = run(tmp_path, 3, 2, 3, kills=kills)
+    assert_exact(res, 3, 2, 3, tmp_path)
+    assert sum("failed (process exited" in e for e in res.events) == 2
+
+
+def test_kill_then_rejoin_loads_state_from_peer(tmp_path):
+    res = run(tmp_path, 2, 2, 4, kills=[(1, 0, 1)], rejoins=[(1, 0, 2)])
+    assert_exact(res, 2, 2, 4, tmp_path)
+    assert any("worker 1:0 is back" in e for e in res.events)
+    assert "loaded stage 0 state from worker (0, 0)" in logs(tmp_path)
+
+
+def test_losing_a_whole_stage_halts_with_checkpoint_and_resume_continues(tmp_path):
+    first = tmp_path / "first"
+    first.mkdir()
+    res = run(first, 2, 2, 4, kills=[(0, 1, 1), (1, 1, 2)])
+    assert res.summary is None
+    assert "stage 1 has no live replica" in res.halted
+    assert "training halted" in res.output and "--resume" in res.output
+    ck = torch.load(res.checkpoint, weights_only=False)
+    assert 0 <= ck["iteration"] <= 1 and len(ck["losses"]) == ck["iteration"] + 1
+    second = tmp_path / "second"
+    second.mkdir()
+    res2 = run(second, 2, 2, 4, resume=res.checkpoint)
+    assert_exact(res2, 2, 2, 4, second)
+
+
+def test_stale_and_foreign_plans_are_refused(capsys):
+    """Fencing: a plan older than one already seen, or for another job, is never acted on."""
+    store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
+    job = JobSpec.uniform(2, 2, M)
+    v1, v2 = (solve(job, []).model_copy(update={"version": v}) for v in (1, 2))
+    source = StorePlanSource(store, (0, 0), 1)
+    publish_plan(store, v2)
+    agent = Agent(CFG, (0, 0), job, 3, source, store)
+    got = agent._next_plan(0.5)
+    assert got.version == 2 and agent.admit(got)
+    agent.version = 2
+    publish_plan(store, v1)  # a late, stale publication must not win
+    assert source.wait_for_plan(2, 0.2) is None
+    assert not agent.admit(v1)
+    other = solve(JobSpec.uniform(2, 2, M + 1), []).model_copy(update={"version": 3})
+    assert not agent.admit(other)
+    out = capsys.readouterr().out
+    assert "refusing plan v1: older than v2 already seen" in out
+    assert "refusing plan v3: it is for job" in out
+    del store
+    assert not dist.is_initialized()
+
+
+def test_parse_event():
+    assert parse_event("1:0@2") == (1, 0, 2)
+    with pytest.raises(ValueError):
+        parse_event("1:0")
