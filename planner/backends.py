@@ -6,11 +6,11 @@ replica numbers, so the same plan is reused (and cached) for every symmetric fai
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Optional
 
 from planner.failures import Canonical, Worker, canonicalize, check_plannable, normalize
 from planner.job import JobSpec
-from planner.plan import Action, Plan, WorkerPlan
+from planner.plan import Plan, WorkerPlan, make_action
 from planner.timeline import Mode
 
 
@@ -53,13 +53,17 @@ class UnknownBackend(ValueError):
 
 def solve(job: JobSpec, failed: Iterable[Iterable[int]], solver: str = "greedy",
           mode: Mode = Mode(), opts: SolveOptions = SolveOptions(),
-          canonical: bool = True) -> Plan:
+          canonical: Optional[bool] = None) -> Plan:
     """Plan for `failed` with the named back-end. Raises NoPlanError when a stage has no
-    live worker, FailedSetError for workers outside the grid."""
+    live worker, FailedSetError for workers outside the grid. `canonical` (default: for
+    the slow solvers) solves the canonical failed set and maps the plan back, so that
+    symmetric failures get the same plan; the fast heuristics plan the set as given."""
     if solver not in BACKENDS:
         raise UnknownBackend(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
     failed = normalize(job, failed)
     check_plannable(job, failed)
+    if canonical is None:
+        canonical = solver in ("cpsat", "milp")
     if not canonical:
         return BACKENDS[solver](job, failed, mode, opts)
     canon = canonicalize(job, failed)
@@ -84,8 +88,7 @@ def map_plan(plan: Plan, canon: Canonical) -> Plan:
         routes[gmap(g)] = [perm[d] for d in row]
     workers = sorted(
         (WorkerPlan.model_construct(replica=perm[w.replica], stage=w.stage, actions=[
-            Action.model_construct(op=a.op, microbatch=gmap(a.microbatch), start=a.start,
-                                   end=a.end) for a in w.actions])
+            make_action(a.op, gmap(a.microbatch), a.start, a.end) for a in w.actions])
          for w in plan.workers), key=lambda w: (w.replica, w.stage))
     failed = sorted((perm[r], s) for r, s in plan.failed)
     return plan.model_copy(update={"routes": routes, "workers": workers, "failed": failed})

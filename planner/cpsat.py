@@ -16,7 +16,7 @@ from ortools.sat.python import cp_model
 
 from planner.bounds import lower_bound
 from planner.failures import Worker, normalize
-from planner.greedy import list_schedule
+from planner.greedy import best_schedule
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.routing import balanced_routes
@@ -141,7 +141,7 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
     acts = build_actions(job, routes, mode)
     chains = symmetry_chains(job, routes, acts)
 
-    greedy_tl = list_schedule(job, routes, mode)
+    greedy_tl = best_schedule(job, routes, mode)  # the best portfolio plan as the hint
     g_starts = canonical_starts(acts, chains, starts_of(acts, greedy_tl))
     add_opt(job, greedy_tl)
     greedy = finish_plan(job, failed, routes, greedy_tl, mode, "cpsat", "HEURISTIC", 0.0)

@@ -8,6 +8,8 @@ Each worker, whenever it is free, runs the best action that is ready:
 A worker with nothing ready waits for the next arrival. Decisions are taken in global time
 order, so everything that can be ready at time t is known at t. The run is deterministic
 and O(actions log actions): D=64 x S=16 x M=64 (~200K actions) takes about a second.
+`Policy` (planner/policies.py) varies that order; `greedy_plan` runs a small portfolio of
+policies on jobs small enough and keeps the best plan.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from typing import Optional
 from planner.failures import Worker, normalize
 from planner.job import JobSpec
 from planner.plan import Plan
+from planner.policies import BASE, PORTFOLIO, PORTFOLIO_BUDGET, Policy, timeline_period
 from planner.routing import assignment, balanced_routes
 from planner.timeline import Mode, Timeline, add_opt, finish_plan
 
@@ -26,7 +29,7 @@ INF = 1 << 60
 
 
 def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
-                  inflight: Optional[list[int]] = None) -> Timeline:
+                  inflight: Optional[list[int]] = None, policy: Policy = BASE) -> Timeline:
     """Timeline of F/I/W (or F/B) for fixed routes; `inflight[s]` optionally caps how many
     micro-batches a stage-s worker holds at once, on top of its memory."""
     S = job.stages
@@ -43,6 +46,10 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
         if inflight is not None:
             cap = min(cap, inflight[s])
         slots.append(cap)
+    caps = policy.caps(job)
+    fcap = [INF if caps is None else caps[s] for _, s in keys]
+    f_first = [policy.f_before_i(s) for _, s in keys]
+    wblock, fit, by_m = policy.wblock, policy.fit, policy.fkey == "m"
     # Among equally ready F's, a micro-batch's index within its own replica decides:
     # adopted micro-batches then reach the rest of their pipeline at that pipeline's pace.
     M = job.microbatches
@@ -51,7 +58,9 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
     qF: list[list] = [[] for _ in range(n)]
     qI: list[list] = [[] for _ in range(n)]
     qW: list[deque] = [deque() for _ in range(n)]
+    rF: list[list] = [[] for _ in range(n)]  # arrived F's by replica index (fkey "m")
     held = [0] * n
+    fwd = [0] * n  # micro-batches between F and I
     free_at = [0] * n
     out: list[list] = [[] for _ in range(n)]
     route_w = [[wid[(d, s)] for s, d in enumerate(row)] for row in routes]
@@ -72,12 +81,22 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
         if free_at[w] > t:
             continue
         qi, qf = qI[w], qF[w]
-        ready_f = qf and qf[0][0] <= t
-        if qi and qi[0][0] <= t:
+        if by_m:
+            while qf and qf[0][0] <= t:
+                push(rF[w], pop(qf)[1:])
+            ready_f = bool(rF[w])
+        else:
+            ready_f = bool(qf) and qf[0][0] <= t
+        ready_i = bool(qi) and qi[0][0] <= t
+        room = held[w] < slots[w]
+        ok_f = ready_f and room and fwd[w] < fcap[w]
+        if wblock and ready_f and not room and qW[w]:
+            op = "W"  # before an I: the W frees the slot a waiting F needs
+        elif ready_i and not (ok_f and f_first[w]):
             op = back
-        elif ready_f and held[w] < slots[w]:
+        elif ok_f:
             op = "F"
-        elif qW[w]:
+        elif qW[w] and not (fit and qi and qi[0][0] < t + dur_w[w]):
             op = "W"
         else:
             continue  # nothing ready: an arrival will wake this worker
@@ -85,6 +104,7 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
             _, _, g = pop(qi)
             end = t + dur_back[w]
             out[w].append((back, g, t, end))
+            fwd[w] -= 1
             s = stage[w]
             if back == "I":
                 qW[w].append(g)
@@ -96,10 +116,11 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
                 push(qI[w2], (r, g, g))
                 push(events, (r if r > free_at[w2] else free_at[w2], w2))
         elif op == "F":
-            _, _, g = pop(qf)
+            g = pop(rF[w])[1] if by_m else pop(qf)[2]
             end = t + dur_f[w]
             out[w].append(("F", g, t, end))
             held[w] += 1
+            fwd[w] += 1
             s = stage[w]
             if s < S - 1:
                 w2 = route_w[g][s + 1]
@@ -122,13 +143,30 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
     return timeline
 
 
+def best_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
+                  inflight: Optional[list[int]] = None,
+                  budget: int = PORTFOLIO_BUDGET) -> Timeline:
+    """The best timeline of as many portfolio policies as `budget` scheduled actions allow
+    (at least the first). Ties keep the earlier policy: the result is deterministic."""
+    n_actions = (3 if mode.split_backward else 2) * len(routes) * job.stages
+    runs = max(1, min(len(PORTFOLIO), budget // max(1, n_actions)))
+    best, best_p = None, None
+    for policy in PORTFOLIO[:runs]:
+        tl = list_schedule(job, routes, mode, inflight, policy)
+        p = timeline_period(job, tl, mode.staggered)
+        if best_p is None or p < best_p:
+            best, best_p = tl, p
+    return best
+
+
 def greedy_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(),
                 routes: Optional[list[list[int]]] = None, name: str = "greedy",
-                inflight: Optional[list[int]] = None) -> Plan:
+                inflight: Optional[list[int]] = None, portfolio: bool = True) -> Plan:
     t0 = time.perf_counter()
     failed = normalize(job, failed)
     routes = routes if routes is not None else balanced_routes(job, failed)
-    timeline = list_schedule(job, routes, mode, inflight)
+    timeline = (best_schedule(job, routes, mode, inflight) if portfolio
+                else list_schedule(job, routes, mode, inflight))
     add_opt(job, timeline)
     return finish_plan(job, failed, routes, timeline, mode, name, "HEURISTIC",
                        time.perf_counter() - t0)
@@ -140,4 +178,4 @@ def one_f_one_b_plan(job: JobSpec, failed: list[Worker], **_: object) -> Plan:
     to their peers by the same balanced routing, with no bubble-filling."""
     S = job.stages
     return greedy_plan(job, failed, Mode(split_backward=False, staggered=False), name="1f1b",
-                       inflight=[S - s for s in range(S)])
+                       inflight=[S - s for s in range(S)], portfolio=False)

@@ -11,7 +11,7 @@ from typing import Optional
 
 from planner.failures import Worker
 from planner.job import JobSpec
-from planner.plan import Action, Metrics, Plan, SolverInfo, WorkerPlan
+from planner.plan import Metrics, Plan, SolverInfo, WorkerPlan, make_action
 
 
 @dataclass(frozen=True)
@@ -40,8 +40,7 @@ def finish_plan(job: JobSpec, failed: list[Worker], routes: list[list[int]], tim
         # model_construct: the values come from our own solver, and validating ~200K
         # actions would cost more than scheduling them.
         workers.append(WorkerPlan.model_construct(replica=d, stage=s, actions=[
-            Action.model_construct(op=op, microbatch=g, start=st, end=en)
-            for op, g, st, en in acts]))
+            make_action(op, g, st, en) for op, g, st, en in acts]))
     lb = lower_bound(job, failed, mode)
     stag, sync = replay_metrics(job, workers)
     period = stag if mode.staggered else sync

@@ -41,7 +41,7 @@ def test_canonical_form_round_trips(case):
         rotated = sorted((shift[d], s) for d, s in failed)
         assert canonicalize(job, rotated).failed == canon.failed
     # A plan solved for the canonical set and mapped back is valid for the original set.
-    assert validate(solve(job, failed, "greedy")) == []
+    assert validate(solve(job, failed, "greedy", canonical=True)) == []
 
 
 @fast
