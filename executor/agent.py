@@ -276,7 +276,9 @@ class Agent:
         self.opt.step()
         self.compute.reset()
         self.done = it
-        self.source.send("done", it=it, losses=losses, checksum=checksum(self.module))
+        final = it == self.iterations - 1  # the summary needs the checksum only at the end
+        self.source.send("done", it=it, losses=losses,
+                         checksum=checksum(self.module) if final else None)
         if self.writer and self.ckpt_dir and ((it + 1) % self.ckpt_every == 0
                                               or it == self.iterations - 1):
             self._checkpoint(it)

@@ -1,0 +1,100 @@
+"""executor.worker, instrumented for the benchmark: `child` replaces executor.worker.child
+as the launcher's process target (or run `python -m benchmarks.timed_worker`).
+
+Nothing in executor/ changes: in its own process only, this wraps StageCompute's F/I/W,
+every optimizer step (torch's global step hooks), World.recv/flush/allreduce_stage and
+Agent._step with timers, and StorePlanSource.send to stamp each per-iteration "done"
+message with the worker's clock ("wall", seconds) and the cumulative timers ("timers").
+It also generates every micro-batch the worker may need (all iterations, all g: re-routing
+can bring any) when the agent is built, as a prefetching data loader would: the synthetic
+Markov-chain sampler costs about as much as a stage's F and would otherwise sit on the
+critical path (the benchmark reports its cost separately).
+The coordinator (benchmarks.executor_bench.TimedCoordinator) reads both from the messages.
+"""
+from __future__ import annotations
+
+import sys
+import time
+
+from torch.optim.optimizer import (register_optimizer_step_post_hook,
+                                   register_optimizer_step_pre_hook)
+
+from executor import agent, comm, rendezvous, stage, worker
+
+# cumulative seconds per category, sent with every per-iteration "done" message:
+#   fiw: StageCompute F/I/W; opt: optimizer steps; recv/flush/allreduce: waiting in comm;
+#   step: all of Agent._step (allreduce + opt + bookkeeping: flatten, snapshot, checksum)
+#   data: generating micro-batches; send: posting isends; control: plan polling and
+#   messages to the coordinator through the store
+TIMERS: dict[str, float] = {k: 0.0 for k in ("fiw", "opt", "recv", "flush", "allreduce", "step",
+                                             "data", "send", "control")}
+_opt_t0 = [0.0]
+
+
+def _timed(fn, key: str):
+    def wrap(*args, **kw):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kw)
+        finally:
+            TIMERS[key] += time.perf_counter() - t0
+    wrap.__name__ = fn.__name__
+    return wrap
+
+
+def _opt_pre(opt, args, kwargs):
+    _opt_t0[0] = time.perf_counter()
+
+
+def _opt_post(opt, args, kwargs):
+    TIMERS["opt"] += time.perf_counter() - _opt_t0[0]
+
+
+def _pregenerate() -> None:
+    init, batch = agent.Agent.__init__, agent.Agent._batch
+
+    def pregen_init(self, *args, **kw):
+        init(self, *args, **kw)
+        self._pregen = {}
+        if self.me[1] in (0, self.S - 1):
+            for it in range(self.iterations):
+                for g in range(self.job.num_microbatches):
+                    self._pregen[(it, g)] = self.wl.microbatch(self.cfg, it, g)
+
+    def pregen_batch(self, it: int, g: int):
+        got = self._pregen.get((it, g))
+        return got if got is not None else batch(self, it, g)
+    agent.Agent.__init__, agent.Agent._batch = pregen_init, pregen_batch
+
+
+def install() -> None:
+    _pregenerate()
+    # backward_full calls backward_input and backward_weight: wrapping those two counts B once
+    for cls, name, key in ((stage.StageCompute, "forward", "fiw"),
+                           (stage.StageCompute, "backward_input", "fiw"),
+                           (stage.StageCompute, "backward_weight", "fiw"),
+                           (comm.World, "recv", "recv"), (comm.World, "flush", "flush"),
+                           (comm.World, "allreduce_stage", "allreduce"),
+                           (agent.Agent, "_step", "step"), (agent.Agent, "_batch", "data"),
+                           (comm.World, "send", "send"), (agent.Agent, "_next_plan", "control"),
+                           (rendezvous.StorePlanSource, "committed", "control")):
+        setattr(cls, name, _timed(getattr(cls, name), key))
+    register_optimizer_step_pre_hook(_opt_pre)
+    register_optimizer_step_post_hook(_opt_post)
+    send = _timed(rendezvous.StorePlanSource.send, "control")
+
+    def timed_send(self, kind: str, **fields) -> None:
+        if kind == "done" and not fields.get("sync"):
+            fields.update(wall=time.time(), timers=dict(TIMERS))
+        send(self, kind, **fields)
+    rendezvous.StorePlanSource.send = timed_send
+
+
+def child(store: str, replica: int, stage: int, log_path: str) -> None:
+    install()
+    worker.child(store, replica, stage, log_path)
+
+
+if __name__ == "__main__":
+    install()
+    sys.exit(worker.main())

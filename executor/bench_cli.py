@@ -1,0 +1,38 @@
+"""`recycle bench executor`: the runtime vs torch.distributed.pipelining (see
+benchmarks/executor_bench.py). Registered by whoever owns the `bench` Typer group."""
+from __future__ import annotations
+
+import os
+import sys
+
+import typer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def bench_executor_cmd(
+    out: str = typer.Option("benchmarks/results/executor.md", help="results table (markdown; JSON next to it)"),
+    stages: int = typer.Option(2, help="pipeline stages S (processes per replica)"),
+    microbatches: int = typer.Option(4, help="micro-batches per replica per iteration"),
+    iterations: int = typer.Option(12, help="iterations per run"),
+    warmup: int = typer.Option(3, help="first iterations excluded from timing"),
+    d_model: int = typer.Option(128),
+    layers: int = typer.Option(4),
+    seq_len: int = typer.Option(64),
+    micro_batch_size: int = typer.Option(8),
+    solver: str = typer.Option("greedy", help="planner back-end the runtime plans with"),
+    rounds: int = typer.Option(2, help="interleaved rounds of the 1F1B vs ReCycle D=1 head to head (best kept)"),
+):
+    """Failure-free 1F1B / zero-bubble (torch) vs ReCycle's runtime, planned vs realised
+    period under 0, 1 and 2 failures."""
+    if ROOT not in sys.path:  # benchmarks/ lives next to the packages, not inside one
+        sys.path.insert(0, ROOT)
+    from benchmarks.executor_bench import run_executor_bench
+
+    run_executor_bench(out, stages=stages, microbatches=microbatches, iterations=iterations,
+                       warmup=warmup, d_model=d_model, n_layers=layers, seq_len=seq_len,
+                       micro_batch_size=micro_batch_size, solver=solver, rounds=rounds)
+
+
+def register(bench: typer.Typer) -> None:
+    bench.command("executor")(bench_executor_cmd)
