@@ -39,6 +39,9 @@ def train_cmd(
     run_dir: Optional[str] = typer.Option(None, help="worker logs and stage states (default: a temp dir)"),
     external: bool = typer.Option(False, help="do not spawn workers: wait for torchrun'd `python -m executor.worker`"),
     store_port: int = typer.Option(0, help="port of the coordinator's store (0: any free port)"),
+    service: Optional[str] = typer.Option(None, "--service", help="take plans from `recycle serve` at this URL"),
+    job_id: Optional[str] = typer.Option(None, "--job-id", help="the job's id at --service"),
+    token: Optional[str] = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", help="the job's worker token at --service"),
     d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
     seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
@@ -55,6 +58,14 @@ def train_cmd(
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
         spec = JobSpec.load(job) if job else None
+        planner = None
+        if service:
+            from executor.service_relay import ServicePlanner
+            if not (job_id and token):
+                raise ValueError("--service needs --job-id and --token")
+            planner = ServicePlanner(service, job_id, token, timeout_s=max(30.0, timeout))
+            spec = spec or planner.job
+            replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
     if reference:
         from executor.reference import train_reference
         result = train_reference(cfg, replicas, microbatches, iterations, stages)
@@ -69,7 +80,7 @@ def train_cmd(
     result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_path=checkpoint, run_dir=run_dir, external=external,
-                   store_port=store_port, console=console)
+                   store_port=store_port, console=console, planner=planner)
     if result.halted:
         raise typer.Exit(EXIT_NO_PLAN)
     console.print(f"done: {iterations} iterations, final loss {result.summary.losses[-1]:.5f}, "

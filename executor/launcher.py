@@ -66,11 +66,15 @@ def parse_event(text: str) -> tuple[int, int, int]:
 class Coordinator:
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None, resume=None,
-                 external=False, store_port=0, console=None, ckpt_every=1, deadline_s=None):
+                 external=False, store_port=0, console=None, ckpt_every=1, deadline_s=None,
+                 planner=None):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
         self.kills, self.rejoins = list(kills), list(rejoins)
         self.solver, self.timeout, self.external = solver, timeout, external
+        self.planner = planner  # executor.service_relay.ServicePlanner: plans from `recycle serve`
+        if planner is not None:
+            planner.check_grid(job)
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         self.ckpt_dir = os.path.join(self.run_dir, "stage-states")
         os.makedirs(self.ckpt_dir, exist_ok=True)
@@ -137,6 +141,8 @@ class Coordinator:
     def publish(self, final: bool = False) -> None:
         if final:
             plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
+        elif self.planner is not None:
+            plan = self.planner.plan(self.failed)  # may raise NoPlanError
         else:
             plan = solve(self.job, sorted(self.failed), solver=self.solver)  # may raise NoPlanError
             plan = plan.model_copy(update={"version": self.version + 1})

@@ -1,0 +1,150 @@
+"""The FastAPI app factory: wiring of store, cache, service, monitor and precompute."""
+from __future__ import annotations
+
+import logging
+import secrets
+from contextlib import asynccontextmanager
+from typing import Optional
+
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from api import routes_jobs, routes_ops, routes_plans, routes_workers
+from api.heartbeats import Monitor
+from api.metrics import Metrics
+from api.precompute import BackgroundSolver, Precomputer
+from api.security import Auth
+from api.service import ApiError, Service, ServiceConfig
+from api.store import Store
+from planner.cache import PlanCache
+
+log = logging.getLogger("recycle.api")
+VERSION = "0.1.0"
+
+
+class BodyLimit:
+    """413 for a body over `limit` bytes, by Content-Length or as it streams in."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            status = 413 if length.isdigit() else 400
+            detail = (f"request body larger than {self.limit} bytes" if status == 413
+                      else "bad Content-Length")
+            return await JSONResponse({"detail": detail}, status)(scope, receive, send)
+        seen = 0
+
+        async def limited():
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:  # FastAPI re-raises HTTPException from body reads
+                    raise HTTPException(413, f"request body larger than {self.limit} bytes")
+            return msg
+
+        return await self.app(scope, limited, send)
+
+
+def _one_line(exc: RequestValidationError) -> str:
+    parts = []
+    for e in exc.errors()[:3]:
+        loc = ".".join(str(x) for x in e.get("loc", ()))
+        parts.append(f"{loc}: {e.get('msg', 'invalid')}")
+    more = len(exc.errors()) - 3
+    return ("; ".join(parts) + (f" (+{more} more)" if more > 0 else "")).replace("\n", " ")[:500]
+
+
+def _plain_pairs(node) -> None:
+    """`[int, int]` pairs come out of pydantic as `prefixItems`; say `items` instead, which
+    means the same when every position has one schema and which more tools understand."""
+    if isinstance(node, dict):
+        pre = node.get("prefixItems")
+        if pre and "items" not in node and all(p == pre[0] for p in pre):
+            node["items"] = node.pop("prefixItems")[0]
+        for v in node.values():
+            _plain_pairs(v)
+    elif isinstance(node, list):
+        for v in node:
+            _plain_pairs(v)
+
+
+def create_app(db_path: str, admin_token: Optional[str] = None,
+               heartbeat_timeout_s: float = 10.0, precompute_failures: int = 2,
+               *, cache_path: Optional[str] = None, config: Optional[ServiceConfig] = None,
+               **overrides) -> FastAPI:
+    """The service on SQLite file `db_path` (the plan cache shares it unless `cache_path`).
+    `overrides` set any ServiceConfig field (solvers, cpsat_time_limit_s, max_wait_s...)."""
+    cfg = config or ServiceConfig(heartbeat_timeout_s=heartbeat_timeout_s,
+                                  precompute_failures=precompute_failures, **overrides)
+    if not admin_token:
+        admin_token = secrets.token_urlsafe(24)
+        log.warning("no admin token given; generated one: %s", admin_token)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        store = Store(db_path)
+        cache = PlanCache(cache_path or db_path)
+        svc = Service(store, cache, cfg, app.state.metrics)
+        svc.load()
+        bg = BackgroundSolver(cfg.solver_workers)
+        svc.monitor, svc.precomputer = Monitor(svc), Precomputer(svc, bg)
+        app.state.service = svc
+        bg.start()
+        svc.monitor.start()
+        for job in svc.jobs.values():  # resume unfinished precompute
+            svc.precomputer.start(job)
+        try:
+            yield
+        finally:
+            await svc.monitor.stop()
+            await svc.precomputer.stop()
+            await bg.stop()
+            cache.close()
+            store.close()
+
+    app = FastAPI(title="ReCycle plan service", version=VERSION, lifespan=lifespan,
+                  description="Failure events in, versioned plans out. See docs/api.md.")
+    app.state.metrics = Metrics()
+    app.state.auth = Auth(admin_token, lambda job_id: app.state.service.token_hash(job_id))
+    app.state.config = cfg
+    for r in (routes_jobs, routes_plans, routes_workers, routes_ops):
+        app.include_router(r.router)
+    app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
+    default_openapi = app.openapi
+
+    def openapi():
+        if app.openapi_schema is None:
+            _plain_pairs(default_openapi())
+        return app.openapi_schema
+
+    app.openapi = openapi
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, exc: ApiError):
+        return JSONResponse({"detail": exc.detail, **exc.extra}, exc.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        return JSONResponse({"detail": _one_line(exc)}, 422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, exc: StarletteHTTPException):
+        if exc.status_code == 400 and exc.detail == "There was an error parsing the body":
+            return JSONResponse({"detail": "body: not valid UTF-8 JSON"}, 422)
+        return JSONResponse({"detail": str(exc.detail)}, exc.status_code,
+                            headers=getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def crash(request: Request, exc: Exception):
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return JSONResponse({"detail": "internal error; see the service log"}, 500)
+
+    return app

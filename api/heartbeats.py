@@ -1,0 +1,129 @@
+"""Failure detection by heartbeat, sped up by suspect reports.
+
+A worker is watched from its first heartbeat on (it is "armed"; the arming is persisted,
+so after a restart every armed live worker gets a fresh full timeout). A worker silent for
+`heartbeat_timeout_s` is declared failed: the monitor posts a failure event itself, like
+an operator would. A suspect report cuts the suspected worker's deadline to its last
+heartbeat plus `suspect_grace_s` and wakes the monitor at once, so a worker already
+silent that long is declared failed immediately; a heartbeat clears the suspicion.
+The monitor sleeps until the next deadline or a wake-up: no polling loop.
+"""
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from typing import Optional
+
+from api.models import EventIn
+from api.service import ApiError, JobRuntime, Service
+
+log = logging.getLogger("recycle.api")
+
+
+class Monitor:
+    def __init__(self, service: Service):
+        self.service = service
+        self.timeout = service.config.heartbeat_timeout_s
+        self.grace = service.config.grace_s
+        self.last: dict[str, dict[tuple[int, int], float]] = {}
+        self.deadline: dict[str, dict[tuple[int, int], float]] = {}
+        self._wake = asyncio.Event()
+        self._task: Optional[asyncio.Task] = None
+
+    def start(self) -> None:
+        now = time.monotonic()
+        for job in self.service.jobs.values():
+            if job.state != "running":
+                continue
+            for w in self.service.store.armed(job.id):
+                if w not in job.failed:
+                    self.last.setdefault(job.id, {})[w] = now
+                    self.deadline.setdefault(job.id, {})[w] = now + self.timeout
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    # ---- inputs ------------------------------------------------------------------------
+    def beat(self, job: JobRuntime, replica: int, stage: int) -> None:
+        w = (replica, stage)
+        if job.state == "halted":
+            raise job.halted_error()
+        if w in job.failed:
+            raise ApiError(409, f"worker {replica}:{stage} is marked failed and is not in the "
+                                "plan; post a recovery event to rejoin")
+        now = time.monotonic()
+        last = self.last.setdefault(job.id, {})
+        if w not in last:
+            self.service.store.arm(job.id, replica, stage)
+            self._wake.set()  # the monitor may be asleep with nothing to watch
+        last[w] = now
+        self.deadline.setdefault(job.id, {})[w] = now + self.timeout
+        self.service.metrics.heartbeats.inc()
+
+    def suspect(self, job: JobRuntime, replica: int, stage: int) -> Optional[float]:
+        """Shorten the suspected worker's deadline; seconds left (None: already failed)."""
+        w = (replica, stage)
+        if job.state == "halted":
+            raise job.halted_error()
+        if w in job.failed:
+            return None
+        self.service.metrics.suspects.inc()
+        now = time.monotonic()
+        last = self.last.get(job.id, {}).get(w, now)
+        dl = self.deadline.setdefault(job.id, {})
+        dl[w] = min(dl.get(w, now + self.timeout), last + self.grace)
+        self._wake.set()
+        return max(0.0, dl[w] - now)
+
+    def forget(self, job_id: str, w: tuple[int, int]) -> None:
+        """After a failure or recovery event: unwatched until its next heartbeat."""
+        self.last.get(job_id, {}).pop(w, None)
+        self.deadline.get(job_id, {}).pop(w, None)
+
+    # ---- the loop ----------------------------------------------------------------------
+    def _expired(self, now: float) -> list[tuple[str, tuple[int, int]]]:
+        out = []
+        for job_id, dl in self.deadline.items():
+            out.extend((job_id, w) for w, t in dl.items() if t <= now)
+        return out
+
+    def _next_deadline(self) -> Optional[float]:
+        return min((t for dl in self.deadline.values() for t in dl.values()), default=None)
+
+    async def _run(self) -> None:
+        while True:
+            self._wake.clear()
+            nxt = self._next_deadline()
+            wait = None if nxt is None else max(0.0, nxt - time.monotonic())
+            try:
+                await asyncio.wait_for(self._wake.wait(), wait)
+            except asyncio.TimeoutError:
+                pass
+            for job_id, w in self._expired(time.monotonic()):
+                await self._declare(job_id, w)
+
+    async def _declare(self, job_id: str, w: tuple[int, int]) -> None:
+        job = self.service.jobs.get(job_id)
+        silent = time.monotonic() - self.last.get(job_id, {}).get(w, time.monotonic())
+        self.forget(job_id, w)
+        if job is None or job.state != "running" or w in job.failed:
+            return
+        ev = EventIn(event_id=f"heartbeat-{w[0]}-{w[1]}-{uuid.uuid4().hex[:8]}",
+                     kind="failure", replica=w[0], stage=w[1],
+                     reason=f"no heartbeat for {silent:.2f} s")
+        try:
+            answer, _ = await self.service.apply_event(job, ev, "heartbeat")
+        except ApiError as e:  # raced with an operator's event: nothing to do
+            log.info("job %s: heartbeat failure of %s:%s not applied: %s", job_id, *w, e.detail)
+            return
+        except Exception:  # noqa: BLE001 - the monitor must keep running
+            log.exception("job %s: could not declare %s:%s failed", job_id, *w)
+            return
+        self.service.metrics.heartbeats_missed.inc()
+        log.warning("job %s: worker %s:%s missed heartbeats (%.2f s): plan v%s, state %s",
+                    job_id, w[0], w[1], silent, answer["plan_version"], answer["state"])

@@ -1,0 +1,139 @@
+"""Request and response bodies of the HTTP API (the job spec and plan are planner's)."""
+from __future__ import annotations
+
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from planner.plan import Action, Metrics, SolverInfo
+
+Index = Field(ge=0, le=1_000_000)
+
+
+class _In(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Error(BaseModel):
+    detail: str = Field(description="one-line reason")
+
+
+class EventIn(_In):
+    event_id: str = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+                          description="client-chosen id; re-sending it is idempotent")
+    kind: Literal["failure", "recovery"]
+    replica: int = Index
+    stage: int = Index
+    reason: Optional[str] = Field(default=None, max_length=500)
+
+
+class EventOut(BaseModel):
+    job_id: str
+    event_id: str
+    kind: str
+    replica: int
+    stage: int
+    source: str
+    state: Literal["running", "halted"]
+    reason: Optional[str] = None
+    failed: list[tuple[int, int]]
+    plan_version: int = Field(description="the version in force once this event is applied")
+    plan_source: Optional[Literal["cache", "greedy"]] = None
+
+
+class HeartbeatIn(_In):
+    replica: int = Index
+    stage: int = Index
+    iteration: int = Field(ge=0, le=2**62)
+
+
+class HeartbeatOut(BaseModel):
+    state: str
+    plan_version: int
+    timeout_s: float
+
+
+class WorkerRef(_In):
+    replica: int = Index
+    stage: int = Index
+
+
+class SuspectIn(_In):
+    replica: int = Index
+    stage: int = Index
+    reporter: Optional[WorkerRef] = None
+    reason: Optional[str] = Field(default=None, max_length=500)
+
+
+class SuspectOut(BaseModel):
+    replica: int
+    stage: int
+    declared_failed: bool
+    deadline_s: Optional[float] = Field(description="seconds until it is declared failed "
+                                                    "unless it heartbeats")
+
+
+class Precompute(BaseModel):
+    state: Literal["queued", "running", "done", "failed", "stopped"]
+    done: int
+    total: int
+    sets: int
+    max_failures: int
+    solvers: list[str]
+    error: Optional[str] = None
+
+
+class JobCreated(BaseModel):
+    id: str
+    token: str = Field(description="the job's worker token; shown only once")
+    state: str
+    plan_version: int
+    max_failures: int
+
+
+class PlanSummary(BaseModel):
+    version: int
+    failed_key: str
+    solver: str
+    period: int
+    cause: str
+    created: float
+
+
+class JobOut(BaseModel):
+    id: str
+    state: Literal["running", "halted"]
+    reason: Optional[str] = None
+    spec: dict
+    failed: list[tuple[int, int]]
+    plan_version: int
+    max_failures: int
+    created: float
+    plans: list[PlanSummary]
+    precompute: Precompute
+
+
+class JobBrief(BaseModel):
+    id: str
+    state: str
+    plan_version: int
+    failed: list[tuple[int, int]]
+
+
+class WorkerPlanOut(BaseModel):
+    job_id: str
+    version: int
+    replica: int
+    stage: int
+    in_plan: bool = Field(description="false: this worker is not in the plan and must stop")
+    failed: list[tuple[int, int]]
+    routes: list[list[int]]
+    actions: list[Action]
+    metrics: Metrics
+    solver: SolverInfo
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+    jobs: int
+    version: str

@@ -1,0 +1,89 @@
+"""Jobs and their failure/recovery events."""
+from __future__ import annotations
+
+import json
+from typing import Optional
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from api.models import Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, Precompute
+from api.security import ADMIN, JOB, AuthRoute, bearer
+from planner.job import JobSpec
+
+router = APIRouter(prefix="/v1/jobs", route_class=AuthRoute, dependencies=[Depends(bearer)],
+                   tags=["jobs"])
+
+
+def errors(*codes: int) -> dict:
+    return {c: {"model": Error} for c in (401, 403, 413, 422, *codes)}
+
+
+def precompute_of(request: Request, job_id: str) -> dict:
+    row = request.app.state.service.store.precompute(job_id)
+    return {"state": row["state"], "done": row["done"], "total": row["total"],
+            "sets": row["sets"], "max_failures": row["max_failures"],
+            "solvers": json.loads(row["solvers"]), "error": row["error"]}
+
+
+@router.post("", status_code=201, response_model=JobCreated, openapi_extra=ADMIN,
+             responses=errors(), summary="Register a job (admin)")
+async def create_job(spec: JobSpec, request: Request,
+                     max_failures: Optional[int] = Query(
+                         None, ge=0, le=64, description="precompute plans for every failed "
+                         "set of up to this many workers (default: the service's)")):
+    """Body: the job spec (DESIGN section 5). Publishes plan version 0, starts
+    precomputing plans for likely failed sets, and returns the job's worker token."""
+    job, token = await request.app.state.service.register(spec, max_failures)
+    return {"id": job.id, "token": token, "state": job.state, "plan_version": job.version,
+            "max_failures": job.max_failures}
+
+
+@router.get("", response_model=list[JobBrief], openapi_extra=ADMIN, responses=errors(),
+            summary="List jobs (admin)")
+async def list_jobs(request: Request):
+    return [{"id": j.id, "state": j.state, "plan_version": j.version, "failed": j.failed}
+            for j in request.app.state.service.jobs.values()]
+
+
+@router.get("/{job_id}", response_model=JobOut, openapi_extra=JOB, responses=errors(404),
+            summary="A job: state, failed set, plan versions, precompute progress")
+async def get_job(job_id: str, request: Request):
+    svc = request.app.state.service
+    job = svc.job(job_id)
+    return {"id": job.id, "state": job.state, "reason": job.reason,
+            "spec": job.spec.model_dump(mode="json"), "failed": job.failed,
+            "plan_version": job.version, "max_failures": job.max_failures,
+            "created": job.created,
+            "plans": [dict(r) for r in svc.store.plan_history(job.id)],
+            "precompute": precompute_of(request, job.id)}
+
+
+@router.post("/{job_id}/events", response_model=EventOut, openapi_extra=JOB,
+             responses=errors(404, 409), summary="Report a failure or a recovery")
+async def post_event(job_id: str, ev: EventIn, request: Request, response: Response):
+    """Idempotent by `event_id`: the same id and body get the same answer again; the same
+    id with another body is a 409. Failing an already failed worker, or recovering a live
+    one, is a 409. An event that leaves a stage with no live replica is accepted, and the
+    job halts (`state: halted`, with a "restore from checkpoint" reason)."""
+    svc = request.app.state.service
+    job = svc.job(job_id)
+    source = "operator" if request.state.role == "admin" else "worker"
+    answer, replayed = await svc.apply_event(job, ev, source)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return answer
+
+
+@router.get("/{job_id}/events", response_model=list[EventOut], openapi_extra=JOB,
+            responses=errors(404), summary="Accepted events, oldest first")
+async def list_events(job_id: str, request: Request):
+    svc = request.app.state.service
+    svc.job(job_id)
+    return [json.loads(r["response_json"]) for r in svc.store.events(job_id)]
+
+
+@router.get("/{job_id}/precompute", response_model=Precompute, openapi_extra=JOB,
+            responses=errors(404), summary="Progress of the background precompute")
+async def get_precompute(job_id: str, request: Request):
+    request.app.state.service.job(job_id)
+    return precompute_of(request, job_id)

@@ -1,0 +1,41 @@
+"""Worker liveness: heartbeats and suspect reports (worker token or admin)."""
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Request
+
+from api.models import Error, HeartbeatIn, HeartbeatOut, SuspectIn, SuspectOut
+from api.security import JOB, AuthRoute, bearer
+
+router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,
+                   dependencies=[Depends(bearer)], tags=["workers"])
+ERRORS = {c: {"model": Error} for c in (401, 403, 404, 409, 410, 413, 422)}
+
+
+@router.post("/heartbeats", response_model=HeartbeatOut, openapi_extra=JOB, responses=ERRORS,
+             summary="A worker is alive")
+async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):
+    """Send one at least every `timeout_s / 5`. The answer carries the current plan
+    version, so a worker can notice a new plan without polling for it. A worker marked
+    failed gets 409 (it is fenced out); a halted job answers 410."""
+    svc = request.app.state.service
+    job = svc.job(job_id)
+    job.check_worker(hb.replica, hb.stage)
+    svc.monitor.beat(job, hb.replica, hb.stage)
+    return {"state": job.state, "plan_version": job.version,
+            "timeout_s": svc.config.heartbeat_timeout_s}
+
+
+@router.post("/suspects", response_model=SuspectOut, openapi_extra=JOB, responses=ERRORS,
+             summary="A peer stopped answering: check it now")
+async def suspect(job_id: str, report: SuspectIn, request: Request):
+    """Cuts the suspected worker's deadline to its last heartbeat plus the suspect grace
+    (a quarter of the heartbeat timeout by default) and checks at once: a worker already
+    silent that long is declared failed within milliseconds."""
+    svc = request.app.state.service
+    job = svc.job(job_id)
+    job.check_worker(report.replica, report.stage)
+    if report.reporter is not None:
+        job.check_worker(report.reporter.replica, report.reporter.stage)
+    left = svc.monitor.suspect(job, report.replica, report.stage)
+    return {"replica": report.replica, "stage": report.stage,
+            "declared_failed": left is None, "deadline_s": left}

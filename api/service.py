@@ -1,0 +1,314 @@
+"""The service's core: jobs, events, plan versions and long-poll wake-ups.
+
+All state changes run on the event loop under a per-job asyncio.Lock, and each accepted
+event is persisted together with its plan version in one transaction before anyone is
+told. Waiters park on a per-job asyncio.Event that is set (and replaced) on every publish.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Optional
+
+from api.metrics import Metrics
+from api.models import EventIn
+from api.security import hash_token, new_worker_token
+from api.store import Store
+from planner.backends import solve
+from planner.cache import PlanCache
+from planner.failures import Worker, canonicalize, dead_stage, NoPlanError
+from planner.job import JobSpec
+from planner.plan import Plan
+
+log = logging.getLogger("recycle.api")
+
+
+class ApiError(Exception):
+    """An answer other than 2xx, with its one-line reason."""
+
+    def __init__(self, status: int, detail: str, **extra):
+        super().__init__(detail)
+        self.status, self.detail, self.extra = status, detail, extra
+
+
+@dataclass
+class ServiceConfig:
+    heartbeat_timeout_s: float = 10.0
+    suspect_grace_s: Optional[float] = None  # default: a quarter of the timeout
+    precompute_failures: int = 2
+    solvers: tuple[str, ...] = ("greedy", "cpsat")
+    cpsat_time_limit_s: float = 10.0
+    solver_workers: int = 1
+    max_body_bytes: int = 1 << 20
+    max_wait_s: float = 60.0
+    max_grid: int = 131072          # replicas * stages * microbatches
+    max_failures_limit: int = 8
+    max_precompute_sets: int = 5000
+
+    @property
+    def grace_s(self) -> float:
+        return self.suspect_grace_s or self.heartbeat_timeout_s / 4
+
+
+@dataclass
+class JobRuntime:
+    id: str
+    spec: JobSpec
+    token_hash: str
+    state: str
+    reason: Optional[str]
+    failed: list[Worker]
+    max_failures: int
+    created: float
+    plan: Plan
+    plan_bytes: bytes
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    views: dict = field(default_factory=dict)  # (replica, stage) -> bytes, current version
+
+    @property
+    def version(self) -> int:
+        return self.plan.version
+
+    def notify(self) -> None:
+        old, self.changed = self.changed, asyncio.Event()
+        old.set()
+
+    def check_worker(self, replica: int, stage: int) -> None:
+        if not (replica < self.spec.replicas and stage < self.spec.stages):
+            raise ApiError(422, f"worker {replica}:{stage} is outside the "
+                                f"{self.spec.replicas}x{self.spec.stages} grid of job {self.id}")
+
+    def halted_error(self) -> ApiError:
+        return ApiError(410, self.reason or "job halted", state="halted",
+                        last_version=self.version)
+
+
+def _plan_record(plan: Plan, cause: str) -> dict:
+    return {"version": plan.version, "json": plan.to_json(), "solver": plan.solver.name,
+            "period": plan.metrics.period, "cause": cause,
+            "failed_key": ";".join(f"{r}:{s}" for r, s in plan.failed) or "-"}
+
+
+class Service:
+    def __init__(self, store: Store, cache: PlanCache, config: ServiceConfig, metrics: Metrics):
+        self.store, self.cache, self.config, self.metrics = store, cache, config, metrics
+        self.jobs: dict[str, JobRuntime] = {}
+        self.monitor = None      # api.heartbeats.Monitor, set by the app
+        self.precomputer = None  # api.precompute.Precomputer, set by the app
+        self.closing = False
+        self._tasks: set[asyncio.Task] = set()
+
+    def release_waiters(self) -> None:
+        """Shutting down: answer every parked long-poll now (204) instead of cancelling it."""
+        self.closing = True
+        for job in self.jobs.values():
+            job.notify()
+
+    # ---- loading -----------------------------------------------------------------------
+    def load(self) -> None:
+        for row in self.store.jobs():
+            latest = self.store.latest_plan(row["id"])
+            plan = Plan.from_json(latest["plan_json"])
+            self.jobs[row["id"]] = JobRuntime(
+                id=row["id"], spec=JobSpec.model_validate_json(row["spec_json"]),
+                token_hash=row["token_hash"], state=row["state"], reason=row["reason"],
+                failed=[tuple(w) for w in json.loads(row["failed_json"])],
+                max_failures=row["max_failures"], created=row["created"], plan=plan,
+                plan_bytes=latest["plan_json"].encode())
+            self.metrics.plan_version.labels(row["id"]).set(plan.version)
+        self._count_jobs()
+
+    def token_hash(self, job_id: str) -> Optional[str]:
+        job = self.jobs.get(job_id)
+        return job.token_hash if job else None
+
+    def job(self, job_id: str) -> JobRuntime:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise ApiError(404, f"no job {job_id!r}")
+        return job
+
+    def _count_jobs(self) -> None:
+        for state in ("running", "halted"):
+            self.metrics.jobs.labels(state).set(
+                sum(1 for j in self.jobs.values() if j.state == state))
+
+    # ---- planning ----------------------------------------------------------------------
+    def _plan_now(self, spec: JobSpec, failed: list[Worker]) -> tuple[Plan, str]:
+        """Cached plan if there is one, else greedy (milliseconds). Runs in a thread."""
+        t0 = time.perf_counter()
+        plan = self.cache.get(spec, failed)
+        if plan is not None:
+            self.metrics.cache_hits.inc()
+            return plan, "cache"
+        self.metrics.cache_misses.inc()
+        plan = solve(spec, failed, "greedy")
+        self.metrics.solve_seconds.labels("greedy", "event").observe(time.perf_counter() - t0)
+        return plan, "greedy"
+
+    def _check_size(self, spec: JobSpec) -> None:
+        grid = spec.replicas * spec.stages * spec.microbatches
+        if grid > self.config.max_grid:
+            raise ApiError(422, f"job too large: replicas*stages*microbatches = {grid} exceeds "
+                                f"this service's limit of {self.config.max_grid}")
+
+    # ---- jobs --------------------------------------------------------------------------
+    async def register(self, spec: JobSpec, max_failures: Optional[int]) -> tuple[JobRuntime, str]:
+        self._check_size(spec)
+        k = self.config.precompute_failures if max_failures is None else max_failures
+        if not 0 <= k <= self.config.max_failures_limit:
+            raise ApiError(422, f"max_failures must be between 0 and "
+                                f"{self.config.max_failures_limit}")
+        plan, source = await asyncio.to_thread(self._plan_now, spec, [])
+        if source == "greedy":
+            await asyncio.to_thread(self.cache.put, plan)
+        job_id = uuid.uuid4().hex[:12]
+        token = new_worker_token(job_id)
+        plan = plan.model_copy(update={"version": 0})
+        record = _plan_record(plan, "registered")
+        solvers = list(self.precomputer.solvers()) if self.precomputer else ["greedy"]
+        now = time.time()
+        self.store.create_job(job_id, spec.model_dump_json(), spec.spec_hash(),
+                              hash_token(token), k, record, solvers, now)
+        job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), state="running",
+                         reason=None, failed=[], max_failures=k, created=now,
+                         plan=plan, plan_bytes=record["json"].encode())
+        self.jobs[job_id] = job
+        self.metrics.plan_version.labels(job_id).set(0)
+        self.metrics.plans_published.labels("registered").inc()
+        self._count_jobs()
+        if self.precomputer:
+            self.precomputer.start(job)
+        return job, token
+
+    # ---- events ------------------------------------------------------------------------
+    async def apply_event(self, job: JobRuntime, ev: EventIn, source: str) -> tuple[dict, bool]:
+        """Apply a failure/recovery event; returns (answer, replayed). Raises ApiError."""
+        t0 = time.perf_counter()
+        body_json = ev.model_dump_json()
+        async with job.lock:
+            old = self.store.event(job.id, ev.event_id)
+            if old is not None:
+                if old["body_json"] != body_json:
+                    raise ApiError(409, f"event_id {ev.event_id!r} was already used with a "
+                                        "different body")
+                return json.loads(old["response_json"]), True
+            job.check_worker(ev.replica, ev.stage)
+            if job.state == "halted":
+                raise ApiError(409, f"job is halted ({job.reason}); register a new job "
+                                    "after restoring from checkpoint")
+            w = (ev.replica, ev.stage)
+            if ev.kind == "failure" and w in job.failed:
+                raise ApiError(409, f"worker {w[0]}:{w[1]} has already failed")
+            if ev.kind == "recovery" and w not in job.failed:
+                raise ApiError(409, f"worker {w[0]}:{w[1]} is live; nothing to recover")
+            failed = sorted(set(job.failed) | {w}) if ev.kind == "failure" \
+                else sorted(set(job.failed) - {w})
+            dead = dead_stage(job.spec, failed)
+            plan, plan_source, record = None, None, None
+            if dead is None:
+                plan, plan_source = await asyncio.to_thread(self._plan_now, job.spec, failed)
+                plan = plan.model_copy(update={"version": job.version + 1})
+                record = _plan_record(plan, f"{ev.kind}:{source}")
+            state = "running" if dead is None else "halted"
+            reason = None if dead is None else str(NoPlanError(dead))
+            answer = {"job_id": job.id, "event_id": ev.event_id, "kind": ev.kind,
+                      "replica": ev.replica, "stage": ev.stage, "source": source,
+                      "state": state, "reason": reason, "failed": failed,
+                      "plan_version": plan.version if plan else job.version,
+                      "plan_source": plan_source}
+            await asyncio.to_thread(self.store.apply_event, job.id,
+                                    {**ev.model_dump(), "source": source,
+                                     "body_json": body_json},
+                                    answer, state, reason, failed, record)
+            job.failed, job.state, job.reason = [tuple(x) for x in failed], state, reason
+            if plan is not None:
+                self._install(job, plan, record["json"], f"{ev.kind}:{source}")
+                self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
+            else:
+                job.notify()
+                self._count_jobs()
+        self.metrics.events.labels(ev.kind, source, "halted" if dead is not None
+                                   else "accepted").inc()
+        if self.monitor:
+            self.monitor.forget(job.id, w)
+        if plan_source == "greedy":
+            self._background(asyncio.to_thread(self.cache.put, plan))  # off the answer's path
+            if self.precomputer:
+                self.precomputer.improve(job, failed)
+        return answer, False
+
+    def _background(self, coro) -> None:
+        task = asyncio.create_task(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _install(self, job: JobRuntime, plan: Plan, plan_json: str, cause: str) -> None:
+        job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), {}
+        self.metrics.plan_version.labels(job.id).set(plan.version)
+        self.metrics.plans_published.labels(cause.split(":")[0]).inc()
+        job.notify()
+
+    async def offer(self, job: JobRuntime, failed: list[Worker], cause: str) -> bool:
+        """A better plan for `failed` may be in the cache now: publish it if it is for the
+        job's current failed set and beats the plan in force."""
+        async with job.lock:
+            if job.state != "running" or [tuple(x) for x in failed] != job.failed:
+                return False
+            plan = await asyncio.to_thread(self.cache.get, job.spec, job.failed)
+            if plan is None or plan.metrics.period >= job.plan.metrics.period:
+                return False
+            plan = plan.model_copy(update={"version": job.version + 1})
+            record = _plan_record(plan, cause)
+            self.store.add_plan(job.id, record)
+            self._install(job, plan, record["json"], cause)
+            log.info("job %s: %s published v%d (period %d)", job.id, cause, plan.version,
+                     plan.metrics.period)
+            return True
+
+    def current_canonical_key(self, job: JobRuntime) -> str:
+        return canonicalize(job.spec, job.failed).key
+
+    # ---- reading plans -----------------------------------------------------------------
+    async def wait_newer(self, job: JobRuntime, after: Optional[int], wait: float) -> bool:
+        """True once the job has a plan newer than `after` (or halts); False on timeout."""
+        if after is None or job.version > after or job.state == "halted":
+            return True
+        deadline = time.monotonic() + min(max(wait, 0.0), self.config.max_wait_s)
+        self.metrics.waiters.inc()
+        try:
+            while job.version <= after and job.state != "halted":
+                left = deadline - time.monotonic()
+                if left <= 0 or self.closing:
+                    return False
+                try:
+                    await asyncio.wait_for(job.changed.wait(), left)
+                except asyncio.TimeoutError:
+                    return False
+            return True
+        finally:
+            self.metrics.waiters.dec()
+
+    def worker_view(self, job: JobRuntime, replica: int, stage: int) -> bytes:
+        """One worker's share of the current plan. The parts every worker shares (routes,
+        metrics...) are serialised once per version; each worker adds its actions."""
+        key = (replica, stage)
+        if key not in job.views:
+            if "_common" not in job.views:
+                d = json.loads(job.plan_bytes)
+                common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
+                          "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
+                job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
+                job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
+                                         for w in d["workers"]}
+            actions = job.views["_actions"].get(key)
+            head = json.dumps({"replica": replica, "stage": stage,
+                               "in_plan": actions is not None, "actions": actions or []},
+                              separators=(",", ":"))
+            job.views[key] = (head[:-1] + "," + job.views["_common"] + "}").encode()
+        return job.views[key]

@@ -1,0 +1,206 @@
+"""SQLite persistence: jobs, events, plan versions, precompute progress, armed workers.
+
+One file (WAL, synchronous=FULL) that the plan cache may share. Every state change of a
+job (an accepted event with its new failed set, state and plan version) is written in one
+transaction, so a crash at any point leaves either all of it or none of it on disk.
+"""
+from __future__ import annotations
+
+import json
+import sqlite3
+import threading
+import time
+from contextlib import contextmanager
+from typing import Any, Iterator, Optional
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+  id TEXT PRIMARY KEY,
+  spec_json TEXT NOT NULL,
+  spec_hash TEXT NOT NULL,
+  token_hash TEXT NOT NULL,
+  state TEXT NOT NULL,
+  reason TEXT,
+  failed_json TEXT NOT NULL,
+  max_failures INTEGER NOT NULL,
+  created REAL NOT NULL,
+  updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS events (
+  seq INTEGER PRIMARY KEY AUTOINCREMENT,
+  job_id TEXT NOT NULL,
+  event_id TEXT NOT NULL,
+  kind TEXT NOT NULL,
+  replica INTEGER NOT NULL,
+  stage INTEGER NOT NULL,
+  source TEXT NOT NULL,
+  body_json TEXT NOT NULL,
+  response_json TEXT NOT NULL,
+  created REAL NOT NULL,
+  UNIQUE (job_id, event_id)
+);
+CREATE TABLE IF NOT EXISTS plan_versions (
+  job_id TEXT NOT NULL,
+  version INTEGER NOT NULL,
+  plan_json TEXT NOT NULL,
+  failed_key TEXT NOT NULL,
+  solver TEXT NOT NULL,
+  period INTEGER NOT NULL,
+  cause TEXT NOT NULL,
+  created REAL NOT NULL,
+  PRIMARY KEY (job_id, version)
+);
+CREATE TABLE IF NOT EXISTS precompute (
+  job_id TEXT PRIMARY KEY,
+  state TEXT NOT NULL,
+  done INTEGER NOT NULL,
+  total INTEGER NOT NULL,
+  sets INTEGER NOT NULL,
+  solvers TEXT NOT NULL,
+  max_failures INTEGER NOT NULL,
+  error TEXT,
+  updated REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS armed (
+  job_id TEXT NOT NULL,
+  replica INTEGER NOT NULL,
+  stage INTEGER NOT NULL,
+  PRIMARY KEY (job_id, replica, stage)
+);
+"""
+
+
+class Store:
+    def __init__(self, path: str):
+        self.path = path
+        self._lock = threading.RLock()
+        self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
+                                   timeout=30.0)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=FULL")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
+    def _one(self, sql: str, args: tuple = ()) -> Optional[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchone()
+
+    def _all(self, sql: str, args: tuple = ()) -> list[sqlite3.Row]:
+        with self._lock:
+            return self._db.execute(sql, args).fetchall()
+
+    # ---- jobs --------------------------------------------------------------------------
+    def create_job(self, job_id: str, spec_json: str, spec_hash: str, token_hash: str,
+                   max_failures: int, plan: dict[str, Any], solvers: list[str],
+                   now: float) -> None:
+        with self.tx() as db:
+            db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)",
+                       (job_id, spec_json, spec_hash, token_hash, "running", None, "[]",
+                        max_failures, now, now))
+            self._insert_plan(db, job_id, plan)
+            db.execute("INSERT INTO precompute VALUES (?,?,?,?,?,?,?,?,?)",
+                       (job_id, "queued", 0, 0, 0, json.dumps(solvers), max_failures, None, now))
+
+    def jobs(self) -> list[sqlite3.Row]:
+        return self._all("SELECT * FROM jobs ORDER BY created")
+
+    # ---- events ------------------------------------------------------------------------
+    def event(self, job_id: str, event_id: str) -> Optional[sqlite3.Row]:
+        return self._one("SELECT * FROM events WHERE job_id=? AND event_id=?", (job_id, event_id))
+
+    def events(self, job_id: str) -> list[sqlite3.Row]:
+        return self._all("SELECT * FROM events WHERE job_id=? ORDER BY seq", (job_id,))
+
+    def apply_event(self, job_id: str, event: dict[str, Any], response: dict[str, Any],
+                    state: str, reason: Optional[str], failed: list,
+                    plan: Optional[dict[str, Any]]) -> None:
+        """Record an accepted event with the job's new state and (if any) new plan."""
+        now = time.time()
+        with self.tx() as db:
+            db.execute(
+                "INSERT INTO events (job_id, event_id, kind, replica, stage, source, body_json,"
+                " response_json, created) VALUES (?,?,?,?,?,?,?,?,?)",
+                (job_id, event["event_id"], event["kind"], event["replica"], event["stage"],
+                 event["source"], event["body_json"], json.dumps(response), now))
+            db.execute("UPDATE jobs SET state=?, reason=?, failed_json=?, updated=? WHERE id=?",
+                       (state, reason, json.dumps(failed), now, job_id))
+            if event["kind"] == "failure":
+                db.execute("DELETE FROM armed WHERE job_id=? AND replica=? AND stage=?",
+                           (job_id, event["replica"], event["stage"]))
+            if plan is not None:
+                self._insert_plan(db, job_id, plan)
+
+    # ---- plans -------------------------------------------------------------------------
+    @staticmethod
+    def _insert_plan(db: sqlite3.Connection, job_id: str, plan: dict[str, Any]) -> None:
+        db.execute("INSERT INTO plan_versions VALUES (?,?,?,?,?,?,?,?)",
+                   (job_id, plan["version"], plan["json"], plan["failed_key"], plan["solver"],
+                    plan["period"], plan["cause"], time.time()))
+
+    def add_plan(self, job_id: str, plan: dict[str, Any]) -> None:
+        with self.tx() as db:
+            self._insert_plan(db, job_id, plan)
+
+    def latest_plan(self, job_id: str) -> Optional[sqlite3.Row]:
+        return self._one("SELECT * FROM plan_versions WHERE job_id=? ORDER BY version DESC "
+                         "LIMIT 1", (job_id,))
+
+    def plan(self, job_id: str, version: int) -> Optional[sqlite3.Row]:
+        return self._one("SELECT * FROM plan_versions WHERE job_id=? AND version=?",
+                         (job_id, version))
+
+    def plan_history(self, job_id: str) -> list[sqlite3.Row]:
+        return self._all("SELECT version, failed_key, solver, period, cause, created FROM "
+                         "plan_versions WHERE job_id=? ORDER BY version", (job_id,))
+
+    def cached_solver(self, spec_hash: str, failed_key: str, mode: str) -> Optional[str]:
+        """Which back-end made the plan cache's entry (PlanCache's table, same file)."""
+        try:
+            row = self._one("SELECT solver FROM plans WHERE spec_hash=? AND failed_key=? AND "
+                            "mode=?", (spec_hash, failed_key, mode))
+        except sqlite3.OperationalError:  # the cache lives in another file
+            return None
+        return row[0] if row else None
+
+    # ---- precompute --------------------------------------------------------------------
+    def precompute(self, job_id: str) -> Optional[sqlite3.Row]:
+        return self._one("SELECT * FROM precompute WHERE job_id=?", (job_id,))
+
+    def set_precompute(self, job_id: str, **fields: Any) -> None:
+        fields["updated"] = time.time()
+        cols = ", ".join(f"{k}=?" for k in fields)
+        with self.tx() as db:
+            db.execute(f"UPDATE precompute SET {cols} WHERE job_id=?", (*fields.values(), job_id))
+
+    # ---- heartbeat arming --------------------------------------------------------------
+    def arm(self, job_id: str, replica: int, stage: int) -> None:
+        with self.tx() as db:
+            db.execute("INSERT OR IGNORE INTO armed VALUES (?,?,?)", (job_id, replica, stage))
+
+    def armed(self, job_id: str) -> list[tuple[int, int]]:
+        return [(r["replica"], r["stage"]) for r in
+                self._all("SELECT replica, stage FROM armed WHERE job_id=?", (job_id,))]
+
+    # ---- tests and tools ---------------------------------------------------------------
+    def snapshot(self) -> dict[str, list[tuple]]:
+        """Every row of the service's own tables (the plan cache excluded)."""
+        out = {}
+        for table, order in (("jobs", "id"), ("events", "seq"),
+                             ("plan_versions", "job_id, version")):
+            out[table] = [tuple(r) for r in self._all(f"SELECT * FROM {table} ORDER BY {order}")]
+        return out

@@ -1,0 +1,129 @@
+"""PlanSource over HTTP: long-polls `recycle serve` for plans (see docs/api.md).
+
+Uses only httpx and planner types (never api/). Network errors while the service restarts
+are retried until the caller's timeout; a halted job raises TrainingHalted; a bad token or
+unknown job raises PermissionError / LookupError at once (retrying cannot fix those).
+Thread-safe: heartbeats may go from a background thread while another thread long-polls.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from typing import Optional
+
+import httpx
+
+from executor.plan_source import TrainingHalted
+from planner.plan import Plan
+
+log = logging.getLogger("recycle.executor")
+POLL_S = 30.0  # longest single long-poll request; the server may cap it lower
+
+
+class HttpPlanSource:
+    def __init__(self, base_url: str, job_id: str, token: str, *,
+                 reporter: Optional[tuple[int, int]] = None, request_timeout_s: float = 10.0,
+                 transport: Optional[httpx.BaseTransport] = None):
+        self.job_id = job_id
+        self.reporter = reporter  # this worker's (replica, stage), sent with suspect reports
+        self.halted_reason: Optional[str] = None
+        self._timeout = request_timeout_s
+        self._client = httpx.Client(base_url=base_url.rstrip("/"), transport=transport,
+                                    headers={"Authorization": f"Bearer {token}"},
+                                    timeout=request_timeout_s)
+        self._prefix = f"/v1/jobs/{job_id}"
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> "HttpPlanSource":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _raise_for(self, r: httpx.Response) -> None:
+        if r.status_code < 400:
+            return
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text
+        if r.status_code == 410:
+            self.halted_reason = detail
+            raise TrainingHalted(detail)
+        if r.status_code in (401, 403):
+            raise PermissionError(f"plan service refused the token: {detail}")
+        if r.status_code == 404:
+            raise LookupError(f"plan service: {detail}")
+        raise RuntimeError(f"plan service answered {r.status_code}: {detail}")
+
+    # ---- PlanSource ----------------------------------------------------------------------
+    def wait_for_plan(self, after_version: int, timeout_s: float) -> Optional[Plan]:
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        backoff = 0.05
+        while True:
+            left = deadline - time.monotonic()
+            wait = max(0.0, min(left, POLL_S))
+            try:
+                r = self._client.get(f"{self._prefix}/plan",
+                                     params={"after": after_version, "wait": round(wait, 3)},
+                                     timeout=httpx.Timeout(self._timeout, read=wait + self._timeout))
+            except httpx.TransportError as e:  # service down or restarting: retry
+                if time.monotonic() + backoff >= deadline:
+                    log.warning("plan service unreachable: %s", e)
+                    return None
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+                continue
+            backoff = 0.05
+            if r.status_code == 200:
+                plan = Plan.from_json(r.content)
+                if plan.version > after_version:
+                    return plan
+            elif r.status_code != 204:
+                self._raise_for(r)
+            if time.monotonic() >= deadline:
+                return None
+
+    def heartbeat(self, replica: int, stage: int, iteration: int) -> None:
+        """Best effort: a missed heartbeat is what the timeout is for. A halted job is
+        remembered (the next wait_for_plan raises TrainingHalted); a worker marked failed
+        learns it from the plan (it is not in it)."""
+        try:
+            r = self._client.post(f"{self._prefix}/heartbeats",
+                                  json={"replica": replica, "stage": stage,
+                                        "iteration": iteration})
+        except httpx.TransportError as e:
+            log.warning("heartbeat not delivered: %s", e)
+            return
+        if r.status_code == 409:
+            log.warning("heartbeat refused: %s", r.json().get("detail"))
+            return
+        try:
+            self._raise_for(r)
+        except TrainingHalted:
+            return
+
+    def report_suspect(self, replica: int, stage: int, reason: str) -> None:
+        body = {"replica": replica, "stage": stage, "reason": (reason or "")[:500]}
+        if self.reporter is not None:
+            body["reporter"] = {"replica": self.reporter[0], "stage": self.reporter[1]}
+        try:
+            r = self._client.post(f"{self._prefix}/suspects", json=body)
+        except httpx.TransportError as e:
+            log.warning("suspect report not delivered: %s", e)
+            return
+        if r.status_code != 410:
+            self._raise_for(r)
+
+    # ---- extras --------------------------------------------------------------------------
+    def report_event(self, event_id: str, kind: str, replica: int, stage: int,
+                     reason: Optional[str] = None) -> dict:
+        """Post a failure/recovery event (e.g. a rejoining worker's recovery)."""
+        body = {"event_id": event_id, "kind": kind, "replica": replica, "stage": stage}
+        if reason:
+            body["reason"] = reason[:500]
+        r = self._client.post(f"{self._prefix}/events", json=body)
+        self._raise_for(r)
+        return r.json()

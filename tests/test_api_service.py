@@ -1,0 +1,285 @@
+"""End-to-end tests of the plan service on a real uvicorn server on 127.0.0.1."""
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+
+from api_support import ADMIN, ThreadServer, admin_headers, spec
+from executor.http_source import HttpPlanSource
+from executor.plan_source import TrainingHalted
+from planner.validate import validate
+
+HB_TIMEOUT = 0.6
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    db = tmp_path_factory.mktemp("api") / "service.db"
+    with ThreadServer(db, heartbeat_timeout_s=HB_TIMEOUT, precompute_failures=1,
+                      max_body_bytes=64 * 1024) as s:
+        yield s
+
+
+@pytest.fixture
+def admin(server):
+    with httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as c:
+        yield c
+
+
+def register(admin, **kw):
+    r = admin.post("/v1/jobs", json=spec(**kw))
+    assert r.status_code == 201, r.text
+    body = r.json()
+    return body["id"], body["token"]
+
+
+def worker(server, token):
+    return httpx.Client(base_url=server.url, timeout=10,
+                        headers={"Authorization": f"Bearer {token}"})
+
+
+def ev(event_id, kind, r, s):
+    return {"event_id": event_id, "kind": kind, "replica": r, "stage": s}
+
+
+def test_register_publishes_version_0(admin):
+    jid, token = register(admin)
+    assert token.startswith(jid + ".")
+    plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+    assert plan["version"] == 0 and plan["failed"] == []
+    job = admin.get(f"/v1/jobs/{jid}").json()
+    assert job["state"] == "running" and job["plan_version"] == 0
+    assert job["plans"][0]["cause"] == "registered"
+
+
+def test_events_idempotent_and_conflicts(admin):
+    jid, _ = register(admin)
+    url = f"/v1/jobs/{jid}/events"
+    first = admin.post(url, json=ev("e1", "failure", 1, 2))
+    assert first.status_code == 200, first.text
+    assert first.json()["plan_version"] == 1 and first.json()["failed"] == [[1, 2]]
+    again = admin.post(url, json=ev("e1", "failure", 1, 2))
+    assert again.status_code == 200 and again.json() == first.json()
+    assert again.headers["idempotent-replayed"] == "true"
+    other = admin.post(url, json=ev("e1", "failure", 0, 0))
+    assert other.status_code == 409 and "different body" in other.json()["detail"]
+    dup = admin.post(url, json=ev("e2", "failure", 1, 2))
+    assert dup.status_code == 409 and "already failed" in dup.json()["detail"]
+    stale = admin.post(url, json=ev("e3", "recovery", 0, 0))
+    assert stale.status_code == 409 and "is live" in stale.json()["detail"]
+    unknown = admin.post(url, json=ev("e4", "failure", 4, 0))
+    assert unknown.status_code == 422 and "outside the 4x4 grid" in unknown.json()["detail"]
+    bad = admin.post(url, json={"event_id": "e5", "kind": "explode", "replica": 0, "stage": 0})
+    assert bad.status_code == 422 and "kind" in bad.json()["detail"]
+    rec = admin.post(url, json=ev("e6", "recovery", 1, 2))
+    assert rec.status_code == 200 and rec.json()["failed"] == [] and rec.json()["plan_version"] == 2
+    # only the accepted events were recorded, and versions only grew
+    assert [e["event_id"] for e in admin.get(url).json()] == ["e1", "e6"]
+    versions = [p["version"] for p in admin.get(f"/v1/jobs/{jid}").json()["plans"]]
+    assert versions == [0, 1, 2]
+    plan = admin.get(f"/v1/jobs/{jid}/plans/1").json()
+    assert plan["failed"] == [[1, 2]]
+    assert admin.get(f"/v1/jobs/{jid}/plans/7").status_code == 404
+
+
+def test_new_plan_is_valid_and_avoids_failed_worker(admin):
+    from planner.plan import Plan
+    jid, _ = register(admin)
+    admin.post(f"/v1/jobs/{jid}/events", json=ev("x", "failure", 2, 1)).raise_for_status()
+    plan = Plan.model_validate(admin.get(f"/v1/jobs/{jid}/plan").json())
+    assert plan.worker(2, 1) is None and plan.failed == [(2, 1)]
+    assert validate(plan) == []
+
+
+def test_halt_when_a_stage_loses_every_replica(admin, server):
+    jid, token = register(admin, D=2, S=2, M=2)
+    url = f"/v1/jobs/{jid}/events"
+    assert admin.post(url, json=ev("a", "failure", 0, 1)).json()["state"] == "running"
+    r = admin.post(url, json=ev("b", "failure", 1, 1))
+    assert r.status_code == 200
+    assert r.json()["state"] == "halted" and "restore from checkpoint" in r.json()["reason"]
+    for path in ("/plan", "/plan?after=0&wait=5", "/workers/0/0/plan"):
+        p = admin.get(f"/v1/jobs/{jid}{path}")
+        assert p.status_code == 410 and "restore from checkpoint" in p.json()["detail"], path
+    later = admin.post(url, json=ev("c", "recovery", 1, 1))
+    assert later.status_code == 409 and "halted" in later.json()["detail"]
+    assert admin.post(url, json=ev("b", "failure", 1, 1)).json()["state"] == "halted"
+    hb = worker(server, token).post(f"/v1/jobs/{jid}/heartbeats",
+                                    json={"replica": 0, "stage": 0, "iteration": 1})
+    assert hb.status_code == 410
+    with HttpPlanSource(server.url, jid, token) as src, pytest.raises(TrainingHalted):
+        src.wait_for_plan(0, 1.0)
+    assert admin.get(f"/v1/jobs/{jid}/plans/1").status_code == 200  # history stays
+
+
+def test_tokens(admin, server):
+    jid, token = register(admin)
+    other, other_token = register(admin)
+    w = worker(server, token)
+    hb = {"replica": 0, "stage": 0, "iteration": 0}
+    assert httpx.post(f"{server.url}/v1/jobs/{jid}/heartbeats", json=hb).status_code == 401
+    bad = worker(server, jid + ".forged")
+    assert bad.post(f"/v1/jobs/{jid}/heartbeats", json=hb).status_code == 401
+    assert bad.get(f"/v1/jobs/{jid}/plan").status_code == 401
+    assert w.post(f"/v1/jobs/{jid}/heartbeats", json=hb).status_code == 200
+    assert w.post(f"/v1/jobs/{other}/heartbeats", json=hb).status_code == 403
+    assert w.get(f"/v1/jobs/{other}/plan").status_code == 403
+    assert w.post("/v1/jobs", json=spec()).status_code == 403  # registering is admin only
+    assert httpx.post(f"{server.url}/v1/jobs", json=spec()).status_code == 401
+    # the check comes before the body is parsed
+    assert httpx.post(f"{server.url}/v1/jobs/{jid}/events", content=b"{nope").status_code == 401
+    assert admin.get("/v1/jobs/nosuchjob").status_code == 404
+    assert w.get("/v1/jobs/nosuchjob/plan").status_code == 403
+
+
+def test_body_size_limit(admin):
+    jid, _ = register(admin)
+    big = {"event_id": "big", "kind": "failure", "replica": 0, "stage": 0, "reason": "x" * 100}
+    r = admin.post(f"/v1/jobs/{jid}/events", content=b" " * (70 * 1024) + httpx.Request(
+        "POST", "/", json=big).content, headers={"content-type": "application/json"})
+    assert r.status_code == 413 and "larger than" in r.json()["detail"]
+
+    def chunks():  # no Content-Length: counted as it streams
+        for _ in range(80):
+            yield b" " * 1024
+
+    r = admin.post(f"/v1/jobs/{jid}/events", content=chunks(),
+                   headers={"content-type": "application/json"})
+    assert r.status_code == 413
+    assert admin.get(f"/v1/jobs/{jid}/events").json() == []
+
+
+def test_malformed_spec_is_422_with_reason(admin):
+    bad = spec()
+    bad["cost"]["F"] = [1, 2]
+    r = admin.post("/v1/jobs", json=bad)
+    assert r.status_code == 422 and "cost.F has 2 entries" in r.json()["detail"]
+    r = admin.post("/v1/jobs", json=spec(D=512, S=64, M=64))
+    assert r.status_code == 422 and "too large" in r.json()["detail"]
+
+
+def test_long_poll_returns_promptly(admin, server):
+    jid, token = register(admin)
+    got = {}
+
+    def poll():
+        with worker(server, token) as w:
+            r = w.get(f"/v1/jobs/{jid}/plan", params={"after": 0, "wait": 20})
+            got["t"], got["r"] = time.perf_counter(), r
+
+    t = threading.Thread(target=poll)
+    t.start()
+    time.sleep(0.3)
+    assert t.is_alive()  # parked, not answered
+    sent = time.perf_counter()
+    admin.post(f"/v1/jobs/{jid}/events", json=ev("f", "failure", 3, 3)).raise_for_status()
+    t.join(5)
+    assert got["r"].status_code == 200 and got["r"].json()["version"] == 1
+    assert got["t"] - sent < 0.5
+    t0 = time.perf_counter()
+    r = admin.get(f"/v1/jobs/{jid}/plan", params={"after": 1, "wait": 0.3})
+    assert r.status_code == 204 and 0.25 < time.perf_counter() - t0 < 2
+
+
+def test_worker_scoped_plan(admin, server):
+    jid, token = register(admin)
+    w = worker(server, token)
+    admin.post(f"/v1/jobs/{jid}/events", json=ev("f", "failure", 0, 1)).raise_for_status()
+    live = w.get(f"/v1/jobs/{jid}/workers/1/1/plan").json()
+    full = w.get(f"/v1/jobs/{jid}/plan").json()
+    mine = next(x for x in full["workers"] if (x["replica"], x["stage"]) == (1, 1))
+    assert live["in_plan"] and live["version"] == 1 and live["actions"] == mine["actions"]
+    assert live["routes"] == full["routes"]
+    dead = w.get(f"/v1/jobs/{jid}/workers/0/1/plan").json()
+    assert dead["in_plan"] is False and dead["actions"] == []
+    assert w.get(f"/v1/jobs/{jid}/workers/9/1/plan").status_code == 422
+    assert w.get(f"/v1/jobs/{jid}/workers/1/1/plan?after=1&wait=0.1").status_code == 204
+
+
+def test_heartbeat_timeout_declares_failure(admin, server):
+    jid, token = register(admin)
+    src = HttpPlanSource(server.url, jid, token)
+    src.heartbeat(0, 0, 1)
+    src.heartbeat(1, 0, 1)
+    t0 = time.perf_counter()
+    deadline = t0 + 5
+    while time.perf_counter() < deadline:  # keep (1, 0) alive, let (0, 0) go silent
+        src.heartbeat(1, 0, 2)
+        plan = src.wait_for_plan(0, 0.1)
+        if plan is not None:
+            break
+    assert plan is not None and plan.version == 1 and plan.failed == [(0, 0)]
+    assert HB_TIMEOUT * 0.9 < time.perf_counter() - t0 < HB_TIMEOUT + 1.5
+    events = admin.get(f"/v1/jobs/{jid}/events").json()
+    assert [(e["source"], e["replica"], e["stage"]) for e in events] == [("heartbeat", 0, 0)]
+    # the fenced worker's heartbeat is refused, and it is not in the plan
+    r = worker(server, token).post(f"/v1/jobs/{jid}/heartbeats",
+                                   json={"replica": 0, "stage": 0, "iteration": 3})
+    assert r.status_code == 409
+    assert "recycle_heartbeats_missed_total" in httpx.get(server.url + "/metrics").text
+    src.close()
+
+
+def test_suspect_speeds_detection(admin, server):
+    jid, token = register(admin)
+    w = worker(server, token)
+    w.post(f"/v1/jobs/{jid}/heartbeats", json={"replica": 2, "stage": 3, "iteration": 0})
+    time.sleep(HB_TIMEOUT / 4 + 0.05)  # silent longer than the suspect grace
+    t0 = time.perf_counter()
+    r = w.post(f"/v1/jobs/{jid}/suspects",
+               json={"replica": 2, "stage": 3, "reporter": {"replica": 2, "stage": 2}})
+    assert r.status_code == 200
+    r = w.get(f"/v1/jobs/{jid}/plan", params={"after": 0, "wait": 5})
+    assert r.json()["failed"] == [[2, 3]]
+    assert time.perf_counter() - t0 < HB_TIMEOUT / 2
+
+
+def test_http_plan_source(admin, server):
+    jid, token = register(admin)
+    with HttpPlanSource(server.url, jid, token, reporter=(0, 0)) as src:
+        assert src.wait_for_plan(-1, 1).version == 0
+        assert src.wait_for_plan(0, 0.2) is None
+        threading.Timer(0.2, lambda: admin.post(
+            f"/v1/jobs/{jid}/events", json=ev("t", "failure", 1, 1))).start()
+        assert src.wait_for_plan(0, 5).version == 1
+        src.report_suspect(3, 3, "timeout on recv")
+    with HttpPlanSource(server.url, jid, "wrong") as bad, pytest.raises(PermissionError):
+        bad.wait_for_plan(0, 1)
+    with HttpPlanSource("http://127.0.0.1:9", jid, token) as dead:
+        t0 = time.perf_counter()
+        assert dead.wait_for_plan(0, 0.3) is None  # unreachable: retried, then None
+        assert time.perf_counter() - t0 < 2
+
+
+def test_admin_token_required_for_list_and_metrics_open(server):
+    assert httpx.get(server.url + "/v1/jobs").status_code == 401
+    assert httpx.get(server.url + "/v1/jobs", headers=admin_headers()).status_code == 200
+    assert httpx.get(server.url + "/healthz").json()["status"] == "ok"
+    text = httpx.get(server.url + "/metrics").text
+    for name in ("recycle_plan_version", "recycle_solve_seconds", "recycle_plan_cache_hits_total",
+                 "recycle_plan_cache_misses_total", "recycle_heartbeats_missed_total"):
+        assert name in text
+    assert httpx.get(server.url + "/docs").status_code == 200
+    assert ADMIN not in text
+
+
+def test_service_relay_for_recycle_train(admin, server):
+    from executor.service_relay import ServicePlanner
+    from planner.failures import NoPlanError
+    from planner.job import JobSpec
+    jid, token = register(admin, D=2, S=2, M=2)
+    relay = ServicePlanner(server.url, jid, token, timeout_s=5)
+    relay.check_grid(JobSpec.uniform(2, 2, 2))
+    with pytest.raises(ValueError):
+        relay.check_grid(JobSpec.uniform(2, 3, 2))
+    assert relay.plan({(1, 1)}).failed == [(1, 1)]
+    assert relay.plan(set()).failed == []
+    with pytest.raises(NoPlanError):
+        relay.plan({(0, 0), (1, 0)})
+    kinds = [(e["kind"], e["source"]) for e in admin.get(f"/v1/jobs/{jid}/events").json()]
+    assert kinds == [("failure", "worker"), ("recovery", "worker"), ("failure", "worker"),
+                     ("failure", "worker")]
+    relay.close()
