@@ -31,10 +31,15 @@ def _1f1b(job, failed, mode, opts):
     return one_f_one_b_plan(job, failed)
 
 
-def _cpsat(job, failed, mode, opts):
+def _cpsat(job, failed, mode, opts, start: Optional[Plan] = None):
     from planner.cpsat import cpsat_plan
+    hint = routes = None
+    if start is not None:  # a plan for these failures to improve on (same numbering)
+        routes = start.routes
+        hint = {w.key: [(a.op, a.microbatch, a.start, a.end) for a in w.actions if a.op != "OPT"]
+                for w in start.workers}
     return cpsat_plan(job, failed, mode, time_limit=opts.time_limit,
-                      num_workers=opts.num_workers, seed=opts.seed)
+                      num_workers=opts.num_workers, seed=opts.seed, routes=routes, hint=hint)
 
 
 def _milp(job, failed, mode, opts):
@@ -67,7 +72,14 @@ def solve(job: JobSpec, failed: Iterable[Iterable[int]], solver: str = "greedy",
     if not canonical:
         return BACKENDS[solver](job, failed, mode, opts)
     canon = canonicalize(job, failed)
-    plan = BACKENDS[solver](job, list(canon.failed), mode, opts)
+    if solver == "cpsat" and list(canon.perm) != sorted(canon.perm):
+        # The greedy plan depends on the numbering (ties go to lower replicas), so the
+        # greedy plan of the numbering asked for may beat the canonical one: CP-SAT starts
+        # from the better of the two, and so is never worse than either.
+        asked = _greedy(job, failed, mode, opts)
+        plan = _cpsat(job, list(canon.failed), mode, opts, start=map_plan(asked, canon.inverse()))
+    else:
+        plan = BACKENDS[solver](job, list(canon.failed), mode, opts)
     return map_plan(plan, canon)
 
 

@@ -11,7 +11,9 @@ each held from its F to its W for at least a round trip, the span is also at lea
 total hold time divided by the slots.
 
 A second family bounds through a bottleneck worker v of stage s: it runs n_v F's and I's
-one at a time (and, short of memory, the W's that make room for its last F's), its first F
+one at a time (and, short of memory, the W's that make room for its last F's), and its
+last I also ends at least a round trip through the later stages after its first F plus
+all n_v I's, and after its last F plus one I; its first F
 waits for one micro-batch to cross stages r..s-1, and its last
 I must travel back to stage r, whose all-reduce waits for it; so stage r's earliest-starting
 worker spans at least head + n_v (F + I) + tail + W_r + OPT_r.
@@ -19,7 +21,9 @@ worker spans at least head + n_v (F + I) + tail + W_r + OPT_r.
 Every bound grows with n, so the
 best re-routing is the one that minimises the largest span: identical units on workers
 with non-decreasing costs, for which assigning one unit at a time to the worker whose cost
-grows least is optimal. Any routing, not just ours, is covered.
+grows least is optimal. Any routing, not just ours, is covered. Delays: between stages t
+and t+1 every micro-batch pays at least the least delay over pairs of live workers of the
+two stages (cross-replica only, when no replica is alive at both).
 """
 from __future__ import annotations
 
@@ -64,12 +68,17 @@ def _minmax(job: JobSpec, live: list[int], cost) -> int:
     return max(cost(d, count[d]) for d in live)
 
 
-def _busy_until_last_i(job: JobSpec, d: int, v: int, n: int) -> int:
-    """Work worker (d, v) must do between its first F and its last I: every F and I, and,
-    when it holds fewer slots than micro-batches, the W's that free room for the last F's."""
+def _busy_until_last_i(job: JobSpec, d: int, v: int, n: int, chain: int) -> int:
+    """Time worker (d, v) needs from its first F's start to its last I's end: every F and
+    I, and, when it holds fewer slots than micro-batches, the W's that free room for the
+    last F's; nor can it beat one round trip (`chain`: F end to I start through the later
+    stages) after its first F, with all its I's still to run, or after its last F."""
+    if n == 0:
+        return 0
+    f, i, w = (job.duration(op, d, v) for op in "FIW")
     slots = job.slots(v)
     forced_w = 0 if slots is None else max(0, n - slots)
-    return n * (job.duration("F", d, v) + job.duration("I", d, v)) + forced_w * job.duration("W", d, v)
+    return max(n * (f + i) + forced_w * w, f + chain + n * i, n * f + chain + i)
 
 
 def stage_bounds(job: JobSpec, failed: list[Worker]) -> list[int]:
@@ -78,16 +87,19 @@ def stage_bounds(job: JobSpec, failed: list[Worker]) -> list[int]:
     dead = set(failed)
     S, D = job.stages, job.replicas
     fast = {op: [_fastest(job, dead, op, s) for s in range(S)] for op in "FIW"}
-    hop = job.min_delay
     live = [[d for d in range(D) if (d, s) not in dead] for s in range(S)]
-    out = []
-    for s in range(S):
-        chain = sum(fast["F"][t] + fast["I"][t] for t in range(s + 1, S)) + 2 * (S - 1 - s) * hop
-        out.append(_minmax(job, live[s], lambda d, n: span_bound(job, d, s, n, chain)))
+    # hop[t]: the least delay between stages t and t+1 over live pairs; every route
+    # crosses that boundary between two live workers, so pays at least this much.
+    hop = [min(job.delay(a, b) for a in live[t] for b in live[t + 1]) for t in range(S - 1)]
+    chains = [sum(fast["F"][t] + fast["I"][t] for t in range(s + 1, S))
+              + 2 * sum(hop[t] for t in range(s, S - 1)) for s in range(S)]
+    out = [_minmax(job, live[s], lambda d, n: span_bound(job, d, s, n, chains[s]))
+           for s in range(S)]
     for v in range(1, S):
-        busy = _minmax(job, live[v], lambda d, n: _busy_until_last_i(job, d, v, n))
+        busy = _minmax(job, live[v], lambda d, n: _busy_until_last_i(job, d, v, n, chains[v]))
         for r in range(v):
-            there_and_back = sum(fast["F"][t] + fast["I"][t] for t in range(r, v)) + 2 * (v - r) * hop
+            there_and_back = (sum(fast["F"][t] + fast["I"][t] for t in range(r, v))
+                              + 2 * sum(hop[t] for t in range(r, v)))
             tail = min(job.duration("W", d, r) + job.duration("OPT", d, r) for d in live[r])
             out[r] = max(out[r], there_and_back + busy + tail)
     return out

@@ -61,10 +61,7 @@ class PlanCache:
         mode = mode or Mode(plan.solver.split_backward, plan.solver.optimizer == "staggered")
         canon = canonicalize(plan.job, plan.failed)
         if list(canon.perm) != sorted(canon.perm):
-            inverse = [0] * len(canon.perm)
-            for c, d in enumerate(canon.perm):
-                inverse[d] = c
-            plan = map_plan(plan, Canonical(failed=tuple(plan.failed), perm=tuple(inverse)))
+            plan = map_plan(plan, canon.inverse())
         key = (plan.job.spec_hash(), canon.key, mode_key(mode))
         with self._lock:
             row = self._db.execute(

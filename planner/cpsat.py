@@ -17,12 +17,13 @@ from ortools.sat.python import cp_model
 from planner.bounds import lower_bound
 from planner.failures import Worker, normalize
 from planner.greedy import best_schedule
+from planner.policies import timeline_period
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.routing import balanced_routes
 from planner.schedmodel import (Actions, build_actions, canonical_starts, period_horizon,
                                 slots_needed, starts_of, symmetry_chains, timeline_of)
-from planner.timeline import Mode, add_opt, finish_plan
+from planner.timeline import Mode, Timeline, add_opt, finish_plan
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE"}
 # `time_limit` is spent as deterministic time (reproducible plans) at this rate: on the
@@ -30,9 +31,12 @@ _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE"}
 # wall second, so the run then takes about `time_limit`. Wall time (1.5 x the limit) is a
 # safety cap only: a run that hits it is no longer reproducible.
 _DET_PER_S = 0.5
-# The period model (per-worker first-action variables) spent 10 to 50 s before its first
-# search step at 3K actions, ignoring every time limit (ortools 9.15, cause not found);
-# at a few hundred actions it starts at once. Above this size period is not re-solved.
+# The period model spent 10 to 50 s of wall time before its first search step at 1.5K to
+# 3K actions: ortools 9.15's TransitivePrecedencesEvaluator::ComputeFullPrecedences (found
+# with perf), now off (`transitive_precedences_work_limit = 0`). Even so, at 1.5K+ actions
+# the first interleaved batch (LP workers, scheduling_*_window LNS) runs 5 to 40 wall
+# seconds for well under one deterministic second, so the re-solve overran the wall cap
+# and lost to the makespan plan. Above this size period is not re-solved.
 _PERIOD_MAX_ACTIONS = 1000
 _WALL_CAP = 1.5
 
@@ -126,6 +130,10 @@ class _Model:
         p.max_deterministic_time = max(0.01, det_time)
         p.max_time_in_seconds = max(0.01, wall_cap)  # safety cap only
         p.expand_reservoir_constraints = False
+        # Building the transitive closure of the precedences (for the no-overlap
+        # propagators) took 10 to 50 s of wall time, at no deterministic time, before the
+        # first search step at 1.5K to 3K actions; the chains give it nothing new.
+        p.transitive_precedences_work_limit = 0
         status = solver.solve(self.m)
         if status not in _STATUS:  # values after UNKNOWN are garbage
             return None, solver
@@ -134,7 +142,12 @@ class _Model:
 
 def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_limit: float = 10.0,
                num_workers: int = 2, seed: int = 0,
-               routes: Optional[list[list[int]]] = None) -> Plan:
+               routes: Optional[list[list[int]]] = None, use_bound: bool = True,
+               hint: Optional[Timeline] = None) -> Plan:
+    """`use_bound=False` leaves the analytic lower bound out of the model, so an OPTIMAL
+    status is CP-SAT's own proof (tests check the analytic bound against it). `hint`: a
+    timeline (no OPTs) for these routes to start from when it beats the greedy portfolio,
+    e.g. the greedy plan of another numbering of the same failed set."""
     t0 = time.perf_counter()
     failed = normalize(job, failed)
     routes = routes if routes is not None else balanced_routes(job, failed)
@@ -142,6 +155,9 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
     chains = symmetry_chains(job, routes, acts)
 
     greedy_tl = best_schedule(job, routes, mode)  # the best portfolio plan as the hint
+    if hint is not None and (timeline_period(job, hint, mode.staggered)
+                             < timeline_period(job, greedy_tl, mode.staggered)):
+        greedy_tl = {w: list(acts) for w, acts in hint.items()}
     g_starts = canonical_starts(acts, chains, starts_of(acts, greedy_tl))
     add_opt(job, greedy_tl)
     greedy = finish_plan(job, failed, routes, greedy_tl, mode, "cpsat", "HEURISTIC", 0.0)
@@ -151,8 +167,10 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
         add_opt(job, tl)
         return finish_plan(job, failed, routes, tl, mode, "cpsat", "HEURISTIC", 0.0)
 
-    lb_period = lower_bound(job, failed, mode)
-    lb_makespan = lower_bound(job, failed, Mode(mode.split_backward, staggered=False))
+    lb_period, lb_makespan = 0, 0
+    if use_bound:
+        lb_period = lower_bound(job, failed, mode)
+        lb_makespan = lower_bound(job, failed, Mode(mode.split_backward, staggered=False))
     budget = _DET_PER_S * time_limit
     deadline = t0 + _WALL_CAP * time_limit + 0.5
 
@@ -160,7 +178,12 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
         cap = (deadline - time.perf_counter()) * wall_share
         return mdl.solve(dt, cap, num_workers, seed)
 
-    g_make = greedy.metrics.makespan
+    # Zero-length actions take a unit slot in the model (see _Model), so the greedy plan
+    # may not fit under its own makespan: z units of slack keep the model feasible (each
+    # slot delays what follows by at most one). An infeasible model aborted the process
+    # (ortools 9.15, 2 interleaved workers: "Check failed: heuristics.fixed_search").
+    z = sum(1 for d in acts.dur if d == 0)
+    g_make = greedy.metrics.makespan + z
     model = _Model(job, acts, chains, "makespan", g_make, lb_makespan, g_make)
     model.hint(job, g_starts)
     share = 0.5 if mode.staggered and len(acts) <= _PERIOD_MAX_ACTIONS else 1.0
@@ -174,7 +197,7 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
         if not mode.staggered:
             bound = max(bound, _floor(solver.best_objective_bound))
     if mode.staggered and best.metrics.period > lb_period and len(acts) <= _PERIOD_MAX_ACTIONS:
-        P = best.metrics.period
+        P = best.metrics.period + z
         model = _Model(job, acts, chains, "period", period_horizon(job, acts, P), lb_period, P)
         model.hint(job, canonical_starts(acts, chains, starts_of(acts, _as_timeline(best))))
         # Phase 1 may overrun its deterministic share; period still gets a fifth.

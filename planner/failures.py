@@ -81,6 +81,14 @@ class Canonical:
     def to_original(self, replica: int) -> int:
         return self.perm[replica]
 
+    def inverse(self) -> "Canonical":
+        """The renaming from original replicas to canonical ones (for `map_plan`)."""
+        inv = [0] * len(self.perm)
+        for c, d in enumerate(self.perm):
+            inv[d] = c
+        return Canonical(failed=tuple(sorted((self.perm[c], s) for c, s in self.failed)),
+                         perm=tuple(inv))
+
 
 def canonicalize(job: JobSpec, failed: Iterable[Worker]) -> Canonical:
     failed = normalize(job, failed)
