@@ -35,6 +35,9 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
           heartbeat_timeout: float = typer.Option(10.0, "--heartbeat-timeout",
                                                   help="seconds of silence before a worker "
                                                        "is declared failed"),
+          suspect_grace: Optional[float] = typer.Option(
+              None, "--suspect-grace", help="a suspected worker silent this long is declared "
+                                            "failed (default: a quarter of the timeout)"),
           max_failures: int = typer.Option(2, "--max-failures",
                                            help="precompute plans for up to this many "
                                                 "failures per job"),
@@ -51,7 +54,8 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     app = create_app(os.path.abspath(db), admin_token, heartbeat_timeout, max_failures,
                      solvers=tuple(s.strip() for s in solvers.split(",") if s.strip()),
-                     cpsat_time_limit_s=cpsat_time_limit, solver_workers=solver_workers)
+                     cpsat_time_limit_s=cpsat_time_limit, solver_workers=solver_workers,
+                     suspect_grace_s=suspect_grace)
     Server(app, host=host, port=port, log_level=log_level, access_log=False,
            timeout_graceful_shutdown=5).run()
 

@@ -53,6 +53,8 @@ class Monitor:
         w = (replica, stage)
         if job.state == "halted":
             raise job.halted_error()
+        if job.state == "finished":  # workers are exiting: nothing to watch
+            return
         if w in job.failed:
             raise ApiError(409, f"worker {replica}:{stage} is marked failed and is not in the "
                                 "plan; post a recovery event to rejoin")
@@ -70,7 +72,7 @@ class Monitor:
         w = (replica, stage)
         if job.state == "halted":
             raise job.halted_error()
-        if w in job.failed:
+        if w in job.failed or job.state == "finished":
             return None
         self.service.metrics.suspects.inc()
         now = time.monotonic()
@@ -84,6 +86,10 @@ class Monitor:
         """After a failure or recovery event: unwatched until its next heartbeat."""
         self.last.get(job_id, {}).pop(w, None)
         self.deadline.get(job_id, {}).pop(w, None)
+
+    def forget_job(self, job_id: str) -> None:
+        self.last.pop(job_id, None)
+        self.deadline.pop(job_id, None)
 
     # ---- the loop ----------------------------------------------------------------------
     def _expired(self, now: float) -> list[tuple[str, tuple[int, int]]]:

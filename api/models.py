@@ -102,7 +102,7 @@ class PlanSummary(BaseModel):
 
 class JobOut(BaseModel):
     id: str
-    state: Literal["running", "halted"]
+    state: Literal["running", "halted", "finished"]
     reason: Optional[str] = None
     spec: dict
     failed: list[tuple[int, int]]

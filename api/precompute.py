@@ -185,7 +185,7 @@ class Precomputer:
         for i in range(start, len(work)):
             if job.state != "running":
                 store.set_precompute(job.id, state="stopped", done=i,
-                                     error="job halted; precompute stopped")
+                                     error=f"job {job.state}; precompute stopped")
                 return
             solver, canon = work[i]
             have = store.cached_solver(spec_hash, canon.key, mode)

@@ -74,6 +74,17 @@ async def post_event(job_id: str, ev: EventIn, request: Request, response: Respo
     return answer
 
 
+@router.post("/{job_id}/finish", response_model=JobBrief, openapi_extra=JOB,
+             responses=errors(404, 410), summary="Training completed: stop failure detection")
+async def finish_job(job_id: str, request: Request):
+    """`state: finished`: the job's workers are no longer watched (they exit without being
+    declared failed), events answer 409. Idempotent; a halted job answers 410."""
+    svc = request.app.state.service
+    job = svc.job(job_id)
+    await svc.finish(job)
+    return {"id": job.id, "state": job.state, "plan_version": job.version, "failed": job.failed}
+
+
 @router.get("/{job_id}/events", response_model=list[EventOut], openapi_extra=JOB,
             responses=errors(404), summary="Accepted events, oldest first")
 async def list_events(job_id: str, request: Request):

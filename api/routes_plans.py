@@ -52,11 +52,13 @@ async def current_plan(request: Request, job_id: str, after: Optional[int] = AFT
 async def plan_version(request: Request, job_id: str,
                        version: int = Path(ge=0, le=2**53)):
     svc = request.app.state.service
-    svc.job(job_id)
-    row = svc.store.plan(job_id, version)
-    if row is None:
-        raise ApiError(404, f"job {job_id} has no plan version {version}")
-    return _json(row["plan_json"].encode(), version)
+    body = svc.job(job_id).recent.get(version)
+    if body is None:
+        row = svc.store.plan(job_id, version)
+        if row is None:
+            raise ApiError(404, f"job {job_id} has no plan version {version}")
+        body = row["plan_json"].encode()
+    return _json(body, version)
 
 
 @router.get("/workers/{replica}/{stage}/plan", response_model=WorkerPlanOut,

@@ -25,6 +25,7 @@ from planner.job import JobSpec
 from planner.plan import Plan
 
 log = logging.getLogger("recycle.api")
+RECENT = 16  # plan versions per job answered from memory (older ones from SQLite)
 
 
 class ApiError(Exception):
@@ -69,6 +70,12 @@ class JobRuntime:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     views: dict = field(default_factory=dict)  # (replica, stage) -> bytes, current version
+    recent: dict = field(default_factory=dict)  # version -> plan bytes, the newest RECENT
+
+    def remember(self) -> None:
+        self.recent[self.plan.version] = self.plan_bytes
+        while len(self.recent) > RECENT:
+            del self.recent[min(self.recent)]
 
     @property
     def version(self) -> int:
@@ -120,6 +127,7 @@ class Service:
                 failed=[tuple(w) for w in json.loads(row["failed_json"])],
                 max_failures=row["max_failures"], created=row["created"], plan=plan,
                 plan_bytes=latest["plan_json"].encode())
+            self.jobs[row["id"]].remember()
             self.metrics.plan_version.labels(row["id"]).set(plan.version)
         self._count_jobs()
 
@@ -134,7 +142,7 @@ class Service:
         return job
 
     def _count_jobs(self) -> None:
-        for state in ("running", "halted"):
+        for state in ("running", "halted", "finished"):
             self.metrics.jobs.labels(state).set(
                 sum(1 for j in self.jobs.values() if j.state == state))
 
@@ -178,6 +186,7 @@ class Service:
         job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), state="running",
                          reason=None, failed=[], max_failures=k, created=now,
                          plan=plan, plan_bytes=record["json"].encode())
+        job.remember()
         self.jobs[job_id] = job
         self.metrics.plan_version.labels(job_id).set(0)
         self.metrics.plans_published.labels("registered").inc()
@@ -202,6 +211,8 @@ class Service:
             if job.state == "halted":
                 raise ApiError(409, f"job is halted ({job.reason}); register a new job "
                                     "after restoring from checkpoint")
+            if job.state == "finished":
+                raise ApiError(409, "job is finished: training completed")
             w = (ev.replica, ev.stage)
             if ev.kind == "failure" and w in job.failed:
                 raise ApiError(409, f"worker {w[0]}:{w[1]} has already failed")
@@ -243,6 +254,19 @@ class Service:
                 self.precomputer.improve(job, failed)
         return answer, False
 
+    async def finish(self, job: JobRuntime) -> None:
+        """Training completed: stop watching the job's workers (they exit now). Idempotent."""
+        async with job.lock:
+            if job.state == "halted":
+                raise job.halted_error()
+            if job.state == "running":
+                await asyncio.to_thread(self.store.set_state, job.id, "finished")
+                job.state = "finished"
+                if self.monitor:
+                    self.monitor.forget_job(job.id)
+                job.notify()
+                self._count_jobs()
+
     def _background(self, coro) -> None:
         task = asyncio.create_task(coro)
         self._tasks.add(task)
@@ -250,6 +274,7 @@ class Service:
 
     def _install(self, job: JobRuntime, plan: Plan, plan_json: str, cause: str) -> None:
         job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), {}
+        job.remember()
         self.metrics.plan_version.labels(job.id).set(plan.version)
         self.metrics.plans_published.labels(cause.split(":")[0]).inc()
         job.notify()

@@ -116,6 +116,11 @@ class Store:
             db.execute("INSERT INTO precompute VALUES (?,?,?,?,?,?,?,?,?)",
                        (job_id, "queued", 0, 0, 0, json.dumps(solvers), max_failures, None, now))
 
+    def set_state(self, job_id: str, state: str) -> None:
+        with self.tx() as db:
+            db.execute("UPDATE jobs SET state=?, updated=? WHERE id=?", (state, time.time(), job_id))
+            db.execute("DELETE FROM armed WHERE job_id=?", (job_id,))
+
     def jobs(self) -> list[sqlite3.Row]:
         return self._all("SELECT * FROM jobs ORDER BY created")
 

@@ -58,6 +58,7 @@ class Agent:
         if init_state is not None:
             self._load(init_state)
         self.fresh = incarnation > 1  # restarted: its state must come from a live peer
+        self._asked = False  # a restarted worker's rejoin request has gone out
         self.done = start_iteration - 1  # last iteration this worker has stepped
         self.version, self._refused = -1, -1
         self.job_hash = job.spec_hash()
@@ -100,11 +101,11 @@ class Agent:
 
     # ---- main loop --------------------------------------------------------------------
     def run(self) -> int:
-        threading.Thread(target=self._heartbeats, daemon=True).start()
         self.log(f"started (incarnation {'restarted' if self.fresh else 'first'})")
-        if self.fresh:
-            self.source.send("ready")
+        if self.fresh:  # no heartbeats until our death is known: they would mask it
             self.log("restarted: waiting to be admitted to a plan")
+        else:
+            threading.Thread(target=self._heartbeats, daemon=True).start()
         plan: Optional[Plan] = None
         try:
             while True:
@@ -113,6 +114,10 @@ class Agent:
                 if wp is None:
                     self.version = plan.version
                     if self.fresh:  # not admitted yet: wait for the plan that includes us
+                        if self.me in [tuple(w) for w in plan.failed] and not self._asked:
+                            self._asked = True  # our failure is known: ask to come back
+                            self.source.rejoin(plan.version)
+                            threading.Thread(target=self._heartbeats, daemon=True).start()
                         plan = None
                         continue
                     if not plan.workers:

@@ -39,7 +39,7 @@ def train_cmd(
     run_dir: Optional[str] = typer.Option(None, help="worker logs and stage states (default: a temp dir)"),
     external: bool = typer.Option(False, help="do not spawn workers: wait for torchrun'd `python -m executor.worker`"),
     store_port: int = typer.Option(0, help="port of the coordinator's store (0: any free port)"),
-    service: Optional[str] = typer.Option(None, "--service", help="take plans from `recycle serve` at this URL"),
+    service: Optional[str] = typer.Option(None, "--service", help="workers take plans from, and report failures to, `recycle serve` at this URL"),
     job_id: Optional[str] = typer.Option(None, "--job-id", help="the job's id at --service"),
     token: Optional[str] = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", help="the job's worker token at --service"),
     d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
@@ -58,13 +58,13 @@ def train_cmd(
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
         spec = JobSpec.load(job) if job else None
-        planner = None
-        if service:
-            from executor.service_relay import ServicePlanner
+        watch = None
+        if service:  # workers poll, heartbeat and report to the service themselves
+            from executor.service_source import ServiceWatch
             if not (job_id and token):
                 raise ValueError("--service needs --job-id and --token")
-            planner = ServicePlanner(service, job_id, token, timeout_s=max(30.0, timeout))
-            spec = spec or planner.job
+            watch = ServiceWatch(service, job_id, token, timeout_s=max(30.0, timeout))
+            spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
     if reference:
         from executor.reference import train_reference
@@ -80,7 +80,7 @@ def train_cmd(
     result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_path=checkpoint, run_dir=run_dir, external=external,
-                   store_port=store_port, console=console, planner=planner)
+                   store_port=store_port, console=console, service=watch)
     if result.halted:
         raise typer.Exit(EXIT_NO_PLAN)
     console.print(f"done: {iterations} iterations, final loss {result.summary.losses[-1]:.5f}, "

@@ -107,8 +107,12 @@ class World:
              dtype=torch.float32) -> torch.Tensor:
         dev = self.device if self.nccl else torch.device("cpu")
         buf = torch.empty(shape, dtype=dtype, device=dev)
-        self._wait(dist.irecv(buf, self.rank_of[frm], tag=self._tag(iteration, g, direction)),
-                   f"recv of micro-batch {g} from {frm}", frm)
+        try:  # posting may fail too when the peer's pair is already closed
+            work = dist.irecv(buf, self.rank_of[frm], tag=self._tag(iteration, g, direction))
+        except Exception as exc:
+            raise CommError(f"v{self.version} recv of micro-batch {g} from {frm}: "
+                            f"{str(exc)[:200]}", frm) from exc
+        self._wait(work, f"recv of micro-batch {g} from {frm}", frm)
         return buf.to(self.device)
 
     def flush(self) -> None:

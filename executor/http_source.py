@@ -32,6 +32,12 @@ class HttpPlanSource:
                                     headers={"Authorization": f"Bearer {token}"},
                                     timeout=request_timeout_s)
         self._prefix = f"/v1/jobs/{job_id}"
+        self._down = False  # warn once per outage, not on every retry
+
+    def _unreachable(self, what: str, e: Exception) -> None:
+        if not self._down:
+            log.warning("%s: plan service unreachable (%s); retrying", what, e)
+        self._down = True
 
     def close(self) -> None:
         self._client.close()
@@ -71,12 +77,12 @@ class HttpPlanSource:
                                      timeout=httpx.Timeout(self._timeout, read=wait + self._timeout))
             except httpx.TransportError as e:  # service down or restarting: retry
                 if time.monotonic() + backoff >= deadline:
-                    log.warning("plan service unreachable: %s", e)
+                    self._unreachable("plan", e)
                     return None
                 time.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
                 continue
-            backoff = 0.05
+            backoff, self._down = 0.05, False
             if r.status_code == 200:
                 plan = Plan.from_json(r.content)
                 if plan.version > after_version:
@@ -95,7 +101,7 @@ class HttpPlanSource:
                                   json={"replica": replica, "stage": stage,
                                         "iteration": iteration})
         except httpx.TransportError as e:
-            log.warning("heartbeat not delivered: %s", e)
+            self._unreachable("heartbeat", e)
             return
         if r.status_code == 409:
             log.warning("heartbeat refused: %s", r.json().get("detail"))
@@ -112,12 +118,16 @@ class HttpPlanSource:
         try:
             r = self._client.post(f"{self._prefix}/suspects", json=body)
         except httpx.TransportError as e:
-            log.warning("suspect report not delivered: %s", e)
+            self._unreachable("suspect report", e)
             return
         if r.status_code != 410:
             self._raise_for(r)
 
     # ---- extras --------------------------------------------------------------------------
+    def finish(self) -> None:
+        """Training completed: the service stops watching the job's workers."""
+        self._raise_for(self._client.post(f"{self._prefix}/finish"))
+
     def report_event(self, event_id: str, kind: str, replica: int, stage: int,
                      reason: Optional[str] = None) -> dict:
         """Post a failure/recovery event (e.g. a rejoining worker's recovery)."""

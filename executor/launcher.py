@@ -14,6 +14,11 @@ published once the new process reports ready (it loads its state from a live pee
 entering that plan, see agent.py), and the others hold before iteration I until then.
 Losing every replica of a stage halts: the newest iteration for which every stage's
 writer left a state file is assembled into one checkpoint that `resume` continues from.
+
+With a service (`service=ServiceWatch`, service_source.py) the coordinator neither plans
+nor declares failures: workers poll, heartbeat and report suspects to the service, whose
+plans the coordinator only follows; a dead process is just restarted when a rejoin is due
+(the new process posts its recovery event itself).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import signal
 import sys
 import tempfile
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
@@ -67,14 +73,14 @@ class Coordinator:
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None, resume=None,
                  external=False, store_port=0, console=None, ckpt_every=1, deadline_s=None,
-                 planner=None):
+                 service=None):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
         self.kills, self.rejoins = list(kills), list(rejoins)
         self.solver, self.timeout, self.external = solver, timeout, external
-        self.planner = planner  # executor.service_relay.ServicePlanner: plans from `recycle serve`
-        if planner is not None:
-            planner.check_grid(job)
+        self.service = service  # ServiceWatch: the service plans, the coordinator follows
+        if service is not None and service.plan.job.spec_hash() != job.spec_hash():
+            raise ValueError(f"job {service.job_id} at the service has another spec than this run")
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         self.ckpt_dir = os.path.join(self.run_dir, "stage-states")
         os.makedirs(self.ckpt_dir, exist_ok=True)
@@ -96,10 +102,12 @@ class Coordinator:
             "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
             "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
             "resume": resume, "local_workers": None if external else len(self.workers),
-            "kills": self.kills, "rejoins": self.rejoins}))
+            "kills": self.kills, "rejoins": self.rejoins, "run_id": uuid.uuid4().hex[:8],
+            "service": service.worker_config() if service else None}))
         self.mailbox = Mailbox(self.store)
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.failed: set[Worker] = set()
+        self.exited: set[Worker] = set()  # with a service: dead processes not restarted
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
@@ -126,28 +134,50 @@ class Coordinator:
         self.console.print(f"[yellow]{msg}[/]")
 
     def fail(self, w: Worker, why: str) -> None:
-        if w not in self.failed:
+        if self.service is not None:  # the service declares failures, not us
+            self.exited.add(w)
+            self.event(f"worker {wkey(w)} {why}")
+            self.restart(w)
+        elif w not in self.failed:
             self.failed.add(w)
             self.done.pop(w, None)
             self.event(f"worker {wkey(w)} failed ({why})")
             self.publish()
-            for k in [k for k in self.rejoins if (k[0], k[1]) == w and w in self.procs]:
-                # Restart now; workers hold at iteration k[2] until the plan includes it.
-                self.rejoins.remove(k)
-                self.event(f"restarting worker {wkey(w)} to rejoin at iteration {k[2]}")
-                self.spawn(w)
+            self.restart(w)
+
+    def restart(self, w: Worker) -> None:
+        for k in [k for k in self.rejoins if (k[0], k[1]) == w and w in self.procs]:
+            # Restart now; workers hold at iteration k[2] until the plan includes it.
+            self.rejoins.remove(k)
+            self.exited.discard(w)
+            self.event(f"restarting worker {wkey(w)} to rejoin at iteration {k[2]}")
+            self.spawn(w)
 
     # ---- plans ------------------------------------------------------------------------
     def publish(self, final: bool = False) -> None:
+        if self.service is not None:
+            if final:  # first the service (so exiting workers are not declared failed)
+                self.service.finish()
+                return self.store.set("finished", "1")
+            return self.follow()
         if final:
             plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
-        elif self.planner is not None:
-            plan = self.planner.plan(self.failed)  # may raise NoPlanError
         else:
             plan = solve(self.job, sorted(self.failed), solver=self.solver)  # may raise NoPlanError
             plan = plan.model_copy(update={"version": self.version + 1})
         self.version, self.plan, self.suspect_since = plan.version, plan, None
         publish_plan(self.store, plan)
+
+    def follow(self) -> None:
+        """Service mode: take the newest plan the service published."""
+        plan = self.service.plan
+        if plan.version == self.version:
+            return
+        self.version, self.plan = plan.version, plan
+        self.failed = {tuple(w) for w in plan.failed}
+        for w in self.failed:
+            self.done.pop(w, None)
+        self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
 
     def live(self) -> list[Worker]:
         return [w.key for w in self.plan.workers if w.key not in self.failed]
@@ -160,6 +190,8 @@ class Coordinator:
                 for w in self.workers:
                     self.spawn(w)
             while True:
+                if self.service is not None and self.service.halted:
+                    return self.halt(self.service.halted)
                 self.tick()
                 if self.complete():
                     self.publish(final=True)
@@ -179,6 +211,8 @@ class Coordinator:
                 if p.exitcode is None:
                     p.kill()
                 p.join()
+            if self.service is not None:
+                self.service.close()
 
     def tick(self) -> None:
         incs = {w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}
@@ -186,7 +220,7 @@ class Coordinator:
             self.handle(msg)
         now = time.monotonic()
         for w, p in self.procs.items():
-            if p.exitcode is not None and w not in self.failed:
+            if p.exitcode is not None and w not in self.failed | self.exited:
                 self.fail(w, f"process exited with code {p.exitcode}")
         if self.external:
             for w in self.live():
@@ -194,7 +228,9 @@ class Coordinator:
                     t = float(self.store.get(f"hb/{wkey(w)}").split()[0])
                     if time.time() - t > 3 * self.timeout:
                         self.fail(w, "heartbeat stopped")
-        if self.suspect_since is not None and now - self.suspect_since > 0.3:
+        if self.service is not None:
+            self.publish()
+        elif self.suspect_since is not None and now - self.suspect_since > 0.3:
             # Comm trouble with nobody dead: a new version makes every worker re-sync.
             self.event(f"suspect reported under plan v{self.version} but no worker died: re-publishing")
             self.publish()

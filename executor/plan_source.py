@@ -1,8 +1,9 @@
 """Where a worker gets its plans: one small interface, two implementations.
 
 In-process (`recycle train` without a service) the launcher plans with the planner and
-publishes through the rendezvous store; with a service (`recycle serve`) an HTTP client
-long-polls it. Workers see only this interface, so they run the same either way.
+publishes through the rendezvous store (rendezvous.StorePlanSource); with a service
+(`recycle train --service`) each worker long-polls `recycle serve` itself
+(service_source.ServiceWorkerSource). Workers see only this interface, so they run the same either way.
 """
 from __future__ import annotations
 
@@ -25,3 +26,6 @@ class PlanSource(Protocol):
 
     def report_suspect(self, replica: int, stage: int, reason: str) -> None:
         """A peer stopped answering; the source decides whether it failed."""
+
+    def rejoin(self, version: int) -> None:
+        """A restarted worker, seen as failed in plan `version`, asks to be planned in again."""

@@ -66,6 +66,10 @@ class StorePlanSource:
     def report_suspect(self, replica: int, stage: int, reason: str) -> None:
         self.send("suspect", peer=[replica, stage], reason=reason)
 
+    def rejoin(self, version: int) -> None:
+        """A restarted worker saw itself failed in plan `version`: ask to be planned in."""
+        self.send("ready")
+
     # ---- worker -> coordinator --------------------------------------------------------
     def send(self, kind: str, **fields) -> None:
         msg = dict(fields, t=kind, r=self.me[0], s=self.me[1], v=self.version)

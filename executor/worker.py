@@ -4,7 +4,8 @@ Started by the launcher (one process per (replica, stage)) or by torchrun on sev
 machines; either way it needs only the coordinator's store address and its identity:
   --store HOST:PORT   or env RECYCLE_STORE   (the coordinator's TCPStore)
   --replica R --stage S   or env RANK (rank = replica * S + stage, DESIGN section 2)
-Everything else (model config, job spec, iterations, paths) is read from the store.
+Everything else (model config, job spec, iterations, paths, and with --service the
+service's URL, job id and token) is read from the store.
 Multi-machine:  recycle train ... --external --store-port 29400   on the coordinator host,
 then on every machine
   RECYCLE_STORE=HOST:29400 torchrun --nnodes N --nproc-per-node K --node-rank i \
@@ -52,7 +53,12 @@ def main(argv=None) -> int:
         ckpt = torch.load(conf["resume"], map_location="cpu", weights_only=False)
         init_state, start = ckpt["stage_states"][me[1]], ckpt["iteration"] + 1
     # The plan source gets its own connection: the heartbeat thread uses it concurrently.
-    source = StorePlanSource(connect_store(host, int(port), timeout_s=timeout), me, incarnation)
+    conn = connect_store(host, int(port), timeout_s=timeout)
+    if conf.get("service"):  # plans, heartbeats, suspects and rejoin over HTTP
+        from executor.service_source import ServiceWorkerSource
+        source = ServiceWorkerSource(conn, me, incarnation, conf["service"], conf["run_id"])
+    else:
+        source = StorePlanSource(conn, me, incarnation)
     local_rank = int(os.environ.get("LOCAL_RANK", args.replica * job.stages + args.stage))
     agent = Agent(ModelConfig.from_dict(conf["model"]), me, job, int(conf["iterations"]),
                   source, store, timeout_s=timeout, incarnation=incarnation,

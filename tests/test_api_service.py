@@ -266,20 +266,33 @@ def test_admin_token_required_for_list_and_metrics_open(server):
     assert ADMIN not in text
 
 
-def test_service_relay_for_recycle_train(admin, server):
-    from executor.service_relay import ServicePlanner
-    from planner.failures import NoPlanError
-    from planner.job import JobSpec
+def test_service_watch_and_worker_source(admin, server):
+    """`recycle train --service`: the coordinator follows the service's plans; a worker
+    reports suspects and rejoins over HTTP, and ends when the coordinator's store says so."""
+    from executor.comm import connect_store
+    from executor.service_source import ServiceWatch, ServiceWorkerSource
     jid, token = register(admin, D=2, S=2, M=2)
-    relay = ServicePlanner(server.url, jid, token, timeout_s=5)
-    relay.check_grid(JobSpec.uniform(2, 2, 2))
-    with pytest.raises(ValueError):
-        relay.check_grid(JobSpec.uniform(2, 3, 2))
-    assert relay.plan({(1, 1)}).failed == [(1, 1)]
-    assert relay.plan(set()).failed == []
-    with pytest.raises(NoPlanError):
-        relay.plan({(0, 0), (1, 0)})
-    kinds = [(e["kind"], e["source"]) for e in admin.get(f"/v1/jobs/{jid}/events").json()]
-    assert kinds == [("failure", "worker"), ("recovery", "worker"), ("failure", "worker"),
-                     ("failure", "worker")]
-    relay.close()
+    watch = ServiceWatch(server.url, jid, token, timeout_s=5)
+    store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
+    store.set("config", "{}")
+    src = ServiceWorkerSource(store, (1, 1), 2, watch.worker_config(), "run1", slice_s=0.1)
+    assert src.wait_for_plan(-1, 1).version == 0
+    admin.post(f"/v1/jobs/{jid}/events", json={"event_id": "f", "kind": "failure",
+                                              "replica": 1, "stage": 1}).raise_for_status()
+    assert src.wait_for_plan(0, 5).failed == [(1, 1)]
+    src.rejoin(1)
+    src.rejoin(1)  # idempotent
+    assert src.wait_for_plan(1, 5).failed == []
+    t0 = time.monotonic()
+    while watch.plan.version < 2 and time.monotonic() - t0 < 5:
+        time.sleep(0.02)
+    assert watch.plan.version == 2
+    events = admin.get(f"/v1/jobs/{jid}/events").json()
+    assert [(e["kind"], e["source"]) for e in events] == [("failure", "operator"),
+                                                          ("recovery", "worker")]
+    src.heartbeat(1, 1, 0)
+    store.set("finished", "1")
+    last = src.wait_for_plan(2, 5)
+    assert last.version == 3 and last.workers == []
+    watch.close()
+    src.http.close()

@@ -1,0 +1,147 @@
+"""`recycle train --service URL --job-id ID --token T`: the service drives the cluster.
+
+Each worker talks to `recycle serve` itself over HTTP (DESIGN section 3): it long-polls the
+job's plan, heartbeats, reports suspects, and a restarted worker posts its own recovery
+event. The service's heartbeat monitor and suspect handling declare failures and publish
+every plan; the coordinator publishes none, it only follows the service (ServiceWatch).
+What stays on the coordinator's store is the run's own bookkeeping: the config, the
+worker -> coordinator mailbox (losses, checksums), the committed counter, the gloo
+rendezvous, and two end markers: `finished` (training done: workers get an empty plan and
+exit) and `halted`.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Optional
+
+import httpx
+import torch.distributed as dist
+
+from executor.http_source import HttpPlanSource
+from executor.plan_source import TrainingHalted
+from executor.rendezvous import StorePlanSource, Worker
+from planner.plan import Plan
+
+log = logging.getLogger("recycle.executor")
+
+
+class ServiceWorkerSource(StorePlanSource):
+    """A worker's PlanSource: plans, heartbeats, suspects and rejoins over HTTP; messages to
+    the coordinator through the store (inherited)."""
+
+    def __init__(self, store: dist.Store, me: Worker, incarnation: int, service: dict,
+                 run_id: str, slice_s: float = 0.5):
+        super().__init__(store, me, incarnation)
+        self.http = HttpPlanSource(service["url"], service["job_id"], service["token"],
+                                   reporter=me, request_timeout_s=5.0)
+        self.run_id, self.slice_s = run_id, slice_s
+        self._last: Optional[Plan] = None
+
+    def _end_marker(self, after_version: int) -> Optional[Plan]:
+        with self._lock:
+            if self.store.check(["halted"]):
+                raise TrainingHalted(self.store.get("halted").decode())
+            if not self.store.check(["finished"]):
+                return None
+        plan = self._last or self.http.wait_for_plan(-1, 30.0)
+        return plan.model_copy(update={"version": max(after_version, plan.version) + 1,
+                                       "workers": []})
+
+    def wait_for_plan(self, after_version: int, timeout_s: float) -> Optional[Plan]:
+        """Long-polls in short slices so the coordinator's end marker is seen quickly."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = self._end_marker(after_version)
+            if done is not None:
+                return done
+            left = deadline - time.monotonic()
+            plan = self.http.wait_for_plan(after_version, max(0.0, min(left, self.slice_s)))
+            if plan is not None:
+                self._last = plan
+                return plan
+            if time.monotonic() >= deadline:
+                return None
+
+    def heartbeat(self, replica: int, stage: int, iteration: int) -> None:
+        self.http.heartbeat(replica, stage, iteration)  # best effort, rides out restarts
+        with self._lock:  # raises once the coordinator is gone: the worker exits
+            self.store.check(["config"])
+
+    def report_suspect(self, replica: int, stage: int, reason: str) -> None:
+        try:
+            self.http.report_suspect(replica, stage, reason)
+        except (RuntimeError, LookupError, PermissionError) as e:  # the plan will tell
+            log.warning("suspect report refused: %s", e)
+
+    def rejoin(self, version: int, patience_s: float = 120.0) -> None:
+        """Post the recovery event (stable id: a retry is idempotent); retried while the
+        service is unreachable."""
+        event_id = f"rejoin-{self.run_id}-{self.me[0]}.{self.me[1]}-{self.inc}-v{version}"
+        end = time.monotonic() + patience_s
+        while True:
+            try:
+                self.http.report_event(event_id, "recovery", *self.me,
+                                       reason=f"worker restarted (incarnation {self.inc})")
+                return
+            except httpx.TransportError:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.2)
+            except RuntimeError as e:  # 409: recovered already (e.g. by an operator)
+                log.warning("recovery event not applied: %s", e)
+                return
+
+
+class ServiceWatch:
+    """Coordinator side: follows the job's newest plan at the service in a thread."""
+
+    def __init__(self, url: str, job_id: str, token: str, timeout_s: float = 30.0):
+        self.url, self.job_id, self.token = url, job_id, token
+        self.http = HttpPlanSource(url, job_id, token)
+        try:
+            first = self.http.wait_for_plan(-1, timeout_s)
+        except (LookupError, PermissionError, TrainingHalted) as e:
+            raise ValueError(f"plan service job {job_id}: {e}") from None
+        if first is None:
+            raise ConnectionError(f"no plan from {url} for job {job_id}")
+        self.plan: Plan = first
+        self.halted: Optional[str] = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, daemon=True)
+        self._thread.start()
+
+    def worker_config(self) -> dict:
+        return {"url": self.url, "job_id": self.job_id, "token": self.token}
+
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            try:
+                plan = self.http.wait_for_plan(self.plan.version, 1.0)
+            except TrainingHalted as e:
+                self.halted = str(e)
+                return
+            except Exception as e:  # noqa: BLE001 - keep following; the run has a deadline
+                log.warning("following the plan service: %s", e)
+                self._stop.wait(0.5)
+                continue
+            if plan is not None:
+                self.plan = plan
+
+    def finish(self, patience_s: float = 10.0) -> None:
+        """Tell the service training completed (retried while it is unreachable)."""
+        end = time.monotonic() + patience_s
+        while True:
+            try:
+                return self.http.finish()
+            except httpx.TransportError as e:
+                if time.monotonic() > end:
+                    log.warning("could not tell the service that training finished: %s", e)
+                    return
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(3)
+        self.http.close()

@@ -1,0 +1,125 @@
+"""`recycle train --service` end to end: a real `recycle serve` subprocess, real worker
+processes (gloo, CPU), real SIGKILLs. Workers poll the service for plans, heartbeat to it
+and report suspects; the service declares failures and publishes every plan. Whatever
+happens, losses and final parameters must equal the one-process reference (DESIGN 7).
+"""
+from __future__ import annotations
+
+import glob
+import io
+import os
+import signal
+import threading
+import time
+from functools import lru_cache
+
+import httpx
+from rich.console import Console
+
+from api_support import ProcServer, admin_headers
+from executor.launcher import Coordinator
+from executor.model import ModelConfig
+from executor.reference import compare, train_reference
+from executor.service_source import ServiceWatch
+from planner.job import JobSpec
+
+CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
+D, S, M = 2, 2, 2
+# heartbeats go every 0.5 s; a suspect silent for 1 s is declared failed
+SERVE = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "3",
+         "--suspect-grace", "1")
+
+
+@lru_cache(maxsize=None)
+def reference(iterations):
+    return train_reference(CFG, D, M, iterations, S)
+
+
+def register(url: str) -> tuple[str, str]:
+    r = httpx.post(url + "/v1/jobs", headers=admin_headers(), params={"max_failures": 1},
+                   json=JobSpec.uniform(D, S, M).model_dump(mode="json"))
+    r.raise_for_status()
+    return r.json()["id"], r.json()["token"]
+
+
+def coordinator(tmp_path, url, jid, token, iterations, **kw):
+    watch = ServiceWatch(url, jid, token, timeout_s=30)
+    out = io.StringIO()
+    coord = Coordinator(CFG, watch.plan.job, iterations, service=watch, timeout=4.0,
+                        deadline_s=50, run_dir=str(tmp_path),
+                        console=Console(file=out, width=200), **kw)
+    coord.output = out
+    return coord
+
+
+def logs(tmp_path):
+    return "".join(open(f).read() for f in sorted(glob.glob(str(tmp_path / "worker-*.log"))))
+
+
+def history(url, jid):
+    with httpx.Client(base_url=url, headers=admin_headers(), timeout=10) as c:
+        job = c.get(f"/v1/jobs/{jid}").json()
+        job.pop("precompute")
+        plans = [c.get(f"/v1/jobs/{jid}/plans/{p['version']}").json() for p in job["plans"]]
+        return {"job": job, "events": c.get(f"/v1/jobs/{jid}/events").json(), "plans": plans}
+
+
+def assert_exact(res, coord, iterations, tmp_path):
+    assert res.summary is not None, f"halted: {res.halted}\n{coord.output.getvalue()}"
+    diffs = compare(res.summary, reference(iterations), 1e-5)
+    assert not diffs, "\n".join(diffs) + "\n" + coord.output.getvalue() + logs(tmp_path)
+
+
+def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    try:
+        jid, token = register(srv.url)
+        coord = coordinator(tmp_path, srv.url, jid, token, 5, kills=[(1, 0, 1)],
+                            rejoins=[(1, 0, 3)])
+        res = coord.run()
+        assert_exact(res, coord, 5, tmp_path)
+        h = history(srv.url, jid)
+        assert [(e["kind"], e["source"], e["replica"], e["stage"]) for e in h["events"]] == [
+            ("failure", "heartbeat", 1, 0), ("recovery", "worker", 1, 0)]
+        assert [p["failed"] for p in h["plans"]] == [[], [[1, 0]], []]
+        assert any("SIGKILL worker 1:0 mid-iteration 1" in e for e in res.events)
+        assert any("service published plan v2 (failed -)" in e for e in res.events)
+        assert "loaded stage 0 state from worker (0, 0)" in logs(tmp_path)
+    finally:
+        srv.stop()
+
+
+def test_service_sigkilled_and_restarted_mid_run(tmp_path):
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    try:
+        jid, token = register(srv.url)
+        coord = coordinator(tmp_path, srv.url, jid, token, 6)
+        result = {}
+        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()))
+        runner.start()
+        t0 = time.monotonic()
+        while coord.printed < 1 and runner.is_alive() and time.monotonic() - t0 < 40:
+            time.sleep(0.005)
+        assert coord.printed >= 1 and coord.printed < 5, coord.output.getvalue()
+        before = history(srv.url, jid)
+        srv.kill()
+        # With the service down, a worker dies: the survivors can only go on once they
+        # reach the restarted service and it declares the failure.
+        os.kill(coord.procs[(1, 1)].pid, signal.SIGKILL)
+        time.sleep(0.5)
+        srv.start()
+        runner.join(50)
+        assert not runner.is_alive()
+        assert_exact(result["res"], coord, 6, tmp_path)
+        after = history(srv.url, jid)
+        assert after["plans"][:len(before["plans"])] == before["plans"]
+        assert after["events"][:len(before["events"])] == before["events"]
+        assert after["job"]["id"] == before["job"]["id"]
+        assert [(e["kind"], e["source"]) for e in after["events"]] == [("failure", "heartbeat")]
+        assert after["job"]["failed"] == [[1, 1]] and after["job"]["plan_version"] == 1
+        metrics = httpx.get(srv.url + "/metrics").text
+        beats = [line for line in metrics.splitlines() if line.startswith("recycle_heartbeats_total")]
+        assert beats and float(beats[0].split()[-1]) > 0  # the survivors reconnected
+        assert any("service published plan v1 (failed [(1, 1)])" in e for e in coord.events)
+    finally:
+        srv.stop()
