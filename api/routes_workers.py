@@ -36,6 +36,9 @@ async def suspect(job_id: str, report: SuspectIn, request: Request):
     job.check_worker(report.replica, report.stage)
     if report.reporter is not None:
         job.check_worker(report.reporter.replica, report.reporter.stage)
+    version = job.version
     left = svc.monitor.suspect(job, report.replica, report.stage)
+    if left is not None:  # if it turns out alive, the reporter still needs a new plan
+        svc.resync_later(job, version)
     return {"replica": report.replica, "stage": report.stage,
             "declared_failed": left is None, "deadline_s": left}

@@ -296,6 +296,24 @@ class Service:
                      plan.metrics.period)
             return True
 
+    def resync_later(self, job: JobRuntime, version: int) -> None:
+        self._background(self._resync_if_stuck(job, version, 2 * self.config.grace_s + 0.2))
+
+    async def _resync_if_stuck(self, job: JobRuntime, version: int, delay: float) -> None:
+        """After a suspect report, some workers have aborted their iteration and wait for a
+        newer plan. If no failure followed (the suspect kept heartbeating), publish the same
+        failed set again as a new version, so every worker rebuilds its communicators."""
+        await asyncio.sleep(delay)
+        async with job.lock:
+            if job.state != "running" or job.version != version:
+                return
+            plan = job.plan.model_copy(update={"version": job.version + 1})
+            record = _plan_record(plan, "resync")
+            self.store.add_plan(job.id, record)
+            self._install(job, plan, record["json"], "resync")
+            log.info("job %s: suspect alive after %.2f s: re-published v%d", job.id, delay,
+                     plan.version)
+
     def current_canonical_key(self, job: JobRuntime) -> str:
         return canonicalize(job.spec, job.failed).key
 

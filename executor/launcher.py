@@ -230,8 +230,10 @@ class Coordinator:
                         self.fail(w, "heartbeat stopped")
         if self.service is not None:
             self.publish()
-        elif self.suspect_since is not None and now - self.suspect_since > 0.3:
-            # Comm trouble with nobody dead: a new version makes every worker re-sync.
+        elif self.suspect_since is not None and now - self.suspect_since > self.timeout + 0.3:
+            # Comm trouble with nobody dead: a new version makes every worker re-sync. Wait
+            # out one comm timeout first, so a worker still blocked in the old version can
+            # reach the new one; re-publishing sooner let workers chase versions forever.
             self.event(f"suspect reported under plan v{self.version} but no worker died: re-publishing")
             self.publish()
         vals = [self.done[w][0] for w in self.live() if w in self.done]

@@ -237,6 +237,32 @@ def test_suspect_speeds_detection(admin, server):
     assert time.perf_counter() - t0 < HB_TIMEOUT / 2
 
 
+def test_suspect_of_a_live_worker_republishes_the_same_failed_set(admin, server):
+    # Regression: workers that aborted an iteration on a comm timeout wait for a newer
+    # plan; when the suspected worker is alive, none came and they waited forever.
+    jid, token = register(admin)
+    w = worker(server, token)
+    stop = threading.Event()
+
+    def alive():
+        while not stop.is_set():
+            w.post(f"/v1/jobs/{jid}/heartbeats", json={"replica": 1, "stage": 1, "iteration": 0})
+            time.sleep(HB_TIMEOUT / 10)
+    beater = threading.Thread(target=alive)
+    beater.start()
+    try:
+        time.sleep(HB_TIMEOUT / 5)
+        r = w.post(f"/v1/jobs/{jid}/suspects",
+                   json={"replica": 1, "stage": 1, "reporter": {"replica": 1, "stage": 0}})
+        assert r.status_code == 200 and r.json()["declared_failed"] is False
+        r = w.get(f"/v1/jobs/{jid}/plan", params={"after": 0, "wait": 5})
+        assert r.status_code == 200
+        assert r.json()["version"] == 1 and r.json()["failed"] == []
+    finally:
+        stop.set()
+        beater.join()
+
+
 def test_http_plan_source(admin, server):
     jid, token = register(admin)
     with HttpPlanSource(server.url, jid, token, reporter=(0, 0)) as src:
