@@ -79,6 +79,11 @@ def single_failure_sweep(D=8, S=8, M=8, opts: Optional[SolveOptions] = None) -> 
     """Throughput kept for one failure at each stage (replicas are interchangeable)."""
     job = JobSpec.uniform(D, S, M)
     out = []
+    # No plan keeps more than best failure-free period / lower bound with the failure.
+    best_base = min(solve(job, [], s, opts=opts or SolveOptions()).metrics.period
+                    for s in (("greedy", "cpsat") if opts else ("greedy",)))
+    limit = [round(best_base / solve(job, [(0, s)], "greedy").metrics.lower_bound, 4)
+             for s in range(S)]
     for variant, solver, mode in (("1f1b", "1f1b", None), ("+split", "greedy", SPLIT_SYNC),
                                   ("+stagger greedy", "greedy", FULL),
                                   ("+stagger cpsat", "cpsat", FULL)):
@@ -88,10 +93,10 @@ def single_failure_sweep(D=8, S=8, M=8, opts: Optional[SolveOptions] = None) -> 
         base = solve(job, [], solver, opts=opts or SolveOptions(), **kw).metrics.period
         kept = [base / solve(job, [(0, s)], solver, opts=opts or SolveOptions(), **kw).metrics.period
                 for s in range(S)]
-        bound = [base / solve(job, [(0, s)], "greedy").metrics.lower_bound for s in range(S)]
         out.append({"variant": variant, "kept_min": round(min(kept), 4),
-                    "kept_mean": round(sum(kept) / S, 4), "kept_per_stage": [round(x, 4) for x in kept],
-                    "best_possible_per_stage": [round(x, 4) for x in bound]})
+                    "kept_mean": round(sum(kept) / S, 4), "kept_per_stage": [round(x, 4) for x in kept]})
+    out.append({"variant": "no plan keeps more than", "kept_min": min(limit),
+                "kept_mean": round(sum(limit) / S, 4), "kept_per_stage": limit})
     return out
 
 
@@ -161,14 +166,14 @@ def _write(out, rows, sweep, n_big, t_big, time_limit, quick, wall):
     lines += [_md_row(r) for r in rows]
     if sweep:
         lines += ["", "## One failure at D=8, S=8, M=8, at each stage", "",
-                  "`best possible` = failure-free period / lower bound with the failure: no plan "
-                  "can keep more.", "",
-                  "| variant | kept (worst stage) | kept (mean) | kept per failed stage | best possible per stage |",
-                  "|---|---|---|---|---|"]
+                  "Throughput kept, period(no failure) / period(failure at stage s), each variant "
+                  "against its own failure-free period. The last row is an upper bound for any "
+                  "plan: the best failure-free period found over the lower bound with the failure.",
+                  "", "| variant | kept (worst stage) | kept (mean) | kept, failure at stage 0 .. S-1 |",
+                  "|---|---|---|---|"]
         for s in sweep:
             lines.append(f"| {s['variant']} | {s['kept_min']:.3f} | {s['kept_mean']:.3f} | "
-                         f"{' '.join(f'{x:.3f}' for x in s['kept_per_stage'])} | "
-                         f"{' '.join(f'{x:.3f}' for x in s['best_possible_per_stage'])} |")
+                         f"{' '.join(f'{x:.3f}' for x in s['kept_per_stage'])} |")
     if n_big:
         lines += ["", f"Greedy at D=64, S=16, M=64, one failure: {n_big} actions planned in "
                   f"{t_big:.2f} s (plan object and metrics included)."]
