@@ -4,9 +4,10 @@ Failure handling (DESIGN section 6):
   - fencing: a plan for another job, or older than one already seen, is refused (logged);
     a worker that is not in an admitted plan stops, an empty plan means "training done";
   - any CommError (peer died, hung, or left for a newer plan) aborts the iteration in
-    flight: compute state and partial gradients are dropped, the suspect is reported, the
-    world is closed (so peers blocked on us fail fast too) and the worker waits for a
-    newer plan;
+    flight: compute state and partial gradients are dropped, the world is closed (so peers
+    blocked on us fail fast too) and the worker takes the newest plan; only if there is
+    none yet is the suspect reported (a late report, e.g. from a worker that was stalled
+    and has been fenced out meanwhile, would make the service re-publish for nothing);
   - entering a plan = new world + a sync: all members all-gather (last stepped iteration,
     needs-state). Training resumes at r = 1 + min over members holding state, everyone
     rolls back to "after step r-1", restarted workers receive params + optimizer state
@@ -31,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from executor.comm import BWD, FWD, CommError, World
+from executor.comm import BWD, FWD, CommError, Superseded, World
 from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.plan_source import TrainingHalted
 from executor.reference import checksum
@@ -46,7 +47,7 @@ class Agent:
                  start_iteration: int = 0, init_state: Optional[dict] = None,
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
-                 workload: Workload = DEFAULT_WORKLOAD, pause_at=(), gates=()):
+                 workload: Workload = DEFAULT_WORKLOAD, pause_at=None, gates=()):
         self.cfg, self.me, self.job, self.iterations = cfg, tuple(me), job, iterations
         self.source, self.store, self.timeout_s = source, store, timeout_s
         self.S, self.wl, self.device, self.local_workers = job.stages, workload, device, local_workers
@@ -67,7 +68,7 @@ class Agent:
         self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
         self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.d_model)
         self._batches: dict[int, tuple] = {}
-        self.pause_at = set(pause_at)  # iterations where an injected SIGKILL will hit us
+        self.pause_at = dict(pause_at or {})  # iteration -> seconds to await an injected signal
         # (replica, stage, iteration): a scheduled rejoin; that worker must be in the plan
         # before the iteration starts, so hold at the boundary until the coordinator says so.
         self.gates = [tuple(g) for g in gates]
@@ -129,8 +130,7 @@ class Agent:
                     self._enter(plan)
                     plan = self._run_plan(plan, wp)
                 except CommError as exc:
-                    self._abort(exc)
-                    plan = None
+                    plan = self._abort(exc)
         except TrainingHalted as exc:
             self.log(f"training halted: {exc}")
             return 0
@@ -153,7 +153,8 @@ class Agent:
             self.world = None
         live = [w.key for w in plan.workers]
         self.world = World(self.store, plan.version, self.me, live, self.timeout_s,
-                           self.device, self.local_workers)
+                           self.device, self.local_workers, newer=lambda: self._next_plan(0),
+                           missing=self._missing)
         info = self.world.allgather_ints([self.done, int(self.fresh)])
         holders = [done for done, fresh in info.values() if not fresh]
         if not holders:
@@ -202,13 +203,24 @@ class Agent:
             self._iteration(plan, wp, self.done + 1)
         return None
 
-    def _abort(self, exc: CommError) -> None:
+    def _abort(self, exc: CommError) -> Optional[Plan]:
+        """Drop the iteration in flight; returns the newer plan if one is out already."""
         self.log(f"plan v{self.version}: iteration {self.done + 1} aborted: {exc}")
         self.compute.reset()  # graphs, losses and partial gradients of the iteration go
-        self.source.report_suspect(*(exc.peer or self.me), reason=f"{self.me}: {exc}")
         if self.world is not None:
             self.world.close()  # peers blocked on us get 'connection closed' now
             self.world = None
+        newer = exc.plan if isinstance(exc, Superseded) else self._next_plan(0)
+        if newer is None:  # nobody moved on yet: the source must act, or we all wait
+            self.source.report_suspect(*(exc.peer or self.me), reason=f"{self.me}: {exc}")
+        return newer
+
+    def _missing(self, workers: list) -> None:
+        """Members that never came to this version's world within a timeout."""
+        self.log(f"plan v{self.version}: still waiting for {workers} to join")
+        for w in workers:
+            self.source.report_suspect(*w, reason=f"{self.me}: {w} did not join world "
+                                                  f"v{self.version}")
 
     # ---- one iteration ----------------------------------------------------------------
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
@@ -217,9 +229,8 @@ class Agent:
         for k, a in enumerate(wp.actions):
             if k == half:
                 self.source.send("mid", it=it)
-                if it in self.pause_at:  # an injected kill is due: let it land right here
-                    self.pause_at.discard(it)
-                    time.sleep(2 * self.timeout_s)
+                if it in self.pause_at:  # an injected signal is due: let it land right here
+                    time.sleep(self.pause_at.pop(it))
             if a.op == "F":
                 self._forward(plan, it, a.microbatch)
             elif a.op in ("I", "B"):

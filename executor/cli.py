@@ -29,6 +29,7 @@ def train_cmd(
     iterations: int = typer.Option(5, help="training iterations (one global batch each)"),
     kill: List[str] = typer.Option([], "--kill", help="SIGKILL worker R:S mid-iteration ITER: R:S@ITER (repeatable)"),
     rejoin: List[str] = typer.Option([], "--rejoin", help="restart killed worker R:S, back in the plan at ITER: R:S@ITER"),
+    stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
     summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
     reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),
     resume: Optional[str] = typer.Option(None, "--resume", help="checkpoint written when a whole stage was lost"),
@@ -49,7 +50,7 @@ def train_cmd(
     """Train a small GPT on a DxS grid of worker processes, surviving injected failures."""
     from rich.console import Console
 
-    from executor.launcher import parse_event, train
+    from executor.launcher import parse_event, parse_stall, train
     from planner.job import JobSpec
 
     console = Console(stderr=True)
@@ -57,6 +58,7 @@ def train_cmd(
         cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
+        stalls = [parse_stall(s) for s in stall]
         spec = JobSpec.load(job) if job else None
         watch = None
         if service:  # workers poll, heartbeat and report to the service themselves
@@ -80,7 +82,7 @@ def train_cmd(
     result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_path=checkpoint, run_dir=run_dir, external=external,
-                   store_port=store_port, console=console, service=watch)
+                   store_port=store_port, console=console, service=watch, stalls=stalls)
     if result.halted:
         raise typer.Exit(EXIT_NO_PLAN)
     console.print(f"done: {iterations} iterations, final loss {result.summary.losses[-1]:.5f}, "

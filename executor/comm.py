@@ -10,6 +10,8 @@ Inside a world:
   - small control traffic (all-gather of ints, byte blobs for state transfer).
 Every blocking call has a timeout: a SIGKILLed peer shows up as "connection closed" at
 once, a hung one as a timeout, both as CommError, never as a hang.
+Before the gloo rendezvous the members check in on the store (World._meet), watching for a
+newer plan meanwhile: gloo's own rendezvous blocks uninterruptibly for the whole timeout.
 
 Devices: on CUDA with one GPU per local worker the world is "cpu:gloo,cuda:nccl" (data
 over NCCL, control over gloo); with fewer GPUs than workers everything goes through gloo
@@ -19,8 +21,9 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from datetime import timedelta
-from typing import Optional, Sequence
+from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
@@ -36,6 +39,14 @@ class CommError(RuntimeError):
     def __init__(self, msg: str, peer: Optional[Worker] = None):
         super().__init__(msg)
         self.peer = peer
+
+
+class Superseded(CommError):
+    """A newer plan came while this version's world was being built: take that one."""
+
+    def __init__(self, plan):
+        super().__init__(f"plan v{plan.version} superseded this world before it formed")
+        self.plan = plan
 
 
 def connect_store(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
@@ -54,7 +65,8 @@ class World:
 
     def __init__(self, store: dist.Store, version: int, me: Worker, live: Sequence[Worker],
                  timeout_s: float, device: torch.device = torch.device("cpu"),
-                 local_workers: Optional[int] = None):
+                 local_workers: Optional[int] = None, newer: Optional[Callable] = None,
+                 missing: Optional[Callable[[list], None]] = None):
         self.version, self.me = version, me
         self.workers = sorted(tuple(w) for w in live)
         self.rank_of = {w: i for i, w in enumerate(self.workers)}
@@ -67,6 +79,8 @@ class World:
         self._pending: list[tuple[dist.Work, torch.Tensor, Worker]] = []
         if dist.is_initialized():  # the previous version's world: close its sockets first
             dist.destroy_process_group()
+        if newer is not None:
+            self._meet(store, newer, missing or (lambda ws: None))
         try:
             dist.init_process_group(
                 "cpu:gloo,cuda:nccl" if self.nccl else "gloo",
@@ -85,6 +99,35 @@ class World:
                                                          self.timeout)
         except Exception as exc:
             raise CommError(f"world v{version} rendezvous failed: {exc}") from exc
+
+    def _meet(self, store: dist.Store, newer: Callable, missing: Callable,
+              poll_s: float = 0.02, check_s: float = 0.2) -> None:
+        """Wait until every member has checked in under this version. Every check_s, ask
+        `newer()` for a newer plan and leave for it (Superseded): a worker stuck in gloo's
+        rendezvous of a version the others have left waits out the full timeout, and plans
+        published meanwhile made workers chase each other through versions without ever
+        meeting. While this version is still the newest, keep waiting (a stalled member
+        may come back) but report the missing once, after two timeouts, so the plan source
+        can declare them failed or re-publish; not sooner: a worker still starting up has
+        not heartbeated yet, and a service would declare it failed after its grace."""
+        pre = f"recycle/v{self.version}/here/"
+        keys = [f"{pre}{w[0]}:{w[1]}" for w in self.workers]
+        mine = keys[self.rank]
+        store.set(mine, "1")
+        t0 = checked = time.monotonic()
+        reported = False
+        while not store.check(keys):
+            now = time.monotonic()
+            if now - checked >= check_s:
+                checked = now
+                plan = newer()
+                if plan is not None:
+                    store.delete_key(mine)  # nobody should wait for us here any more
+                    raise Superseded(plan)
+            if not reported and now - t0 > 2 * self.timeout.total_seconds():
+                reported = True
+                missing([w for w, k in zip(self.workers, keys) if not store.check([k])])
+            time.sleep(poll_s)
 
     # ---- p2p -------------------------------------------------------------------------
     def _tag(self, iteration: int, g: int, direction: int) -> int:
@@ -133,11 +176,13 @@ class World:
     def allreduce_stage(self, flat: torch.Tensor) -> torch.Tensor:
         """SUM over this stage's live peers (in place on the returned tensor)."""
         buf = self._wire(flat)
+        # gloo does not say who is late: name a stage peer (exact for two replicas)
+        peer = next((w for w in self.workers if w[1] == self.me[1] and w != self.me), None)
         try:
             work = self.stage_group.allreduce([buf])
         except Exception as exc:
-            raise CommError(f"all-reduce of stage {self.me[1]} failed: {exc}") from exc
-        self._wait(work, f"all-reduce of stage {self.me[1]}")
+            raise CommError(f"all-reduce of stage {self.me[1]} failed: {exc}", peer) from exc
+        self._wait(work, f"all-reduce of stage {self.me[1]}", peer)
         return buf.to(flat.device) if buf is not flat else flat
 
     def allgather_ints(self, values: Sequence[int]) -> dict[Worker, list[int]]:

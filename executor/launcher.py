@@ -7,8 +7,10 @@ versioned plans into the store (rendezvous.py). Failure detection, in order of s
      the coordinator re-publishes (same failed set if nobody died) so every worker
      re-syncs under a new version instead of waiting forever;
   3. external workers (torchrun): heartbeat older than hb_timeout.
-Injected failures: --kill R:S@I really SIGKILLs the worker when it reports it is halfway
-through its actions of iteration I (it pauses there so the kill lands mid-iteration);
+Injected faults (faults.py): --kill R:S@I really SIGKILLs the worker when it reports it is
+halfway through its actions of iteration I, --stall R:S@I:SECONDS SIGSTOPs it there and
+SIGCONTs it later (a hang without a death: peers time out and report it, the coordinator
+re-publishes, the late worker catches up with the newest plan);
 --rejoin R:S@I restarts it as soon as its death is seen, the plan without that failure is
 published once the new process reports ready (it loads its state from a live peer while
 entering that plan, see agent.py), and the others hold before iteration I until then.
@@ -27,7 +29,6 @@ import json
 import multiprocessing
 import os
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -39,6 +40,7 @@ import torch
 from rich.console import Console
 
 from executor.comm import connect_store
+from executor.faults import Injector, parse_event, parse_stall  # noqa: F401 (re-exported)
 from executor.model import ModelConfig
 from executor.reference import Summary
 from executor.worker import child as worker_child
@@ -61,22 +63,14 @@ class TrainResult:
     events: list = field(default_factory=list)
 
 
-def parse_event(text: str) -> tuple[int, int, int]:
-    """`R:S@ITER` as typed on the command line."""
-    m = re.fullmatch(r"(\d+):(\d+)@(\d+)", text.strip())
-    if not m:
-        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION, e.g. 1:0@2")
-    return int(m[1]), int(m[2]), int(m[3])
-
-
 class Coordinator:
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
-                 solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None, resume=None,
-                 external=False, store_port=0, console=None, ckpt_every=1, deadline_s=None,
-                 service=None):
+                 stalls=(), solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None,
+                 resume=None, external=False, store_port=0, console=None, ckpt_every=1,
+                 deadline_s=None, service=None):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
-        self.kills, self.rejoins = list(kills), list(rejoins)
+        self.rejoins = list(rejoins)
         self.solver, self.timeout, self.external = solver, timeout, external
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.spec_hash() != job.spec_hash():
@@ -102,7 +96,8 @@ class Coordinator:
             "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
             "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
             "resume": resume, "local_workers": None if external else len(self.workers),
-            "kills": self.kills, "rejoins": self.rejoins, "run_id": uuid.uuid4().hex[:8],
+            "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],
+            "rejoins": self.rejoins, "run_id": uuid.uuid4().hex[:8],
             "service": service.worker_config() if service else None}))
         self.mailbox = Mailbox(self.store)
         self.procs: dict[Worker, multiprocessing.Process] = {}
@@ -114,6 +109,7 @@ class Coordinator:
         self.suspect_since: Optional[float] = None
         self.printed, self.t_last = self.start - 1, time.monotonic()
         self.events: list[str] = []
+        self.faults = Injector(kills, stalls, self.event)
 
     # ---- processes ----------------------------------------------------------------------
     def spawn(self, w: Worker) -> None:
@@ -207,6 +203,7 @@ class Coordinator:
         except NoPlanError as exc:
             return self.halt(str(exc))
         finally:
+            self.faults.release_all()
             for p in self.procs.values():
                 if p.exitcode is None:
                     p.kill()
@@ -214,13 +211,21 @@ class Coordinator:
             if self.service is not None:
                 self.service.close()
 
+    def stop(self) -> None:
+        """From another thread: make run() end now (it kills its workers on the way out)."""
+        self.deadline = time.monotonic()
+
     def tick(self) -> None:
         incs = {w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}
         for msg in self.mailbox.drain({w: i for w, i in incs.items() if i > 0}):
             self.handle(msg)
+        self.faults.tick()
         now = time.monotonic()
+        # With a service a worker may exit after it was declared failed (a stalled worker
+        # that found itself fenced out): its exit still counts, a due rejoin restarts it.
+        gone = self.exited if self.service is not None else self.failed
         for w, p in self.procs.items():
-            if p.exitcode is not None and w not in self.failed | self.exited:
+            if p.exitcode is not None and w not in gone:
                 self.fail(w, f"process exited with code {p.exitcode}")
         if self.external:
             for w in self.live():
@@ -245,11 +250,8 @@ class Coordinator:
     def handle(self, m: dict) -> None:
         w, kind = (m["r"], m["s"]), m["t"]
         if kind == "mid":
-            for k in [k for k in self.kills if k == (w[0], w[1], m["it"])]:
-                self.kills.remove(k)
-                if w in self.procs and self.procs[w].exitcode is None:
-                    self.event(f"SIGKILL worker {wkey(w)} mid-iteration {m['it']}")
-                    os.kill(self.procs[w].pid, signal.SIGKILL)
+            if w in self.procs and self.procs[w].exitcode is None:
+                self.faults.mid(w, m["it"], self.procs[w].pid)
         elif kind == "done":
             self.done[w] = (m["it"], m["v"])
             for g, loss in m.get("losses", {}).items():

@@ -24,6 +24,7 @@ import torch
 
 from executor.agent import Agent
 from executor.comm import connect_store, local_workers_hint, pick_device
+from executor.faults import pauses
 from executor.model import ModelConfig
 from executor.rendezvous import StorePlanSource
 from planner.job import JobSpec
@@ -65,7 +66,8 @@ def main(argv=None) -> int:
                   start_iteration=start, init_state=init_state, ckpt_dir=conf.get("ckpt_dir"),
                   ckpt_every=int(conf.get("ckpt_every", 1)), device=pick_device(local_rank),
                   local_workers=local_workers_hint() or conf.get("local_workers"),
-                  pause_at=[i for r, s, i in conf.get("kills", []) if (r, s) == me and incarnation == 1],
+                  pause_at=pauses(conf.get("kills", []), conf.get("stalls", []), me, timeout)
+                  if incarnation == 1 else {},
                   gates=conf.get("rejoins", []))
     return agent.run()
 

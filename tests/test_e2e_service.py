@@ -14,6 +14,7 @@ import time
 from functools import lru_cache
 
 import httpx
+import pytest
 from rich.console import Console
 
 from api_support import ProcServer, admin_headers
@@ -23,6 +24,7 @@ from executor.reference import compare, train_reference
 from executor.service_source import ServiceWatch
 from planner.job import JobSpec
 
+pytestmark = pytest.mark.hard_timeout(150)  # the coordinator's deadline is 50 s
 CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
 D, S, M = 2, 2, 2
 # heartbeats go every 0.5 s; a suspect silent for 1 s is declared failed
@@ -42,10 +44,10 @@ def register(url: str) -> tuple[str, str]:
     return r.json()["id"], r.json()["token"]
 
 
-def coordinator(tmp_path, url, jid, token, iterations, **kw):
+def coordinator(tmp_path, url, jid, token, iterations, timeout=4.0, **kw):
     watch = ServiceWatch(url, jid, token, timeout_s=30)
     out = io.StringIO()
-    coord = Coordinator(CFG, watch.plan.job, iterations, service=watch, timeout=4.0,
+    coord = Coordinator(CFG, watch.plan.job, iterations, service=watch, timeout=timeout,
                         deadline_s=50, run_dir=str(tmp_path),
                         console=Console(file=out, width=200), **kw)
     coord.output = out
@@ -95,7 +97,8 @@ def test_service_sigkilled_and_restarted_mid_run(tmp_path):
         jid, token = register(srv.url)
         coord = coordinator(tmp_path, srv.url, jid, token, 6)
         result = {}
-        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()))
+        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
+                                  daemon=True)
         runner.start()
         t0 = time.monotonic()
         while coord.printed < 1 and runner.is_alive() and time.monotonic() - t0 < 40:
@@ -121,5 +124,54 @@ def test_service_sigkilled_and_restarted_mid_run(tmp_path):
         beats = [line for line in metrics.splitlines() if line.startswith("recycle_heartbeats_total")]
         assert beats and float(beats[0].split()[-1]) > 0  # the survivors reconnected
         assert any("service published plan v1 (failed [(1, 1)])" in e for e in coord.events)
+    finally:
+        coord.stop()  # a failed assertion must not leave the run and its workers going
+        runner.join(20)
+        srv.stop()
+
+
+def test_stalled_worker_resynced_by_the_service(tmp_path):
+    """SIGSTOP for longer than the comm timeout but shorter than the suspect grace: peers
+    report it, it heartbeats again once continued, so nobody is declared failed and the
+    service re-publishes the same failed set; everyone meets in the new version."""
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
+                     "--heartbeat-timeout", "9", "--suspect-grace", "4.5").start()
+    try:
+        jid, token = register(srv.url)
+        coord = coordinator(tmp_path, srv.url, jid, token, 5, timeout=2.0,
+                            stalls=[(0, 1, 1, 3.0)])
+        res = coord.run()
+        assert_exact(res, coord, 5, tmp_path)
+        h = history(srv.url, jid)
+        assert h["events"] == []
+        assert len(h["plans"]) >= 2 and all(p["failed"] == [] for p in h["plans"])
+        assert any("SIGCONT worker 0:1" in e for e in res.events)
+        assert "plan v0: iteration 1 aborted" in logs(tmp_path)
+    finally:
+        srv.stop()
+
+
+def test_stall_past_heartbeat_timeout_fences_then_rejoins(tmp_path):
+    """SIGSTOP past the heartbeat timeout: the service declares the worker failed and the
+    others go on without it. Continued, it finds itself out of the plan and exits (fencing);
+    it sends no late suspect report (that made the service re-publish for nothing). Its
+    exit is seen although the service declared it first, so the due rejoin restarts it."""
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    try:
+        jid, token = register(srv.url)
+        coord = coordinator(tmp_path, srv.url, jid, token, 5, timeout=2.0,
+                            stalls=[(0, 1, 1, 5.0)], rejoins=[(0, 1, 3)])
+        res = coord.run()
+        assert_exact(res, coord, 5, tmp_path)
+        h = history(srv.url, jid)
+        assert [(e["kind"], e["source"], e["replica"], e["stage"]) for e in h["events"]] == [
+            ("failure", "heartbeat", 0, 1), ("recovery", "worker", 0, 1)]
+        # Failed sets in version order (a re-sync under load repeats one: merged here).
+        sets = [p["failed"] for p in h["plans"]]
+        assert [s for i, s in enumerate(sets) if i == 0 or s != sets[i - 1]] == [[], [[0, 1]], []]
+        assert "not in plan v1 (failed [(0, 1)]): stopping" in logs(tmp_path)
+        assert any("worker 0:1 process exited with code 0" in e for e in res.events)
+        assert any("restarting worker 0:1" in e for e in res.events)
+        assert "loaded stage 1 state from worker (1, 1)" in logs(tmp_path)
     finally:
         srv.stop()

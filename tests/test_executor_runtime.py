@@ -6,6 +6,8 @@ batches, within 1e-5, whatever failed on the way.
 """
 import glob
 import io
+import json
+import multiprocessing
 import os
 import time
 from functools import lru_cache
@@ -17,13 +19,14 @@ from rich.console import Console
 
 from executor.agent import Agent
 from executor.comm import connect_store
-from executor.launcher import parse_event, train
+from executor.launcher import parse_event, parse_stall, train
 from executor.model import ModelConfig
 from executor.reference import compare, train_reference
-from executor.rendezvous import StorePlanSource, publish_plan
+from executor.rendezvous import Mailbox, StorePlanSource, publish_plan
 from planner.backends import solve
 from planner.job import JobSpec
 
+pytestmark = pytest.mark.hard_timeout(120)  # the launcher's deadline is 50 s
 CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
 M = 2
 TOL = 1e-5
@@ -37,8 +40,9 @@ def reference(D, S, iterations):
 def run(tmp_path, D, S, iterations, **kw):
     out = io.StringIO()
     t0 = time.monotonic()
+    kw.setdefault("timeout", 4.0)
     res = train(CFG, D, S, M, iterations, summary_path=str(tmp_path / "summary.json"),
-                timeout=4.0, deadline_s=50, run_dir=str(tmp_path),
+                deadline_s=50, run_dir=str(tmp_path),
                 console=Console(file=out, width=200), **kw)
     res.output, res.wall = out.getvalue(), time.monotonic() - t0
     return res
@@ -99,6 +103,72 @@ def test_losing_a_whole_stage_halts_with_checkpoint_and_resume_continues(tmp_pat
     assert_exact(res2, 2, 2, 4, second)
 
 
+@pytest.mark.parametrize("seconds", [3.0, 7.0], ids=["one-timeout", "several-versions"])
+def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
+    """SIGSTOP, later SIGCONT: nobody dies. Its peers time out and report it; the
+    coordinator re-publishes after one comm timeout (the longer stall also outlives a
+    re-published world that waits for it); the late worker catches up with the newest plan."""
+    res = run(tmp_path, 2, 2, 4, stalls=[(0, 1, 1, seconds)], timeout=2.0)
+    assert_exact(res, 2, 2, 4, tmp_path)
+    assert any("SIGSTOP worker 0:1 mid-iteration 1" in e for e in res.events)
+    assert any("SIGCONT worker 0:1" in e for e in res.events)
+    assert any("no worker died: re-publishing" in e for e in res.events)
+    assert not any("failed (" in e for e in res.events), res.events
+    assert "plan v0: iteration 1 aborted" in logs(tmp_path)
+
+
+def _config(job, timeout):
+    return json.dumps({"model": CFG.to_dict(), "job": job.model_dump(mode="json"),
+                       "iterations": 1, "timeout": timeout, "ckpt_dir": None, "resume": None,
+                       "local_workers": job.replicas * job.stages, "run_id": "t"})
+
+
+def test_world_rendezvous_follows_a_newer_plan(tmp_path):
+    """Worker A waits for B in the world of v0; B only ever sees v1. A must notice v1 and
+    leave while waiting (gloo's own rendezvous would hold it for the whole timeout, the
+    pattern behind workers chasing each other through versions), and both meet in v1."""
+    from executor.worker import child
+    timeout = 15.0
+    store = connect_store("127.0.0.1", 0, timeout_s=timeout, is_master=True)
+    job = JobSpec.uniform(1, 2, M)
+    store.set("config", _config(job, timeout))
+    plan = solve(job, [])
+    publish_plan(store, plan.model_copy(update={"version": 0}))
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload(["executor.worker"])
+    addr = f"127.0.0.1:{store.port}"
+    procs = [ctx.Process(target=child, args=(addr, 0, s, str(tmp_path / f"worker-0-{s}.log")))
+             for s in (0, 1)]
+    try:
+        procs[0].start()
+        t0 = time.monotonic()
+        while "started" not in logs(tmp_path) and time.monotonic() - t0 < 30:
+            time.sleep(0.05)
+        time.sleep(1.0)  # A is waiting in the world of v0 now
+        publish_plan(store, plan.model_copy(update={"version": 1}))
+        t_new = time.monotonic()
+        procs[1].start()
+        mailbox, done = Mailbox(store), set()
+        while len(done) < 2 and time.monotonic() - t_new < 2 * timeout:
+            for m in mailbox.drain({(0, 0): 1, (0, 1): 1}):
+                if m["t"] == "done" and m["it"] == 0 and not m.get("sync"):
+                    done.add((m["s"], m["v"]))
+            time.sleep(0.05)
+        took = time.monotonic() - t_new
+        assert done == {(0, 1), (1, 1)}, logs(tmp_path)
+        assert took < timeout / 2, f"{took:.1f} s to meet in v1\n{logs(tmp_path)}"
+        publish_plan(store, plan.model_copy(update={"version": 2, "workers": []}))
+        for p in procs:
+            p.join(timeout)
+        assert [p.exitcode for p in procs] == [0, 0], logs(tmp_path)
+        assert "superseded" in open(tmp_path / "worker-0-0.log").read()
+    finally:
+        for p in procs:
+            if p.exitcode is None and p.pid is not None:
+                p.kill()
+                p.join()
+
+
 def test_stale_and_foreign_plans_are_refused(capsys):
     """Fencing: a plan older than one already seen, or for another job, is never acted on."""
     store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
@@ -126,3 +196,6 @@ def test_parse_event():
     assert parse_event("1:0@2") == (1, 0, 2)
     with pytest.raises(ValueError):
         parse_event("1:0")
+    assert parse_stall("0:1@2:3.5") == (0, 1, 2, 3.5)
+    with pytest.raises(ValueError):
+        parse_stall("0:1@2")

@@ -1,0 +1,83 @@
+"""Injected faults for the local coordinator: real signals at a known point of an iteration.
+
+  --kill  R:S@ITER           SIGKILL the worker halfway through its actions of ITER;
+  --stall R:S@ITER:SECONDS   SIGSTOP it there and SIGCONT it SECONDS later: a worker that
+                             hangs without dying (a straggler, a long GC or swap pause).
+The worker reports `mid` when it reaches the middle of its action list and, when a fault
+is due there, pauses briefly (agent.py, `pause_at`) so the signal lands mid-iteration.
+"""
+from __future__ import annotations
+
+import os
+import re
+import signal
+import time
+from typing import Callable
+
+Worker = tuple[int, int]
+
+
+def parse_event(text: str) -> tuple[int, int, int]:
+    """`R:S@ITER` as typed on the command line."""
+    m = re.fullmatch(r"(\d+):(\d+)@(\d+)", text.strip())
+    if not m:
+        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION, e.g. 1:0@2")
+    return int(m[1]), int(m[2]), int(m[3])
+
+
+def parse_stall(text: str) -> tuple[int, int, int, float]:
+    """`R:S@ITER:SECONDS` as typed on the command line."""
+    m = re.fullmatch(r"(\d+):(\d+)@(\d+):(\d+(?:\.\d*)?)", text.strip())
+    if not m:
+        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION:SECONDS, "
+                         "e.g. 0:1@1:3.5")
+    return int(m[1]), int(m[2]), int(m[3]), float(m[4])
+
+
+def pauses(kills, stalls, me: Worker, timeout_s: float) -> dict[int, float]:
+    """Iteration -> seconds the worker `me` waits at its mid-point for a due signal. A kill
+    gets longer than any comm timeout (it must land before the worker moves on); a stall
+    only needs the coordinator's next tick, and its SIGCONT must not find it still asleep."""
+    out = {i: 0.3 for r, s, i, _ in stalls if (r, s) == tuple(me)}
+    out.update({i: 2 * timeout_s for r, s, i in kills if (r, s) == tuple(me)})
+    return out
+
+
+class Injector:
+    """Coordinator side: sends the signals when a worker reports its mid-point."""
+
+    def __init__(self, kills, stalls, event: Callable[[str], None]):
+        self.kills = [tuple(k) for k in kills]
+        self.stalls = [tuple(s) for s in stalls]
+        self.event = event
+        self.stopped: dict[int, tuple[float, str]] = {}  # pid -> (SIGCONT time, worker)
+
+    def mid(self, w: Worker, it: int, pid: int) -> None:
+        for k in [k for k in self.kills if k == (w[0], w[1], it)]:
+            self.kills.remove(k)
+            self.event(f"SIGKILL worker {w[0]}:{w[1]} mid-iteration {it}")
+            os.kill(pid, signal.SIGKILL)
+        for k in [k for k in self.stalls if k[:3] == (w[0], w[1], it)]:
+            self.stalls.remove(k)
+            self.event(f"SIGSTOP worker {w[0]}:{w[1]} mid-iteration {it} for {k[3]:g} s")
+            os.kill(pid, signal.SIGSTOP)
+            self.stopped[pid] = (time.monotonic() + k[3], f"{w[0]}:{w[1]}")
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        for pid, (due, name) in list(self.stopped.items()):
+            if now >= due:
+                self.resume(pid)
+                self.event(f"SIGCONT worker {name}")
+
+    def resume(self, pid: int) -> None:
+        if self.stopped.pop(pid, None) is not None:
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+
+    def release_all(self) -> None:
+        """On the way out: never leave a stopped process behind."""
+        for pid in list(self.stopped):
+            self.resume(pid)
