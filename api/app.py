@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import routes_jobs, routes_ops, routes_plans, routes_workers
+from api.fastpath import FastPlans
 from api.heartbeats import Monitor
 from api.metrics import Metrics
 from api.precompute import BackgroundSolver, Precomputer
@@ -51,6 +52,14 @@ class BodyLimit:
             return msg
 
         return await self.app(scope, limited, send)
+
+
+class App(FastAPI):
+    """FastAPI with the plan long-poll fast path (api/fastpath.py) in front of it all."""
+
+    async def __call__(self, scope, receive, send):
+        if not await self.fast.handle(scope, send):
+            await super().__call__(scope, receive, send)
 
 
 def _one_line(exc: RequestValidationError) -> str:
@@ -110,8 +119,9 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
             cache.close()
             store.close()
 
-    app = FastAPI(title="ReCycle plan service", version=VERSION, lifespan=lifespan,
-                  description="Failure events in, versioned plans out. See docs/api.md.")
+    app = App(title="ReCycle plan service", version=VERSION, lifespan=lifespan,
+              description="Failure events in, versioned plans out. See docs/api.md.")
+    app.fast = FastPlans(app)
     app.state.metrics = Metrics()
     app.state.auth = Auth(admin_token, lambda job_id: app.state.service.token_hash(job_id))
     app.state.config = cfg

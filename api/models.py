@@ -7,7 +7,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from planner.plan import Action, Metrics, SolverInfo
 
-Index = Field(ge=0, le=1_000_000)
+Index = Field(ge=0, le=1_000_000, strict=True)  # strict: JSON true is not 1
 
 
 class _In(BaseModel):
@@ -44,7 +44,7 @@ class EventOut(BaseModel):
 class HeartbeatIn(_In):
     replica: int = Index
     stage: int = Index
-    iteration: int = Field(ge=0, le=2**62)
+    iteration: int = Field(ge=0, le=2**62, strict=True)
 
 
 class HeartbeatOut(BaseModel):

@@ -5,6 +5,7 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
+from api.fastpath import worker_view
 from api.models import Error, WorkerPlanOut
 from api.security import JOB, AuthRoute, bearer
 from api.service import ApiError
@@ -74,4 +75,4 @@ async def worker_plan(request: Request, job_id: str, replica: int = Path(ge=0, l
     svc, job, newer = await _wait(request, job_id, after, wait)
     if not newer:
         return Response(status_code=204)
-    return _json(svc.worker_view(job, replica, stage), job.version)
+    return _json(worker_view(job, replica, stage), job.version)

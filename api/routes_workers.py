@@ -20,7 +20,9 @@ async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):
     svc = request.app.state.service
     job = svc.job(job_id)
     job.check_worker(hb.replica, hb.stage)
-    svc.monitor.beat(job, hb.replica, hb.stage)
+    arming = svc.monitor.beat(job, hb.replica, hb.stage)
+    if arming is not None:
+        await arming
     return {"state": job.state, "plan_version": job.version,
             "timeout_s": svc.config.heartbeat_timeout_s}
 

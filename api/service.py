@@ -28,6 +28,16 @@ log = logging.getLogger("recycle.api")
 RECENT = 16  # plan versions per job answered from memory (older ones from SQLite)
 
 
+async def _wait_event(event: asyncio.Event, timeout: float) -> None:
+    """event.wait() with a timeout; asyncio.timeout (3.11+) needs no extra task per waiter,
+    which matters when hundreds of long-polls wake at once."""
+    if hasattr(asyncio, "timeout"):
+        async with asyncio.timeout(timeout):
+            await event.wait()
+    else:
+        await asyncio.wait_for(event.wait(), timeout)
+
+
 class ApiError(Exception):
     """An answer other than 2xx, with its one-line reason."""
 
@@ -330,28 +340,9 @@ class Service:
                 if left <= 0 or self.closing:
                     return False
                 try:
-                    await asyncio.wait_for(job.changed.wait(), left)
+                    await _wait_event(job.changed, left)
                 except asyncio.TimeoutError:
                     return False
             return True
         finally:
             self.metrics.waiters.dec()
-
-    def worker_view(self, job: JobRuntime, replica: int, stage: int) -> bytes:
-        """One worker's share of the current plan. The parts every worker shares (routes,
-        metrics...) are serialised once per version; each worker adds its actions."""
-        key = (replica, stage)
-        if key not in job.views:
-            if "_common" not in job.views:
-                d = json.loads(job.plan_bytes)
-                common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
-                          "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
-                job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
-                job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
-                                         for w in d["workers"]}
-            actions = job.views["_actions"].get(key)
-            head = json.dumps({"replica": replica, "stage": stage,
-                               "in_plan": actions is not None, "actions": actions or []},
-                              separators=(",", ":"))
-            job.views[key] = (head[:-1] + "," + job.views["_common"] + "}").encode()
-        return job.views[key]

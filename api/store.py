@@ -194,8 +194,11 @@ class Store:
 
     # ---- heartbeat arming --------------------------------------------------------------
     def arm(self, job_id: str, replica: int, stage: int) -> None:
+        self.arm_many([(job_id, replica, stage)])
+
+    def arm_many(self, rows: list[tuple[str, int, int]]) -> None:
         with self.tx() as db:
-            db.execute("INSERT OR IGNORE INTO armed VALUES (?,?,?)", (job_id, replica, stage))
+            db.executemany("INSERT OR IGNORE INTO armed VALUES (?,?,?)", rows)
 
     def armed(self, job_id: str) -> list[tuple[int, int]]:
         return [(r["replica"], r["stage"]) for r in

@@ -9,6 +9,7 @@ from __future__ import annotations
 import sqlite3
 import threading
 import time
+from collections import OrderedDict
 from typing import Callable, Iterable, Optional
 
 from planner.backends import SolveOptions, map_plan, solve
@@ -36,9 +37,15 @@ def mode_key(mode: Mode) -> str:
 
 
 class PlanCache:
-    def __init__(self, path: str = ":memory:"):
+    def __init__(self, path: str = ":memory:", memory_actions: int = 100_000):
         self.path = path
         self._lock = threading.Lock()
+        # the canonical plans last read or written here, parsed, up to `memory_actions`
+        # actions in all: a hit costs the mapping only, not a JSON parse (10 ms for 256
+        # workers). Writers in other processes are seen once an entry ages out; until then
+        # the plan served is still valid, only maybe not the best one.
+        self._mem: OrderedDict[tuple, tuple[Plan, int]] = OrderedDict()
+        self._mem_budget, self._mem_used = memory_actions, 0
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(SCHEMA)
@@ -48,13 +55,29 @@ class PlanCache:
 
     def get(self, job: JobSpec, failed, mode: Mode = Mode()) -> Optional[Plan]:
         canon = canonicalize(job, failed)
+        key = (job.spec_hash(), canon.key, mode_key(mode))
         with self._lock:
-            row = self._db.execute(
-                "SELECT plan_json FROM plans WHERE spec_hash=? AND failed_key=? AND mode=?",
-                (job.spec_hash(), canon.key, mode_key(mode))).fetchone()
+            plan = self._mem.get(key, (None, 0))[0]
+            if plan is not None:
+                self._mem.move_to_end(key)
+                return map_plan(plan, canon)
+            row = self._db.execute("SELECT plan_json FROM plans WHERE spec_hash=? AND "
+                                   "failed_key=? AND mode=?", key).fetchone()
         if row is None:
             return None
-        return map_plan(Plan.from_json(row[0]), canon)
+        plan = Plan.from_json(row[0])
+        self._remember(key, plan, replace=False)  # a put meanwhile has the newer plan
+        return map_plan(plan, canon)
+
+    def _remember(self, key: tuple, plan: Plan, replace: bool = True) -> None:
+        size = sum(len(w.actions) for w in plan.workers) + 1
+        with self._lock:
+            if not replace and key in self._mem:
+                return
+            self._mem_used += size - self._mem.pop(key, (None, 0))[1]
+            self._mem[key] = (plan, size)
+            while self._mem_used > self._mem_budget and self._mem:
+                self._mem_used -= self._mem.popitem(last=False)[1][1]
 
     def put(self, plan: Plan, mode: Optional[Mode] = None) -> bool:
         """Store `plan` (any replica numbering) unless a better one is there; True if stored."""
@@ -72,6 +95,7 @@ class PlanCache:
             self._db.execute(
                 "INSERT OR REPLACE INTO plans VALUES (?,?,?,?,?,?,?)",
                 (*key, plan.solver.name, plan.metrics.period, plan.to_json(), time.time()))
+        self._remember(key, plan)
         return True
 
     def count(self, job: Optional[JobSpec] = None) -> int:

@@ -199,6 +199,24 @@ def test_worker_scoped_plan(admin, server):
     assert w.get(f"/v1/jobs/{jid}/workers/1/1/plan?after=1&wait=0.1").status_code == 204
 
 
+def test_fast_path_answers_like_the_routes(admin, server):
+    """A plain plan GET is answered by api/fastpath.py, one with an extra parameter by the
+    FastAPI route: same status, bytes and headers; bad input still gets the routes' errors."""
+    jid, token = register(admin)
+    w = worker(server, token)
+    for path in (f"/v1/jobs/{jid}/plan", f"/v1/jobs/{jid}/workers/2/1/plan"):
+        for q in ("", "?after=-1&wait=1", "?after=0&wait=0.05"):
+            fast = w.get(path + q)
+            slow = w.get(path + (q + "&" if q else "?") + "x=1")
+            assert fast.status_code == slow.status_code, (path, q)
+            assert fast.content == slow.content
+            for h in ("content-type", "etag", "cache-control", "content-length"):
+                assert fast.headers.get(h) == slow.headers.get(h), h
+    assert w.get(f"/v1/jobs/{jid}/plan?after=0.5").status_code == 422
+    assert w.get(f"/v1/jobs/{jid}/plan?wait=4000").status_code == 422
+    assert worker(server, "nope.x").get(f"/v1/jobs/{jid}/plan").status_code == 401
+
+
 def test_heartbeat_timeout_declares_failure(admin, server):
     jid, token = register(admin)
     src = HttpPlanSource(server.url, jid, token)
