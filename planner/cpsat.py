@@ -6,6 +6,9 @@ plan as a complete hint (with 2 workers CP-SAT has no first-solution search of i
 micro-batch symmetry fixed, and the analytic lower bound on the objective variable.
 Period propagates badly as an objective, so staggered mode minimises makespan first and
 then period, hinted with the makespan plan. The result is never worse than the greedy hint.
+Above a few hundred actions the global solve gets a third of the time and our own
+large-neighbourhood search (planner/lns.py) the rest; failure-free jobs with identical
+workers are solved for one replica and copied (`_one_replica`).
 """
 from __future__ import annotations
 
@@ -39,6 +42,12 @@ _DET_PER_S = 0.5
 # and lost to the makespan plan. Above this size period is not re-solved.
 _PERIOD_MAX_ACTIONS = 1000
 _WALL_CAP = 1.5
+# Above this many actions the global model gets `_LNS_GLOBAL` of the time and our own LNS
+# (planner/lns.py) the rest; it charges one deterministic unit per ~10 CPU seconds,
+# spread over `num_workers` threads.
+_LNS_MIN_ACTIONS = 300
+_LNS_GLOBAL = 0.35
+_LNS_DET_PER_S = 0.15
 
 
 class _Model:
@@ -143,13 +152,16 @@ class _Model:
 def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_limit: float = 10.0,
                num_workers: int = 2, seed: int = 0,
                routes: Optional[list[list[int]]] = None, use_bound: bool = True,
-               hint: Optional[Timeline] = None) -> Plan:
+               hint: Optional[Timeline] = None, lns: Optional[bool] = None) -> Plan:
     """`use_bound=False` leaves the analytic lower bound out of the model, so an OPTIMAL
     status is CP-SAT's own proof (tests check the analytic bound against it). `hint`: a
     timeline (no OPTs) for these routes to start from when it beats the greedy portfolio,
-    e.g. the greedy plan of another numbering of the same failed set."""
+    e.g. the greedy plan of another numbering of the same failed set. `lns`: improve the
+    plan with planner/lns.py after the global solve (default: above _LNS_MIN_ACTIONS)."""
     t0 = time.perf_counter()
     failed = normalize(job, failed)
+    if not failed and routes is None and hint is None and job.speed is None and job.replicas > 1:
+        return _one_replica(job, mode, time_limit, num_workers, seed, use_bound, lns, t0)
     routes = routes if routes is not None else balanced_routes(job, failed)
     acts = build_actions(job, routes, mode)
     chains = symmetry_chains(job, routes, acts)
@@ -186,9 +198,13 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
     g_make = greedy.metrics.makespan + z
     model = _Model(job, acts, chains, "makespan", g_make, lb_makespan, g_make)
     model.hint(job, g_starts)
+    lns = len(acts) >= _LNS_MIN_ACTIONS if lns is None else lns
     share = 0.5 if mode.staggered and len(acts) <= _PERIOD_MAX_ACTIONS else 1.0
-    starts, solver = solve(model, budget * share, share)
-    used = solver.deterministic_time
+    share = _LNS_GLOBAL if lns else share
+    starts, used = None, 0.0
+    if share > 0:
+        starts, solver = solve(model, budget * share, share)
+        used = solver.deterministic_time
     best, bound = greedy, lb_period
     if starts is not None:
         cand = plan_of(starts)
@@ -196,7 +212,17 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
             best = cand
         if not mode.staggered:
             bound = max(bound, _floor(solver.best_objective_bound))
-    if mode.staggered and best.metrics.period > lb_period and len(acts) <= _PERIOD_MAX_ACTIONS:
+    if lns and best.metrics.period > lb_period:
+        from planner.lns import improve
+        from planner.validate import validate
+        inc = canonical_starts(acts, chains, starts_of(acts, _as_timeline(best)))
+        out = improve(job, acts, chains, inc, mode.staggered,
+                      _LNS_DET_PER_S * time_limit * (1 - share), deadline, seed,
+                      stop_at=lb_period, threads=num_workers)
+        cand = plan_of(out)
+        if cand.metrics.period < best.metrics.period and not validate(cand):
+            best = cand
+    elif mode.staggered and best.metrics.period > lb_period and len(acts) <= _PERIOD_MAX_ACTIONS:
         P = best.metrics.period + z
         model = _Model(job, acts, chains, "period", period_horizon(job, acts, P), lb_period, P)
         model.hint(job, canonical_starts(acts, chains, starts_of(acts, _as_timeline(best))))
@@ -213,6 +239,32 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
     else:
         status = "OPTIMAL" if best.metrics.period <= bound else "FEASIBLE"
     return best.model_copy(update={"solver": best.solver.model_copy(update={
+        "status": status, "wall_s": round(time.perf_counter() - t0, 4), "bound": bound})})
+
+
+def _one_replica(job: JobSpec, mode: Mode, time_limit: float, num_workers: int, seed: int,
+                 use_bound: bool, lns: Optional[bool], t0: float) -> Plan:
+    """Without failures and with identical workers the replicas only meet at the stages'
+    all-reduces: any plan restricted to one replica is a plan of the one-replica job whose
+    OPTs start no later, and one replica's plan copied to all is a plan of the whole job
+    with the same spans. So both optima are equal: solve one replica (D times fewer
+    actions) and copy it."""
+    sub = cpsat_plan(job.model_copy(update={"replicas": 1}), [], mode, time_limit,
+                     num_workers, seed, use_bound=use_bound, lns=lns)
+    M = job.microbatches
+    tl = {(d, w.stage): [(a.op, a.microbatch, a.start, a.end) for a in w.actions
+                         if a.op != "OPT"]
+          for w in sub.workers for d in range(job.replicas)}
+    tl = {(d, s): [(op, d * M + g, st, en) for op, g, st, en in acts]
+          for (d, s), acts in tl.items()}
+    add_opt(job, tl)
+    plan = finish_plan(job, [], balanced_routes(job, []), tl, mode, "cpsat",
+                       sub.solver.status, 0.0)
+    bound = max(sub.solver.bound or 0, lower_bound(job, [], mode) if use_bound else 0)
+    status = sub.solver.status
+    if status != "HEURISTIC":
+        status = "OPTIMAL" if plan.metrics.period <= bound else "FEASIBLE"
+    return plan.model_copy(update={"solver": plan.solver.model_copy(update={
         "status": status, "wall_s": round(time.perf_counter() - t0, 4), "bound": bound})})
 
 

@@ -85,3 +85,41 @@ def test_cpsat_through_solve_is_never_worse_than_greedy_on_the_asked_numbering()
     cp = solve(job, failed, "cpsat", opts=SolveOptions(time_limit=2))
     assert validate(cp) == [] and cp.failed == failed
     assert cp.metrics.period <= greedy.metrics.period
+
+
+def test_lns_plans_are_valid_reproducible_and_never_worse():
+    job = JobSpec.uniform(2, 4, 4, intra=1, cross=3)
+    greedy = greedy_plan(job, [(1, 1)])
+    for mode in (Mode(), Mode(staggered=False)):
+        a = check(cpsat_plan(job, [(1, 1)], mode, time_limit=1, seed=3, lns=True))
+        b = cpsat_plan(job, [(1, 1)], mode, time_limit=1, seed=3, lns=True)
+        assert a.workers == b.workers
+        assert a.metrics.lower_bound <= a.solver.bound <= a.metrics.period
+    assert a.metrics.period <= greedy_plan(job, [(1, 1)], Mode(staggered=False)).metrics.period
+    assert check(cpsat_plan(job, [(1, 1)], time_limit=1, lns=True)).metrics.period \
+        <= greedy.metrics.period
+
+
+def test_lns_steps_never_get_worse():
+    from planner.greedy import best_schedule
+    from planner.lns import evaluate, improve
+    from planner.routing import balanced_routes
+    from planner.schedmodel import build_actions, canonical_starts, starts_of, symmetry_chains
+    job, failed = JobSpec.uniform(2, 4, 6), [(0, 2)]
+    routes = balanced_routes(job, failed)
+    acts = build_actions(job, routes, Mode())
+    chains = symmetry_chains(job, routes, acts)
+    start = canonical_starts(acts, chains, starts_of(acts, best_schedule(job, routes, Mode())))
+    log: list = []
+    improve(job, acts, chains, start, True, 0.05, float("inf"), seed=1, log=log)
+    scores = [row[-1] for row in log]
+    assert scores and scores == sorted(scores, reverse=True)
+    assert scores[-1] <= evaluate(job, acts, start, True)
+
+
+def test_failure_free_plans_copy_one_replica():
+    one = check(cpsat_plan(JobSpec.uniform(1, 4, 4), [], time_limit=1))
+    three = check(cpsat_plan(JobSpec.uniform(3, 4, 4), [], time_limit=1))
+    assert three.metrics.period == one.metrics.period
+    assert {w.replica for w in three.workers} == {0, 1, 2}
+    assert three.metrics.lower_bound <= three.solver.bound <= three.metrics.period
