@@ -85,8 +85,8 @@ def notes(res: dict) -> list[str]:
                    f"gloo latency on loopback ({_fmt(res['latency_us'], 0)} us one way when measured, "
                    "paid on every F and I hop of the critical path), Python dispatch per action, and "
                    "per-iteration bookkeeping the plan does not model (flattening gradients for the "
-                   "all-reduce, the pre-step snapshot of parameters and AdamW state for rollback, a "
-                   "parameter checksum, store messages and the heartbeat thread).")
+                   "all-reduce, the pre-step snapshot of parameters and AdamW state for rollback, "
+                   "store messages and the heartbeat thread).")
     base = next((r for r in ours if r["name"].startswith("ReCycle D=2") and not r.get("failed")), None)
     if base and base.get("losses"):
         for r in ours:
