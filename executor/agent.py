@@ -181,8 +181,9 @@ class Agent:
                 self.world.send_blob(state, w)
         self.done = r - 1
         self.writer = self.me == min(peers)
-        self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}) "
-                 f"at iteration {r}")
+        backward = "I/W split" if plan.solver.split_backward else "fused B"
+        self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}, "
+                 f"{backward}, {plan.solver.optimizer} optimizer) at iteration {r}")
         self.source.send("done", it=self.done, checksum=checksum(self.module), sync=True)
 
     def _run_plan(self, plan: Plan, wp: WorkerPlan) -> Optional[Plan]:

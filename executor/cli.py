@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 
 from planner.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.timeline import Mode
 
 
 def register(app: typer.Typer) -> None:
@@ -35,6 +36,8 @@ def train_cmd(
     resume: Optional[str] = typer.Option(None, "--resume", help="checkpoint written when a whole stage was lost"),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="where to write that checkpoint (default: in the run dir)"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
+    no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
+    sync: bool = typer.Option(False, "--sync", help="plan for a synchronous optimizer"),
     timeout: float = typer.Option(5.0, help="seconds before a silent peer counts as failed"),
     job: Optional[str] = typer.Option(None, "--job", help="job spec JSON (e.g. from `recycle profile`)"),
     run_dir: Optional[str] = typer.Option(None, help="worker logs and stage states (default: a temp dir)"),
@@ -82,7 +85,8 @@ def train_cmd(
     result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_path=checkpoint, run_dir=run_dir, external=external,
-                   store_port=store_port, console=console, service=watch, stalls=stalls)
+                   store_port=store_port, console=console, service=watch, stalls=stalls,
+                   mode=Mode(split_backward=not no_split, staggered=not sync))
     if result.halted:
         raise typer.Exit(EXIT_NO_PLAN)
     console.print(f"done: {iterations} iterations, final loss {result.summary.losses[-1]:.5f}, "

@@ -48,6 +48,7 @@ from executor.rendezvous import Mailbox, publish_plan, read_int, set_counter, wk
 from planner.backends import solve
 from planner.failures import NoPlanError
 from planner.job import JobSpec
+from planner.timeline import Mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 Worker = tuple[int, int]
@@ -67,8 +68,9 @@ class Coordinator:
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
-                 deadline_s=None, service=None):
+                 deadline_s=None, service=None, mode: Mode = Mode()):
         self.cfg, self.job, self.iterations = cfg, job, iterations
+        self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
         self.rejoins = list(rejoins)
         self.solver, self.timeout, self.external = solver, timeout, external
@@ -159,7 +161,8 @@ class Coordinator:
         if final:
             plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
         else:
-            plan = solve(self.job, sorted(self.failed), solver=self.solver)  # may raise NoPlanError
+            plan = solve(self.job, sorted(self.failed), solver=self.solver,
+                         mode=self.mode)  # may raise NoPlanError
             plan = plan.model_copy(update={"version": self.version + 1})
         self.version, self.plan, self.suspect_since = plan.version, plan, None
         publish_plan(self.store, plan)

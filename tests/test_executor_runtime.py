@@ -73,6 +73,14 @@ def test_one_worker_sigkilled_mid_iteration(tmp_path):
     assert any("worker 0:1 failed (process exited with code -9)" in e for e in res.events)
 
 
+def test_fused_backward_synchronous_plans_with_a_kill(tmp_path):
+    """`recycle train --no-split --sync`: plans of B actions, same exactness."""
+    from planner.timeline import Mode
+    res = run(tmp_path, 2, 2, 3, kills=[(1, 0, 1)], mode=Mode(split_backward=False, staggered=False))
+    assert_exact(res, 2, 2, 3, tmp_path)
+    assert "fused B, synchronous optimizer) at iteration 1" in logs(tmp_path)
+
+
 @pytest.mark.parametrize("kills", [[(0, 1, 1), (1, 1, 2)], [(0, 0, 1), (2, 1, 1)]],
                          ids=["same-stage", "different-stages"])
 def test_two_workers_killed_3x2(tmp_path, kills):
