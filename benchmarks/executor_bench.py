@@ -36,6 +36,7 @@ from executor.model import ModelConfig
 from executor.profile import profile
 from planner.backends import solve
 from planner.job import JobSpec
+from planner.timeline import Mode
 
 Worker = tuple[int, int]
 
@@ -85,8 +86,8 @@ def breakdown(walls: dict[int, tuple], iters: int, warmup: int) -> dict:
     return dict(out, timers=t)
 
 
-def plan_numbers(job: JobSpec, failed, solver: str) -> dict:
-    plan = solve(job, failed, solver=solver)
+def plan_numbers(job: JobSpec, failed, solver: str, mode: Mode = Mode()) -> dict:
+    plan = solve(job, failed, solver=solver, mode=mode)
     work = sum(a.end - a.start for w in plan.workers for a in w.actions)
     cores = os.cpu_count() or 1
     return {"planned_ms": plan.metrics.period / 1e3, "lower_bound_ms": plan.metrics.lower_bound / 1e3,
@@ -99,10 +100,10 @@ def plan_numbers(job: JobSpec, failed, solver: str) -> dict:
 
 
 def run_ours(cfg: ModelConfig, job: JobSpec, failed, iters: int, warmup: int, solver: str,
-             planned: dict, timeout_s: float = 240.0) -> dict:
+             planned: dict, timeout_s: float = 240.0, mode: Mode = Mode()) -> dict:
     failed = [tuple(w) for w in failed]
     t0 = time.monotonic()
-    coord = TimedCoordinator(cfg, job, iters, failed_from_start=failed, solver=solver,
+    coord = TimedCoordinator(cfg, job, iters, failed_from_start=failed, solver=solver, mode=mode,
                              timeout=30.0, ckpt_every=10 ** 9, deadline_s=timeout_s,
                              console=Console(stderr=True, quiet=True))
     res = coord.run()
@@ -190,27 +191,35 @@ def run_executor_bench(out: str = "benchmarks/results/executor.md", *, stages: i
     native = JobSpec.model_validate(dict(res["job_d1"], cost=dict(res["job_d1"]["cost"], I=[
         max(1, round(r["native_backward"] - r["W"])) for r in det])))
     p1f1b = plan_numbers(native, [], "1f1b")["planned_ms"]
+    job_fused = native  # D=1 with B = autograd's own backward, as our fused B runs it
 
-    def ours(job: JobSpec, failed: list) -> dict:
-        name = f"ReCycle D={job.replicas} ({solver})"
+    def ours(job: JobSpec, failed: list, mode: Mode = Mode()) -> dict:
+        name = f"ReCycle D={job.replicas} ({solver}{'' if mode.split_backward else ', fused B'})"
         console.print(f"{name}, failed {failed or 'none'} ...")
-        row = {"name": name, "procs": job.replicas * S - len(failed), **plan_numbers(job, failed, solver)}
-        row.update(run_ours(cfg, job, failed, iterations, warmup, solver, row))
+        row = {"name": name, "procs": job.replicas * S - len(failed),
+               **plan_numbers(job, failed, solver, mode)}
+        row.update(run_ours(cfg, job, failed, iterations, warmup, solver, row, mode=mode))
         row["failed"] = " ".join(f"{r}:{s}" for r, s in failed)
         return row
 
     # head to head, interleaved so both see the same load drift: 1F1B, ours, 1F1B, ours...
+    # Fused B runs autograd's own backward (no I/W split cost): where the split costs more
+    # than the bubbles it fills, that plan is the fair comparison with 1F1B.
+    fused = Mode(split_backward=False)
     torch_rows, ours_rows = [_torch_row("1f1b", t1f1b[0], S, p1f1b)], [ours(job1, [])]
+    fused_rows = [ours(job_fused, [], fused)]
     for _ in range(rounds - 1):
         console.print(f"torch.distributed.pipelining 1f1b on {S} processes ...")
         torch_rows.append(_torch_row("1f1b", run_torch(cfg, S, M, iterations, warmup, "1f1b"), S, p1f1b))
         ours_rows.append(ours(job1, []))
+        fused_rows.append(ours(job_fused, [], fused))
     rows = res["rows"]
     rows.append(_best(torch_rows))
     for kind in ("zbv", "izb"):
         console.print(f"torch.distributed.pipelining {kind} on {S} processes ...")
         rows.append(_torch_row(kind, run_torch(cfg, S, M, iterations, warmup, kind), S, None))
     rows.append(_best(ours_rows))
+    rows.append(_best(fused_rows))
     for failed in ([], [(1, 0)], [(0, 1), (1, 0)]):
         rows.append(ours(job2, failed))
     res["notes"] = notes(res)

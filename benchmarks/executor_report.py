@@ -72,6 +72,13 @@ def notes(res: dict) -> list[str]:
                    "1F1B's bubbles, but on shared cores a bubble-free schedule also keeps both "
                    "processes computing at once, so they contend all the time, while 1F1B's idle "
                    "rank hands its core to the busy one.")
+    f = next((r for r in ok if "fused B" in r["name"]), None)
+    if t and f:
+        out.append(f"- ReCycle D=1 with fused-B plans (autograd's own backward, no I/W split) vs "
+                   f"torch Schedule1F1B: {f['realised_ms']:.1f} vs {t['realised_ms']:.1f} ms/iter "
+                   f"({f['realised_ms'] / t['realised_ms']:.2f}x; rounds: "
+                   f"{', '.join(_fmt(v) for v in f['rounds_ms'])}); planned {f['planned_ms']:.1f} ms. "
+                   "`recycle train --no-split` runs such plans.")
     ours = [r for r in ok if r["name"].startswith("ReCycle")]
     if ours:
         lo, hi = min(r["realised_ms"] / r["planned_ms"] for r in ours), max(r["realised_ms"] / r["planned_ms"] for r in ours)
