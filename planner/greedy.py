@@ -172,7 +172,7 @@ def greedy_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(),
                        time.perf_counter() - t0)
 
 
-def one_f_one_b_plan(job: JobSpec, failed: list[Worker], **_: object) -> Plan:
+def one_f_one_b_plan(job: JobSpec, failed: list[Worker]) -> Plan:
     """The baseline: fused backward, at most S - s micro-batches in flight on a stage-s
     worker (1F1B's warm-up depth), synchronous optimizer; failed workers' micro-batches go
     to their peers by the same balanced routing, with no bubble-filling."""
