@@ -37,8 +37,8 @@ def finish_plan(job: JobSpec, failed: list[Worker], routes: list[list[int]], tim
     workers = []
     for (d, s) in sorted(timeline):
         acts = sorted(timeline[(d, s)], key=lambda a: (a[2], a[0] == "OPT"))
-        # model_construct: the values come from our own solver, and validating ~200K
-        # actions would cost more than scheduling them.
+        # No validation: the values come from our own solvers, and validating ~200K
+        # actions would cost more than scheduling them (the validator checks plans instead).
         workers.append(WorkerPlan.model_construct(replica=d, stage=s, actions=[
             make_action(op, g, st, en) for op, g, st, en in acts]))
     lb = lower_bound(job, failed, mode)
