@@ -6,7 +6,7 @@ pure functions, in the spirit of torch.distributed.pipelining's schedule IR.
 """
 from __future__ import annotations
 
-from typing import Literal, Optional
+from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -88,8 +88,22 @@ class Plan(BaseModel):
     workers: list[WorkerPlan]
     metrics: Metrics
     solver: SolverInfo
+    # Membership (docs/executor.md, "Who is in which plan version"): incarnations[r][s] is
+    # the process incarnation of worker (r, s) that this version admits. Only that process
+    # may enter the version: a restarted worker (higher incarnation) waits for a plan that
+    # names it, an older one is fenced. Stamped by whoever publishes (the coordinator or
+    # the service); the planner and the cache leave it None, which means 1 everywhere.
+    incarnations: Optional[list[list[Annotated[int, Field(strict=True, ge=1, le=2**31)]]]] = None
 
     # ---- lookups --------------------------------------------------------------------
+    def incarnation(self, replica: int, stage: int) -> int:
+        return self.incarnations[replica][stage] if self.incarnations else 1
+
+    def stamped(self, version: int, incarnations: list[list[int]]) -> "Plan":
+        """This plan as version `version`, admitting the given incarnations."""
+        return self.model_copy(update={"version": version,
+                                       "incarnations": [list(row) for row in incarnations]})
+
     def worker(self, replica: int, stage: int) -> Optional[WorkerPlan]:
         for w in self.workers:
             if w.replica == replica and w.stage == stage:
