@@ -54,12 +54,42 @@ class BodyLimit:
         return await self.app(scope, limited, send)
 
 
+INTERNAL = "internal error; see the service log"
+
+
 class App(FastAPI):
-    """FastAPI with the plan long-poll fast path (api/fastpath.py) in front of it all."""
+    """FastAPI with the plan long-poll fast path (api/fastpath.py) in front of it all.
+
+    It is also the last line against unexpected exceptions. Starlette answers one with our
+    500 handler and then re-raises it, and uvicorn closes the connection on an exception
+    that escapes the app, so a keep-alive client lost its connection (and the request it
+    had pipelined) after a 500. Here an exception after a complete answer is dropped (it
+    was logged by the handler); one before any answer (the fast path has no handler) gets
+    the same JSON 500; only one in the middle of a body still reaches uvicorn, which must
+    then close the connection (the client would otherwise wait for the rest)."""
 
     async def __call__(self, scope, receive, send):
-        if not await self.fast.handle(scope, send):
-            await super().__call__(scope, receive, send)
+        if scope["type"] != "http":
+            return await super().__call__(scope, receive, send)
+        state = {"started": False, "done": False}
+
+        async def tracked(msg):
+            if msg["type"] == "http.response.start":
+                state["started"] = True
+            elif msg["type"] == "http.response.body" and not msg.get("more_body", False):
+                state["done"] = True
+            await send(msg)
+
+        try:
+            if not await self.fast.handle(scope, tracked):
+                await super().__call__(scope, receive, tracked)
+        except Exception:  # noqa: BLE001 - see the class docstring
+            if state["done"]:
+                return
+            if state["started"]:
+                raise
+            log.exception("unhandled error on %s %s", scope.get("method"), scope.get("path"))
+            await JSONResponse({"detail": INTERNAL}, 500)(scope, receive, tracked)
 
 
 def _one_line(exc: RequestValidationError) -> str:
@@ -155,6 +185,6 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
     @app.exception_handler(Exception)
     async def crash(request: Request, exc: Exception):
         log.exception("unhandled error on %s %s", request.method, request.url.path)
-        return JSONResponse({"detail": "internal error; see the service log"}, 500)
+        return JSONResponse({"detail": INTERNAL}, 500)
 
     return app

@@ -13,8 +13,34 @@ from typing import Annotated, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Duration = Annotated[int, Field(strict=True, ge=0)]
-Positive = Annotated[int, Field(strict=True, ge=1)]
+# ---- bounds on every integer a spec carries ------------------------------------------
+# A spec is untrusted input (the service registers what a client posts), and every plan
+# computed from it must fit where plans go: SQLite INTEGER columns (int64: the plan
+# cache's and the service's `period`), CP-SAT's int64 domains, and JSON read by clients
+# whose numbers are doubles. The rule:
+#   1. each duration and delay (F, I, W, OPT, p2p) is at most MAX_DURATION = 10**12, each
+#      memory figure at most MAX_MEMORY = 10**15; replicas, stages and micro-batches are
+#      each at most MAX_COUNT = 10**6 (the API's worker indices share that bound), and
+#      replicas*stages*microbatches at most MAX_CELLS = 2**30;
+#   2. the horizon (`JobSpec.horizon`) is at most MAX_TIME = 2**53. It is the number of
+#      actions a plan can hold, D*S*(3M+1), times the longest of them on the slowest worker
+#      (F+I+W+OPT of a stage, divided by the worker's speed) plus the longest delay. Every
+#      time a plan holds (starts, ends, period, makespan, lower bound) is at most that:
+#      a schedule with no needless idling never waits longer than the sum of every action
+#      and every message before it, even if one worker ends up with all D*M micro-batches
+#      of its stage. So plan times fit in 53 bits (exact as JSON doubles), leaving 2**10 of
+#      headroom under int64 for sums such as D*M*(F+I+W) in bounds and solvers.
+# A spec over any bound is rejected by validation (HTTP 422 in the service) with the
+# field and the limit in the reason.
+MAX_DURATION = 10**12
+MAX_MEMORY = 10**15
+MAX_COUNT = 10**6
+MAX_CELLS = 2**30
+MAX_TIME = 2**53
+
+Duration = Annotated[int, Field(strict=True, ge=0, le=MAX_DURATION)]
+MemoryAmount = Annotated[int, Field(strict=True, ge=0, le=MAX_MEMORY)]
+Positive = Annotated[int, Field(strict=True, ge=1, le=MAX_COUNT)]
 
 
 class _Strict(BaseModel):
@@ -34,8 +60,8 @@ class P2P(_Strict):
 
 
 class Memory(_Strict):
-    activation: list[Duration]
-    capacity: list[Duration]
+    activation: list[MemoryAmount]
+    capacity: list[MemoryAmount]
 
 
 class JobSpec(_Strict):
@@ -68,7 +94,28 @@ class JobSpec(_Strict):
         if self.speed is not None:
             if len(self.speed) != self.replicas or any(len(r) != S for r in self.speed):
                 raise ValueError(f"speed must be {self.replicas} rows of {S} factors")
+        cells = self.replicas * S * self.microbatches
+        if cells > MAX_CELLS:
+            raise ValueError(f"replicas*stages*microbatches = {cells} exceeds {MAX_CELLS}")
+        if self.horizon > MAX_TIME:
+            raise ValueError(
+                f"durations too long for this grid: a plan could last up to {self.horizon:.3g} "
+                f"(actions times the longest action plus the longest delay), over the limit "
+                f"of 2**53; use a coarser time unit")
         return self
+
+    @property
+    def horizon(self) -> float:
+        """An upper bound on every time in any plan of this job (see MAX_TIME above); a
+        float, since speeds are (inf for a speed so small that durations overflow)."""
+        S = self.stages
+        longest = 0.0
+        for s in range(S):
+            total = self.cost.F[s] + self.cost.I[s] + self.cost.W[s] + self.cost.OPT[s]
+            slowest = 1.0 if self.speed is None else min(row[s] for row in self.speed)
+            longest = max(longest, total / slowest + 4)  # + 4: each op rounds up at most 1
+        per_action = longest + max(self.p2p.intra, self.p2p.cross)
+        return float(self.replicas * S * (3 * self.microbatches + 1)) * per_action
 
     # ---- derived numbers (cached: the spec is frozen) ------------------------------
     @property

@@ -340,3 +340,79 @@ def test_service_watch_and_worker_source(admin, server):
     assert last.version == 3 and last.workers == []
     watch.close()
     src.http.close()
+
+
+def local_port(r: httpx.Response) -> int:
+    """The client's port of the connection `r` came on: equal ports, same connection."""
+    return r.extensions["network_stream"].get_extra_info("client_addr")[1]
+
+
+def test_out_of_range_integers_answer_422_on_a_live_connection(admin):
+    # Regression: a cost of 10**30 answered 500 (SQLite integer overflow in the plan cache)
+    # and the server then dropped the client's keep-alive connection.
+    def bad(edit):
+        s = spec()
+        edit(s)
+        return s
+
+    cases = [
+        (bad(lambda s: s["cost"]["F"].__setitem__(0, 10**30)), "cost.F.0"),
+        (bad(lambda s: s["cost"]["OPT"].__setitem__(3, 2**63)), "cost.OPT.3"),
+        (bad(lambda s: s["cost"]["W"].__setitem__(1, -1)), "cost.W.1"),
+        (bad(lambda s: s["p2p"].__setitem__("cross", 10**13)), "p2p.cross"),
+        (bad(lambda s: s["memory"].__setitem__("capacity", [10**20] * 4)), "memory.capacity"),
+        (bad(lambda s: s.__setitem__("microbatches", 10**7)), "microbatches"),
+        (bad(lambda s: s.__setitem__("replicas", 10**400)), "replicas"),
+        # each number in range, but a plan could last longer than 2**53
+        (dict(spec(D=4, S=4, M=28, F=10**12, I=10**12, W=10**12, OPT=10**12),
+              microbatches=64), "too long"),
+        # durations divided by a tiny speed
+        (bad(lambda s: s.__setitem__("speed", [[1e-300] * 4] + [[1.0] * 4] * 3)), "too long"),
+    ]
+    port = local_port(admin.get("/healthz"))
+    for body, where in cases:
+        r = admin.post("/v1/jobs", json=body)
+        assert r.status_code == 422, (where, r.status_code, r.text)
+        detail = r.json()["detail"]
+        assert where in detail and "\n" not in detail, detail
+        ok = admin.get("/healthz")
+        assert ok.status_code == 200 and local_port(ok) == port, where
+
+
+def test_a_spec_at_the_limits_registers_and_plans_fit(admin, server):
+    """The largest durations that pass validation give plans that SQLite and JSON hold."""
+    big = 10**12
+    body = spec(D=4, S=4, M=28, F=big, I=big, W=big, OPT=big, intra=big, cross=big,
+                activation=10**15, capacity=10**15)
+    r = admin.post("/v1/jobs", json=body)
+    assert r.status_code == 201, r.text
+    jid = r.json()["id"]
+    r = admin.post(f"/v1/jobs/{jid}/events", json=ev("f", "failure", 1, 2))
+    assert r.status_code == 200, r.text
+    plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+    assert plan["version"] == 1 and 0 < plan["metrics"]["period"] <= 2**53
+    assert max(a["end"] for w in plan["workers"] for a in w["actions"]) <= 2**53
+
+
+def test_unexpected_error_answers_json_500_and_keeps_the_connection(admin, server):
+    """A bug in a handler (here a route that raises, and a job whose stored plan bytes are
+    broken, which the plan fast path trips on) must answer a one-line JSON 500, and the
+    client's connection must serve the next request."""
+    async def boom():
+        raise RuntimeError("a bug\nover two lines")
+
+    if not any(getattr(r, "path", None) == "/test-boom" for r in server.app.router.routes):
+        server.app.add_api_route("/test-boom", boom)
+    port = local_port(admin.get("/healthz"))
+    r = admin.get("/test-boom")
+    assert r.status_code == 500 and r.json() == {"detail": "internal error; see the service log"}
+    ok = admin.get("/healthz")
+    assert ok.status_code == 200 and local_port(ok) == port
+
+    jid, _ = register(admin, D=2, S=2, M=2)
+    job = server.service.jobs[jid]
+    job.plan_bytes, job.views = b"{broken", {}
+    r = admin.get(f"/v1/jobs/{jid}/workers/0/0/plan")  # the fast path
+    assert r.status_code == 500 and r.json() == {"detail": "internal error; see the service log"}
+    ok = admin.get("/healthz")
+    assert ok.status_code == 200 and local_port(ok) == port
