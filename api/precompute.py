@@ -23,6 +23,7 @@ from typing import Optional
 from planner.cache import mode_key
 from planner.failures import Worker, canonical_sets
 from planner.plan import Plan
+from planner.procs import die_with_parent
 from planner.timeline import Mode
 
 log = logging.getLogger("recycle.api")
@@ -34,6 +35,11 @@ def cpsat_available() -> bool:
 
 
 def _child_init() -> None:
+    # A SIGKILLed service runs no cleanup: without this its solver processes (and, through
+    # the pipe they inherit, multiprocessing's resource tracker, which exits at EOF once
+    # every holder of the pipe is gone) ran on forever under pid 1. PR_SET_PDEATHSIG fires
+    # when the *thread* that spawned us exits: see BackgroundSolver._get_pool.
+    die_with_parent()
     try:
         os.nice(10)
     except OSError:
@@ -65,6 +71,11 @@ class BackgroundSolver:
         self._loops = [asyncio.create_task(self._run()) for _ in range(self.workers)]
 
     def _get_pool(self) -> ProcessPoolExecutor:
+        # Called on the event loop's thread only, and the pool spawns its processes in
+        # submit(), i.e. in run_in_executor on that same thread (the manager thread would
+        # spawn only with max_tasks_per_child, not used here). That thread runs until the
+        # service stops, after stop() has shut the pool down, so the children's death
+        # signal (_child_init) fires when the service dies, not before.
         if self._pool is None:
             self._pool = ProcessPoolExecutor(self.workers, initializer=_child_init,
                                              mp_context=multiprocessing.get_context("spawn"))

@@ -107,3 +107,77 @@ def test_sigkill_and_restart_keeps_everything(tmp_path):
         src2.close()
     finally:
         srv.stop()
+
+
+def _procs() -> dict[int, tuple[int, str, str]]:
+    """pid -> (parent pid, state, start time) of every process, from /proc/*/stat."""
+    import os
+    out = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        out[int(name)] = (int(fields[1]), fields[0], fields[19])
+    return out
+
+
+def _descendants(root: int) -> dict[int, str]:
+    """pid -> start time of every live process below `root`."""
+    procs = _procs()
+    found, frontier = {}, [root]
+    while frontier:
+        parent = frontier.pop()
+        for pid, (ppid, state, start) in procs.items():
+            if ppid == parent and pid not in found and state != "Z":
+                found[pid] = start
+                frontier.append(pid)
+    return found
+
+
+def test_sigkill_leaves_no_solver_processes_behind(tmp_path):
+    """Regression: `recycle serve` SIGKILLed left its solver pool and multiprocessing's
+    resource tracker running forever under pid 1."""
+    import os
+    import signal
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
+                     "--solver-workers", "2").start()
+    children = {}
+    try:
+        c = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+        jid = c.post("/v1/jobs", json=spec(D=2, S=2, M=2)).json()["id"]
+        deadline = time.monotonic() + 60
+        while c.get(f"/v1/jobs/{jid}/precompute").json()["state"] != "done":
+            assert time.monotonic() < deadline, "precompute did not finish"
+            time.sleep(0.1)
+        children = _descendants(srv.proc.pid)
+        cmds = []
+        for pid in children:
+            with open(f"/proc/{pid}/cmdline", "rb") as fh:
+                cmds.append(fh.read().replace(b"\0", b" ").decode())
+        # a pool worker and multiprocessing's resource tracker
+        assert any("resource_tracker" in c for c in cmds), cmds
+        assert any("spawn_main" in c for c in cmds), cmds
+        srv.kill()
+        deadline = time.monotonic() + 5
+        while True:
+            procs = _procs()
+            alive = {pid for pid, start in children.items()
+                     if pid in procs and procs[pid][2] == start and procs[pid][1] != "Z"}
+            if not alive or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert not alive, f"left running after the service was SIGKILLed: {sorted(alive)}"
+    finally:
+        srv.stop()
+        procs = _procs()
+        for pid, start in children.items():  # only what this test's server started
+            if pid in procs and procs[pid][2] == start:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
