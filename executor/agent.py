@@ -47,7 +47,7 @@ class Agent:
                  start_iteration: int = 0, init_state: Optional[dict] = None,
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
-                 workload: Workload = DEFAULT_WORKLOAD, pause_at=None, gates=()):
+                 workload: Workload = DEFAULT_WORKLOAD, fault_iterations=()):
         self.cfg, self.me, self.job, self.iterations = cfg, tuple(me), job, iterations
         self.source, self.store, self.timeout_s = source, store, timeout_s
         self.S, self.wl, self.device, self.local_workers = job.stages, workload, device, local_workers
@@ -58,8 +58,10 @@ class Agent:
                                     1.0 / job.num_microbatches, workload.loss_fn)
         if init_state is not None:
             self._load(init_state)
+        self.inc = incarnation  # which process of this worker we are (membership)
         self.fresh = incarnation > 1  # restarted: its state must come from a live peer
-        self._asked = False  # a restarted worker's rejoin request has gone out
+        self.entered = False  # has been admitted to some plan version
+        self._asked = -1  # newest plan version on which we asked to be admitted
         self.done = start_iteration - 1  # last iteration this worker has stepped
         self.version, self._refused = -1, -1
         self.job_hash = job.spec_hash()
@@ -68,10 +70,9 @@ class Agent:
         self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
         self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.d_model)
         self._batches: dict[int, tuple] = {}
-        self.pause_at = dict(pause_at or {})  # iteration -> seconds to await an injected signal
-        # (replica, stage, iteration): a scheduled rejoin; that worker must be in the plan
-        # before the iteration starts, so hold at the boundary until the coordinator says so.
-        self.gates = [tuple(g) for g in gates]
+        # Iterations in which an injected fault may target us: at their mid-point we wait
+        # for the coordinator's go-ahead, so the signal lands mid-iteration.
+        self.fault_iterations = set(fault_iterations)
 
     def log(self, msg: str) -> None:
         stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
@@ -102,33 +103,21 @@ class Agent:
 
     # ---- main loop --------------------------------------------------------------------
     def run(self) -> int:
-        self.log(f"started (incarnation {'restarted' if self.fresh else 'first'})")
-        if self.fresh:  # no heartbeats until our death is known: they would mask it
-            self.log("restarted: waiting to be admitted to a plan")
-        else:
-            threading.Thread(target=self._heartbeats, daemon=True).start()
+        self.log(f"started (incarnation {self.inc})")
+        threading.Thread(target=self._heartbeats, daemon=True).start()
         plan: Optional[Plan] = None
         try:
             while True:
                 plan = plan or self._await_plan()
-                wp = plan.worker(*self.me)
-                if wp is None:
-                    self.version = plan.version
-                    if self.fresh:  # not admitted yet: wait for the plan that includes us
-                        if self.me in [tuple(w) for w in plan.failed] and not self._asked:
-                            self._asked = True  # our failure is known: ask to come back
-                            self.source.rejoin(plan.version)
-                            threading.Thread(target=self._heartbeats, daemon=True).start()
-                        plan = None
-                        continue
-                    if not plan.workers:
-                        self.log(f"training complete (plan v{plan.version})")
-                    else:
-                        self.log(f"not in plan v{plan.version} (failed {plan.failed}): stopping")
+                role = self._role(plan)
+                if role == "wait":
+                    plan = None
+                    continue
+                if role == "stop":
                     return 0
                 try:
                     self._enter(plan)
-                    plan = self._run_plan(plan, wp)
+                    plan = self._run_plan(plan, plan.worker(*self.me))
                 except CommError as exc:
                     plan = self._abort(exc)
         except TrainingHalted as exc:
@@ -138,16 +127,44 @@ class Agent:
             if self.world is not None:
                 self.world.close()
 
+    def _role(self, plan: Plan) -> str:
+        """Membership (docs/executor.md): 'enter' the plan if it admits this very process,
+        'wait' for a newer one if it predates us, 'stop' if we are fenced out or done."""
+        self.version = self.source.version = plan.version
+        if not plan.workers:
+            self.log(f"training complete (plan v{plan.version})")
+            return "stop"
+        named = plan.incarnation(*self.me)
+        listed = plan.worker(*self.me) is not None
+        if listed and named == self.inc:
+            return "enter"
+        if (listed and named > self.inc) or (self.entered and not listed):
+            why = (f"incarnation {named} replaced us" if listed
+                   else f"declared failed (failed {plan.failed})")
+            self.log(f"not in plan v{plan.version}: {why}: stopping")
+            return "stop"
+        # The plan does not know this process yet: it lists our predecessor (which is dead:
+        # we would not run otherwise) or has us failed. Ask once per version to be admitted;
+        # whoever publishes answers with a plan that names this incarnation.
+        self.fresh = True  # the others train on without us: our state must come from a peer
+        if plan.version > self._asked:
+            self._asked = plan.version
+            self.log(f"waiting to be admitted (plan v{plan.version} names incarnation "
+                     f"{named if listed else '-'})")
+            self.source.rejoin(plan.version)
+        return "wait"
+
     def _heartbeats(self) -> None:
         while True:
             try:
-                self.source.heartbeat(self.me[0], self.me[1], self.done + 1)
+                self.source.heartbeat(self.me[0], self.me[1], self.done + 1, self.inc)
             except Exception:  # the coordinator is gone: nothing left to train for
                 os._exit(3)
             time.sleep(0.5)
 
     def _enter(self, plan: Plan) -> None:
         self.version = self.source.version = plan.version
+        self.entered = True
         if self.world is not None:
             self.world.close()
             self.world = None
@@ -184,7 +201,8 @@ class Agent:
         backward = "I/W split" if plan.solver.split_backward else "fused B"
         self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}, "
                  f"{backward}, {plan.solver.optimizer} optimizer) at iteration {r}")
-        self.source.send("done", it=self.done, checksum=checksum(self.module), sync=True)
+        self.source.send("done", it=self.done, checksum=checksum(self.module), sync=True,
+                         at=time.time())
 
     def _run_plan(self, plan: Plan, wp: WorkerPlan) -> Optional[Plan]:
         """Iterations under `plan` until training ends; a newer plan is taken only at an
@@ -192,17 +210,22 @@ class Agent:
         (a rollback, or the final empty plan)."""
         while self.done + 1 < self.iterations:
             it = self.done + 1
-            held = [(r, s) for r, s, i in self.gates if i == it and plan.worker(r, s) is None]
-            newer = self._next_plan(10 * self.timeout_s if held else 0)
+            newer = self._hold(it)
             if newer is not None:
                 return newer
-            if held:
-                self.log(f"rejoin of {held} did not come in time: going on without it")
-                self.gates = [g for g in self.gates if g[2] != it]
             committed = self.source.committed()
             self.snapshots = {k: v for k, v in self.snapshots.items() if k > committed}
             self._iteration(plan, wp, self.done + 1)
         return None
+
+    def _hold(self, it: int) -> Optional[Plan]:
+        """Before iteration `it`: while the coordinator holds it (a scheduled rejoin must be
+        in the plan first), wait for the newer plan. Only the coordinator arms and releases
+        holds (also on a deadline), so a worker can never wait on a gate nobody will open."""
+        newer = self._next_plan(0)
+        while newer is None and self.source.held(it):
+            newer = self._next_plan(0.05)
+        return newer
 
     def _abort(self, exc: CommError) -> Optional[Plan]:
         """Drop the iteration in flight; returns the newer plan if one is out already."""
@@ -229,9 +252,10 @@ class Agent:
         half = len(wp.actions) // 2
         for k, a in enumerate(wp.actions):
             if k == half:
-                self.source.send("mid", it=it)
-                if it in self.pause_at:  # an injected signal is due: let it land right here
-                    time.sleep(self.pause_at.pop(it))
+                wait = it in self.fault_iterations
+                self.source.send("mid", it=it, wait=wait)
+                if wait:  # an injected signal may be due: let it land right here
+                    self.source.await_go(it, 4 * self.timeout_s)
             if a.op == "F":
                 self._forward(plan, it, a.microbatch)
             elif a.op in ("I", "B"):

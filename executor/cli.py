@@ -53,11 +53,16 @@ def train_cmd(
     """Train a small GPT on a DxS grid of worker processes, surviving injected failures."""
     from rich.console import Console
 
-    from executor.launcher import parse_event, parse_stall, train
+    from executor.faults import check_faults
+    from executor.launcher import parse_event, parse_stall, read_checkpoint, train
     from planner.job import JobSpec
 
     console = Console(stderr=True)
     with user_errors("train options"):
+        if iterations < 1:
+            raise ValueError(f"--iterations must be at least 1, not {iterations}")
+        if not timeout > 0:
+            raise ValueError(f"--timeout must be positive, not {timeout:g}")
         cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
@@ -71,6 +76,10 @@ def train_cmd(
             watch = ServiceWatch(service, job_id, token, timeout_s=max(30.0, timeout))
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
+        spec = spec or JobSpec.uniform(replicas, stages, microbatches)
+        check_faults(replicas, stages, iterations, kills, rejoins, stalls)
+        if resume:
+            read_checkpoint(resume, spec, iterations)
     if reference:
         from executor.reference import train_reference
         result = train_reference(cfg, replicas, microbatches, iterations, stages)

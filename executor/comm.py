@@ -54,6 +54,19 @@ def connect_store(host: str, port: int, timeout_s: float, is_master: bool = Fals
                          wait_for_workers=False)
 
 
+def host_store(bind_host: str, port: int, timeout_s: float) -> dist.TCPStore:
+    """The coordinator's store, listening on `bind_host` only (TCPStore alone would listen
+    on every interface): we bind the socket and hand it over."""
+    import socket
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((bind_host, port))
+    sock.listen(512)
+    port = sock.getsockname()[1]
+    return dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=timeout_s),
+                         wait_for_workers=False, master_listen_fd=sock.detach())
+
+
 def pick_device(local_rank: int) -> torch.device:
     if torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
@@ -77,28 +90,33 @@ class World:
         # NCCL only where each local rank owns a GPU; else gloo sees CPU copies.
         self.nccl = device.type == "cuda" and torch.cuda.device_count() >= n_local
         self._pending: list[tuple[dist.Work, torch.Tensor, Worker]] = []
-        if dist.is_initialized():  # the previous version's world: close its sockets first
-            dist.destroy_process_group()
         if newer is not None:
             self._meet(store, newer, missing or (lambda ws: None))
+        # Process groups are built directly, each under its own explicit store prefix, not
+        # with init_process_group/new_group: those name groups by a process-wide counter
+        # that advances even when a rendezvous fails partway, after which this process's
+        # store keys no longer match its peers' and every later world times out.
+        pre = f"recycle/v{version}/"
         try:
-            dist.init_process_group(
-                "cpu:gloo,cuda:nccl" if self.nccl else "gloo",
-                store=dist.PrefixStore(f"recycle/v{version}/", store),
-                rank=self.rank, world_size=len(self.workers), timeout=self.timeout,
-                **({"device_id": device} if self.nccl else {}))
-            # The stage's own group, built by its members only (dist.new_group would need
-            # every rank, and names groups by a process-wide counter that ranks which
-            # aborted at different points no longer agree on).
+            self.ctrl = dist.ProcessGroupGloo(dist.PrefixStore(pre + "ctrl/", store),
+                                              self.rank, len(self.workers), self.timeout)
+            self.data = self._nccl(dist.PrefixStore(pre + "data/", store), self.rank,
+                                   len(self.workers)) if self.nccl else self.ctrl
+            # The stage's own group, built by its members only.
             peers = [w for w in self.workers if w[1] == me[1]]
-            sub = dist.PrefixStore(f"recycle/v{version}/stage{me[1]}/", store)
-            if self.nccl:
-                self.stage_group = dist.ProcessGroupNCCL(sub, peers.index(me), len(peers))
-            else:
-                self.stage_group = dist.ProcessGroupGloo(sub, peers.index(me), len(peers),
-                                                         self.timeout)
+            sub = dist.PrefixStore(f"{pre}stage{me[1]}/", store)
+            self.stage_group = (self._nccl(sub, peers.index(me), len(peers)) if self.nccl else
+                                dist.ProcessGroupGloo(sub, peers.index(me), len(peers), self.timeout))
         except Exception as exc:
-            raise CommError(f"world v{version} rendezvous failed: {exc}") from exc
+            self.close()
+            raise CommError(f"world v{version} rendezvous failed: {str(exc)[:200]}") from exc
+
+    def _nccl(self, store: dist.Store, rank: int, size: int):
+        opts = dist.ProcessGroupNCCL.Options()
+        opts._timeout = self.timeout
+        pg = dist.ProcessGroupNCCL(store, rank, size, opts)
+        pg.eager_connect_single_device(self.device)
+        return pg
 
     def _meet(self, store: dist.Store, newer: Callable, missing: Callable,
               poll_s: float = 0.02, check_s: float = 0.2) -> None:
@@ -141,7 +159,7 @@ class World:
         the plan order (a blocking send could deadlock two workers that both send first)."""
         buf = self._wire(t.detach())
         try:
-            work = dist.isend(buf, self.rank_of[to], tag=self._tag(iteration, g, direction))
+            work = self.data.send([buf], self.rank_of[to], self._tag(iteration, g, direction))
         except Exception as exc:
             raise CommError(f"send to {to} failed: {exc}", to) from exc
         self._pending.append((work, buf, to))
@@ -151,7 +169,7 @@ class World:
         dev = self.device if self.nccl else torch.device("cpu")
         buf = torch.empty(shape, dtype=dtype, device=dev)
         try:  # posting may fail too when the peer's pair is already closed
-            work = dist.irecv(buf, self.rank_of[frm], tag=self._tag(iteration, g, direction))
+            work = self.data.recv([buf], self.rank_of[frm], self._tag(iteration, g, direction))
         except Exception as exc:
             raise CommError(f"v{self.version} recv of micro-batch {g} from {frm}: "
                             f"{str(exc)[:200]}", frm) from exc
@@ -188,7 +206,11 @@ class World:
     def allgather_ints(self, values: Sequence[int]) -> dict[Worker, list[int]]:
         mine = torch.tensor(list(values), dtype=torch.int64)
         out = [torch.empty_like(mine) for _ in self.workers]
-        self._wait(dist.all_gather(out, mine, async_op=True), "all-gather")
+        try:
+            work = self.ctrl.allgather([out], [mine])
+        except Exception as exc:
+            raise CommError(f"v{self.version} all-gather failed: {str(exc)[:200]}") from exc
+        self._wait(work, "all-gather")
         return {w: t.tolist() for w, t in zip(self.workers, out)}
 
     def send_blob(self, obj, to: Worker) -> None:
@@ -198,25 +220,35 @@ class World:
         data = torch.frombuffer(bytearray(bio.getvalue()), dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.int64)
         for i, t in enumerate((size, data)):
-            self._wait(dist.isend(t, self.rank_of[to], tag=_BLOB_TAG + i), f"state to {to}", to)
+            self._wait(self._post(self.ctrl.send, t, to, _BLOB_TAG + i), f"state to {to}", to)
 
     def recv_blob(self, frm: Worker):
         size = torch.empty(1, dtype=torch.int64)
-        self._wait(dist.irecv(size, self.rank_of[frm], tag=_BLOB_TAG), f"state from {frm}", frm)
+        self._wait(self._post(self.ctrl.recv, size, frm, _BLOB_TAG), f"state from {frm}", frm)
         data = torch.empty(int(size), dtype=torch.uint8)
-        self._wait(dist.irecv(data, self.rank_of[frm], tag=_BLOB_TAG + 1), f"state from {frm}", frm)
+        self._wait(self._post(self.ctrl.recv, data, frm, _BLOB_TAG + 1), f"state from {frm}", frm)
         return torch.load(io.BytesIO(data.numpy().tobytes()), map_location=self.device,
                           weights_only=False)
 
+    def _post(self, op, t: torch.Tensor, peer: Worker, tag: int):
+        try:
+            return op([t], self.rank_of[peer], tag)
+        except Exception as exc:
+            raise CommError(f"v{self.version} transfer with {peer}: {str(exc)[:200]}", peer) from exc
+
     def close(self) -> None:
-        """Leave the world; peers blocked on us get 'connection closed' at once."""
+        """Leave the world; peers blocked on us get 'connection closed' at once. Dropping
+        the last reference is what closes gloo's sockets; NCCL needs its abort."""
         self._pending.clear()
-        self.stage_group = None
-        if dist.is_initialized():
-            try:
-                dist.destroy_process_group()
-            except Exception:  # a broken group still releases its sockets
-                pass
+        for name in ("stage_group", "data", "ctrl"):
+            pg = getattr(self, name, None)
+            setattr(self, name, None)
+            if pg is not None and self.nccl:
+                try:
+                    pg.abort()
+                except Exception:  # a broken group still releases its resources
+                    pass
+            del pg
 
 
 def local_workers_hint() -> Optional[int]:

@@ -4,7 +4,9 @@
   --stall R:S@ITER:SECONDS   SIGSTOP it there and SIGCONT it SECONDS later: a worker that
                              hangs without dying (a straggler, a long GC or swap pause).
 The worker reports `mid` when it reaches the middle of its action list and, when a fault
-is due there, pauses briefly (agent.py, `pause_at`) so the signal lands mid-iteration.
+may be due there, waits for the coordinator's go-ahead (agent.py) so the signal lands
+mid-iteration. Every entry fires at most once, in whichever incarnation of the worker
+reaches that iteration first (a re-run of the iteration after a rollback does not repeat it).
 """
 from __future__ import annotations
 
@@ -34,13 +36,24 @@ def parse_stall(text: str) -> tuple[int, int, int, float]:
     return int(m[1]), int(m[2]), int(m[3]), float(m[4])
 
 
-def pauses(kills, stalls, me: Worker, timeout_s: float) -> dict[int, float]:
-    """Iteration -> seconds the worker `me` waits at its mid-point for a due signal. A kill
-    gets longer than any comm timeout (it must land before the worker moves on); a stall
-    only needs the coordinator's next tick, and its SIGCONT must not find it still asleep."""
-    out = {i: 0.3 for r, s, i, _ in stalls if (r, s) == tuple(me)}
-    out.update({i: 2 * timeout_s for r, s, i in kills if (r, s) == tuple(me)})
-    return out
+def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=(),
+                 stalls=()) -> None:
+    """Refuse (ValueError, one line) a fault no run could ever carry out: it would be
+    waited for, or silently never happen."""
+    for flag, items in (("--kill", kills), ("--rejoin", rejoins), ("--stall", stalls)):
+        for k in items:
+            r, s, it = k[0], k[1], k[2]
+            if not (r < replicas and s < stages):
+                raise ValueError(f"{flag} {r}:{s}@{it}: no worker {r}:{s} in a "
+                                 f"{replicas}x{stages} grid")
+            if it >= iterations:
+                raise ValueError(f"{flag} {r}:{s}@{it}: training has iterations "
+                                 f"0..{iterations - 1}")
+
+
+def fault_iterations(kills, stalls, me: Worker) -> set[int]:
+    """Iterations at whose mid-point the worker `me` waits for the coordinator."""
+    return {k[2] for k in list(kills) + list(stalls) if (k[0], k[1]) == tuple(me)}
 
 
 class Injector:
@@ -52,16 +65,20 @@ class Injector:
         self.event = event
         self.stopped: dict[int, tuple[float, str]] = {}  # pid -> (SIGCONT time, worker)
 
-    def mid(self, w: Worker, it: int, pid: int) -> None:
+    def mid(self, w: Worker, it: int, pid: int) -> bool:
+        """Send what is due; True if the worker was SIGKILLed."""
+        killed = False
         for k in [k for k in self.kills if k == (w[0], w[1], it)]:
             self.kills.remove(k)
             self.event(f"SIGKILL worker {w[0]}:{w[1]} mid-iteration {it}")
             os.kill(pid, signal.SIGKILL)
+            killed = True
         for k in [k for k in self.stalls if k[:3] == (w[0], w[1], it)]:
             self.stalls.remove(k)
             self.event(f"SIGSTOP worker {w[0]}:{w[1]} mid-iteration {it} for {k[3]:g} s")
             os.kill(pid, signal.SIGSTOP)
             self.stopped[pid] = (time.monotonic() + k[3], f"{w[0]}:{w[1]}")
+        return killed
 
     def tick(self) -> None:
         now = time.monotonic()

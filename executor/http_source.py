@@ -92,19 +92,21 @@ class HttpPlanSource:
             if time.monotonic() >= deadline:
                 return None
 
-    def heartbeat(self, replica: int, stage: int, iteration: int) -> None:
+    def heartbeat(self, replica: int, stage: int, iteration: int,
+                  incarnation: Optional[int] = None) -> None:
         """Best effort: a missed heartbeat is what the timeout is for. A halted job is
         remembered (the next wait_for_plan raises TrainingHalted); a worker marked failed
         learns it from the plan (it is not in it)."""
         try:
-            r = self._client.post(f"{self._prefix}/heartbeats",
-                                  json={"replica": replica, "stage": stage,
-                                        "iteration": iteration})
+            body = {"replica": replica, "stage": stage, "iteration": iteration}
+            if incarnation is not None:
+                body["incarnation"] = incarnation
+            r = self._client.post(f"{self._prefix}/heartbeats", json=body)
         except httpx.TransportError as e:
             self._unreachable("heartbeat", e)
             return
-        if r.status_code == 409:
-            log.warning("heartbeat refused: %s", r.json().get("detail"))
+        if r.status_code == 409:  # failed, or an incarnation the plan does not name yet
+            log.info("heartbeat refused: %s", r.json().get("detail"))
             return
         try:
             self._raise_for(r)
@@ -129,11 +131,13 @@ class HttpPlanSource:
         self._raise_for(self._client.post(f"{self._prefix}/finish"))
 
     def report_event(self, event_id: str, kind: str, replica: int, stage: int,
-                     reason: Optional[str] = None) -> dict:
+                     reason: Optional[str] = None, incarnation: Optional[int] = None) -> dict:
         """Post a failure/recovery event (e.g. a rejoining worker's recovery)."""
         body = {"event_id": event_id, "kind": kind, "replica": replica, "stage": stage}
         if reason:
             body["reason"] = reason[:500]
+        if incarnation is not None:
+            body["incarnation"] = incarnation
         r = self._client.post(f"{self._prefix}/events", json=body)
         self._raise_for(r)
         return r.json()

@@ -11,9 +11,13 @@ Injected faults (faults.py): --kill R:S@I really SIGKILLs the worker when it rep
 halfway through its actions of iteration I, --stall R:S@I:SECONDS SIGSTOPs it there and
 SIGCONTs it later (a hang without a death: peers time out and report it, the coordinator
 re-publishes, the late worker catches up with the newest plan);
---rejoin R:S@I restarts it as soon as its death is seen, the plan without that failure is
-published once the new process reports ready (it loads its state from a live peer while
-entering that plan, see agent.py), and the others hold before iteration I until then.
+--rejoin R:S@I: each entry is consumed by one death of that worker (the earliest pending
+entry first), so a worker can be killed and rejoined several times. The new process
+(next incarnation) starts at once and asks to be admitted; the plan naming it is
+published on that request (it loads its state from a live peer while entering, see
+agent.py). Meanwhile the coordinator holds iteration I (store key `hold`): the others
+wait before it for that plan, and the hold is released on admission, on the new process's
+death, or after a deadline, by the coordinator only.
 Losing every replica of a stage halts: the newest iteration for which every stage's
 writer left a state file is assembled into one checkpoint that `resume` continues from.
 
@@ -39,7 +43,7 @@ from typing import Optional, Sequence
 import torch
 from rich.console import Console
 
-from executor.comm import connect_store
+from executor.comm import host_store
 from executor.faults import Injector, parse_event, parse_stall  # noqa: F401 (re-exported)
 from executor.model import ModelConfig
 from executor.reference import Summary
@@ -64,6 +68,26 @@ class TrainResult:
     events: list = field(default_factory=list)
 
 
+def read_checkpoint(path: str, job: JobSpec, iterations: int) -> dict:
+    """A halt checkpoint that `--resume` can continue from, or ValueError with the reason."""
+    try:
+        ck = torch.load(path, map_location="cpu", weights_only=False)
+    except FileNotFoundError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's to fix
+        raise ValueError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0][:200]}") from None
+    if not isinstance(ck, dict) or ck.get("format") != "recycle.ckpt/v1":
+        raise ValueError(f"{path} is not a recycle checkpoint (recycle.ckpt/v1)")
+    if (ck["replicas"], ck["stages"], ck["microbatches"]) != (job.replicas, job.stages,
+                                                              job.microbatches):
+        raise ValueError(f"checkpoint {path} is for a {ck['replicas']}x{ck['stages']}x"
+                         f"{ck['microbatches']} grid")
+    if ck["iteration"] + 1 >= iterations:
+        raise ValueError(f"checkpoint {path} already holds iterations 0..{ck['iteration']}: "
+                         f"--iterations must be more than {ck['iteration'] + 1}")
+    return ck
+
+
 class Coordinator:
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None,
@@ -72,7 +96,7 @@ class Coordinator:
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
-        self.rejoins = list(rejoins)
+        self.rejoins = sorted((tuple(k) for k in rejoins), key=lambda k: k[2])
         self.solver, self.timeout, self.external = solver, timeout, external
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.spec_hash() != job.spec_hash():
@@ -85,29 +109,37 @@ class Coordinator:
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
         self.start, self.losses = 0, {}
         if resume:
-            ck = torch.load(resume, map_location="cpu", weights_only=False)
-            if (ck["replicas"], ck["stages"], ck["microbatches"]) != (self.D, self.S, job.microbatches):
-                raise ValueError(f"checkpoint {resume} is for a {ck['replicas']}x{ck['stages']}x"
-                                 f"{ck['microbatches']} grid")
+            ck = read_checkpoint(resume, job, iterations)
             self.start = ck["iteration"] + 1
             self.losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(ck["losses"])}
         self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
-        self.store = connect_store("0.0.0.0" if external else "127.0.0.1", store_port,
-                                   timeout_s=timeout, is_master=True)
+        # Loopback unless torchrun'd workers on other machines must reach it: the store has
+        # no authentication, so it never holds a secret (the service token travels apart).
+        self.store = host_store("0.0.0.0" if external else "127.0.0.1", store_port, timeout)
         self.store.set("config", json.dumps({
             "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
             "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
             "resume": resume, "local_workers": None if external else len(self.workers),
             "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],
-            "rejoins": self.rejoins, "run_id": uuid.uuid4().hex[:8],
+            "run_id": uuid.uuid4().hex[:8],
             "service": service.worker_config() if service else None}))
         self.mailbox = Mailbox(self.store)
         self.procs: dict[Worker, multiprocessing.Process] = {}
+        self.reaped: set[int] = set()  # pids whose exit has been handled
         self.failed: set[Worker] = set()
-        self.exited: set[Worker] = set()  # with a service: dead processes not restarted
+        # Membership: the incarnation each worker's newest plan admits (stamped on plans).
+        self.incs = [[1] * self.S for _ in range(self.D)]
+        self.pending: dict[Worker, tuple[int, float]] = {}  # restarted: (hold iteration, t0)
+        self.hold_limit = 4 * timeout + 5.0
+        # Recovery timing (wall clock, shared with the workers' reports).
+        self.kills_at: list[tuple[float, Worker, int]] = []
+        self.restarts_at: list[tuple[float, Worker, int]] = []
+        self.published_at: list[tuple[float, int]] = []
+        self.entries: list[tuple[float, Worker, int, int]] = []  # (t, worker, inc, version)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
+        self._plans: dict[int, object] = {}  # version -> plan, for the recovery figures
         self.suspect_since: Optional[float] = None
         self.printed, self.t_last = self.start - 1, time.monotonic()
         self.events: list[str] = []
@@ -123,7 +155,8 @@ class Coordinator:
         ctx.set_forkserver_preload(["executor.worker"])
         p = ctx.Process(target=worker_child, name=f"recycle-worker-{wkey(w)}", args=(
             f"127.0.0.1:{self.store.port}", w[0], w[1],
-            os.path.join(self.run_dir, f"worker-{w[0]}-{w[1]}.log")))
+            os.path.join(self.run_dir, f"worker-{w[0]}-{w[1]}.log"),
+            self.service.token if self.service else None))
         p.start()
         self.procs[w] = p
 
@@ -131,31 +164,50 @@ class Coordinator:
         self.events.append(msg)
         self.console.print(f"[yellow]{msg}[/]")
 
-    def fail(self, w: Worker, why: str) -> None:
-        if self.service is not None:  # the service declares failures, not us
-            self.exited.add(w)
-            self.event(f"worker {wkey(w)} {why}")
-            self.restart(w)
-        elif w not in self.failed:
+    def died(self, w: Worker, why: str) -> None:
+        """A process of `w` is gone (exit seen, or its heartbeat stopped)."""
+        self.event(f"worker {wkey(w)} failed ({why})")
+        if self.pending.pop(w, None) is not None:
+            self.update_hold()  # it died before it was admitted: nothing to hold for
+        if self.service is None and w not in self.failed:  # the service declares its own
             self.failed.add(w)
             self.done.pop(w, None)
-            self.event(f"worker {wkey(w)} failed ({why})")
             self.publish()
-            self.restart(w)
+        self.restart(w)
 
     def restart(self, w: Worker) -> None:
-        for k in [k for k in self.rejoins if (k[0], k[1]) == w and w in self.procs]:
-            # Restart now; workers hold at iteration k[2] until the plan includes it.
-            self.rejoins.remove(k)
-            self.exited.discard(w)
-            self.event(f"restarting worker {wkey(w)} to rejoin at iteration {k[2]}")
-            self.spawn(w)
+        """Consume the earliest pending --rejoin of `w`, if any: one entry per death."""
+        due = [k for k in self.rejoins if k[:2] == w]
+        if not due or self.external:
+            return
+        self.rejoins.remove(due[0])
+        self.event(f"restarting worker {wkey(w)} to rejoin at iteration {due[0][2]}")
+        self.spawn(w)
+        self.pending[w] = (due[0][2], time.monotonic())
+        self.restarts_at.append((time.time(), w, due[0][2]))
+        self.update_hold()
+
+    def admitted(self, w: Worker) -> None:
+        if self.pending.pop(w, None) is not None:
+            self.update_hold()
+
+    def update_hold(self) -> None:
+        """Workers wait before the earliest iteration a pending rejoin is due at; a hold
+        past its deadline is dropped (training goes on; the worker joins when it can)."""
+        now = time.monotonic()
+        for w, (it, t0) in list(self.pending.items()):
+            if now - t0 > self.hold_limit:
+                self.event(f"rejoin of {wkey(w)} not admitted within {self.hold_limit:g} s: "
+                           f"no longer holding iteration {it} for it")
+                del self.pending[w]
+        its = [it for it, _ in self.pending.values()]
+        set_counter(self.store, "hold", min(its) + 1 if its else 0)
 
     # ---- plans ------------------------------------------------------------------------
     def publish(self, final: bool = False) -> None:
         if self.service is not None:
             if final:  # first the service (so exiting workers are not declared failed)
-                self.service.finish()
+                self.service.finish(self.console)
                 return self.store.set("finished", "1")
             return self.follow()
         if final:
@@ -163,9 +215,11 @@ class Coordinator:
         else:
             plan = solve(self.job, sorted(self.failed), solver=self.solver,
                          mode=self.mode)  # may raise NoPlanError
-            plan = plan.model_copy(update={"version": self.version + 1})
+            plan = plan.stamped(self.version + 1, self.incs)
         self.version, self.plan, self.suspect_since = plan.version, plan, None
+        self._plans[plan.version] = plan
         publish_plan(self.store, plan)
+        self.published_at.append((time.time(), plan.version))
 
     def follow(self) -> None:
         """Service mode: take the newest plan the service published."""
@@ -173,9 +227,15 @@ class Coordinator:
         if plan.version == self.version:
             return
         self.version, self.plan = plan.version, plan
+        self._plans[plan.version] = plan
+        self.published_at.append((time.time(), plan.version))
         self.failed = {tuple(w) for w in plan.failed}
         for w in self.failed:
             self.done.pop(w, None)
+        for w in list(self.pending):  # the service admitted the restarted process
+            if (plan.worker(*w) is not None
+                    and plan.incarnation(*w) == read_int(self.store, f"inc/{wkey(w)}")):
+                self.admitted(w)
         self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
 
     def live(self) -> list[Worker]:
@@ -226,16 +286,18 @@ class Coordinator:
         now = time.monotonic()
         # With a service a worker may exit after it was declared failed (a stalled worker
         # that found itself fenced out): its exit still counts, a due rejoin restarts it.
-        gone = self.exited if self.service is not None else self.failed
-        for w, p in self.procs.items():
-            if p.exitcode is not None and w not in gone:
-                self.fail(w, f"process exited with code {p.exitcode}")
+        for w, p in list(self.procs.items()):
+            if p.exitcode is not None and p.pid not in self.reaped:
+                self.reaped.add(p.pid)  # each process's exit is handled exactly once
+                self.died(w, f"process exited with code {p.exitcode}")
         if self.external:
             for w in self.live():
                 if self.store.check([f"hb/{wkey(w)}"]):
-                    t = float(self.store.get(f"hb/{wkey(w)}").split()[0])
-                    if time.time() - t > 3 * self.timeout:
-                        self.fail(w, "heartbeat stopped")
+                    t, _, inc = self.store.get(f"hb/{wkey(w)}").decode().split()
+                    if int(inc) == self.incs[w[0]][w[1]] and time.time() - float(t) > 3 * self.timeout:
+                        self.died(w, "heartbeat stopped")
+        if self.pending:
+            self.update_hold()
         if self.service is not None:
             self.publish()
         elif self.suspect_since is not None and now - self.suspect_since > self.timeout + 0.3:
@@ -254,8 +316,13 @@ class Coordinator:
         w, kind = (m["r"], m["s"]), m["t"]
         if kind == "mid":
             if w in self.procs and self.procs[w].exitcode is None:
-                self.faults.mid(w, m["it"], self.procs[w].pid)
+                if self.faults.mid(w, m["it"], self.procs[w].pid):
+                    self.kills_at.append((time.time(), w, m["it"]))
+            if m.get("wait"):
+                self.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
         elif kind == "done":
+            if m.get("sync"):
+                self.entries.append((m["at"], w, m["inc"], m["v"]))
             self.done[w] = (m["it"], m["v"])
             for g, loss in m.get("losses", {}).items():
                 self.losses.setdefault(m["it"], {})[int(g)] = loss
@@ -264,9 +331,17 @@ class Coordinator:
         elif kind == "suspect":
             if m["v"] == self.version and self.suspect_since is None:
                 self.suspect_since = time.monotonic()
-        elif kind == "ready" and w in self.failed:
+        elif kind == "ready" and self.service is None and m["inc"] > self.incs[w[0]][w[1]]:
+            # A newer process of w asks in: its predecessor is dead (or w was failed). Only a
+            # process still alive is admitted: one that died meanwhile would be waited for.
+            p = self.procs.get(w)
+            if p is not None and p.exitcode is not None:
+                return
+            self.incs[w[0]][w[1]] = m["inc"]
             self.failed.discard(w)
-            self.event(f"worker {wkey(w)} is back: publishing the plan that includes it")
+            self.admitted(w)
+            self.event(f"worker {wkey(w)} is back (incarnation {m['inc']}): publishing the "
+                       "plan that includes it")
             self.publish()
 
     def complete(self) -> bool:
@@ -298,7 +373,40 @@ class Coordinator:
 
     def summary(self) -> Summary:
         return Summary(losses=[self.loss(i) for i in range(self.iterations)],
-                       param_checksums=[self.final_checks[s] for s in range(self.S)])
+                       param_checksums=[self.final_checks[s] for s in range(self.S)],
+                       recovery=self.recovery())
+
+    def recovery(self) -> list[dict]:
+        """Time to recover, from the workers' own entry reports: for a kill, from the
+        SIGKILL to the moment the last survivor named by the next plan version entered a
+        version at least that new; for a rejoin, from the restart to the moment every member
+        of the first version admitting the new process had entered it. Faults whose next
+        plan was itself cut short by another fault are left out (no clean measurement)."""
+        def first_entry(w, since_t, min_v):
+            ts = [t for t, x, _, v in self.entries if x == w and v >= min_v and t >= since_t]
+            return min(ts) if ts else None
+
+        def everyone_in(version, since_t, skip=None):
+            plan = self._plans.get(version)
+            if plan is None:
+                return None
+            ts = [first_entry(x.key, since_t, version) for x in plan.workers if x.key != skip]
+            return max(ts) if ts and None not in ts else None
+
+        out = []
+        for t_k, w, it in self.kills_at:
+            nxt = [v for t, v in self.published_at if t >= t_k]
+            done = everyone_in(min(nxt), t_k, skip=w) if nxt else None
+            if done is not None:
+                out.append({"kind": "kill", "worker": list(w), "iteration": it,
+                            "seconds": round(done - t_k, 4)})
+        for t_r, w, it in self.restarts_at:
+            mine = [(t, v) for t, x, inc, v in self.entries if x == w and t >= t_r]
+            done = everyone_in(min(mine)[1], t_r) if mine else None
+            if done is not None:
+                out.append({"kind": "rejoin", "worker": list(w), "iteration": it,
+                            "seconds": round(done - t_r, 4)})
+        return out
 
     def halt(self, reason: str) -> TrainResult:
         self.store.set("halted", reason)

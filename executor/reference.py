@@ -24,9 +24,15 @@ class Summary:
     param_checksums: list[float]  # per stage: float64 sum of all its parameters
     # Final parameters per stage (name -> tensor), for per-parameter diffs; not serialised.
     state: Optional[list[dict[str, Tensor]]] = field(default=None, repr=False, compare=False)
+    # Multi-process runs: seconds from each injected kill / restart to training under the
+    # plan that follows it ({"kind", "worker", "iteration", "seconds"}); see launcher.py.
+    recovery: Optional[list[dict]] = field(default=None, compare=False)
 
     def to_json(self) -> str:
-        return json.dumps({"losses": self.losses, "param_checksums": self.param_checksums})
+        d = {"losses": self.losses, "param_checksums": self.param_checksums}
+        if self.recovery is not None:
+            d["recovery"] = self.recovery
+        return json.dumps(d)
 
     @classmethod
     def from_json(cls, text: str) -> "Summary":

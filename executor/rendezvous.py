@@ -6,8 +6,12 @@ One TCPStore, hosted by the coordinator, carries everything (no HTTP in this mod
   plan/{v}               the plan JSON of version v
   halted                 reason text, once no plan can exist
   committed              newest iteration every live worker has stepped (snapshot pruning)
-  inc/{r}:{s}            incarnation counter: > 1 means a restarted (rejoining) worker
-  hb/{r}:{s}             heartbeat "time iteration"
+  hold                   counter = iteration + 1 before which workers wait for a newer plan
+                         (a scheduled rejoin is due); 0: none. Armed and released only by
+                         the coordinator
+  inc/{r}:{s}            incarnation counter: each process of a worker takes the next number
+  hb/{r}:{s}             heartbeat "time iteration incarnation"
+  go/{r}:{s}/{inc}/{it}  the coordinator has acted on a fault due at that mid-iteration
   mb/{r}:{s}/{inc}/{n}   the worker's n-th message to the coordinator (JSON)
 Messages are written under a key per (worker, incarnation, sequence) rather than through a
 shared counter, so a worker SIGKILLed mid-write can never leave a hole others wait on.
@@ -59,20 +63,34 @@ class StorePlanSource:
                 return None
             time.sleep(self.poll_s)
 
-    def heartbeat(self, replica: int, stage: int, iteration: int) -> None:
+    def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1) -> None:
         with self._lock:
-            self.store.set(f"hb/{replica}:{stage}", f"{time.time()} {iteration}")
+            self.store.set(f"hb/{replica}:{stage}", f"{time.time()} {iteration} {incarnation}")
 
     def report_suspect(self, replica: int, stage: int, reason: str) -> None:
         self.send("suspect", peer=[replica, stage], reason=reason)
 
     def rejoin(self, version: int) -> None:
-        """A restarted worker saw itself failed in plan `version`: ask to be planned in."""
-        self.send("ready")
+        """Plan `version` does not admit this process: ask to be planned in."""
+        self.send("ready", inc=self.inc)
+
+    def held(self, iteration: int) -> bool:
+        with self._lock:
+            hold = read_int(self.store, "hold") - 1
+        return 0 <= hold <= iteration
+
+    def await_go(self, iteration: int, timeout_s: float) -> None:
+        key = f"go/{wkey(self.me)}/{self.inc}/{iteration}"
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            with self._lock:
+                if self.store.check([key]):
+                    return
+            time.sleep(self.poll_s)
 
     # ---- worker -> coordinator --------------------------------------------------------
     def send(self, kind: str, **fields) -> None:
-        msg = dict(fields, t=kind, r=self.me[0], s=self.me[1], v=self.version)
+        msg = dict(fields, t=kind, r=self.me[0], s=self.me[1], v=self.version, inc=self.inc)
         with self._lock:
             self._seq += 1
             self.store.set(f"mb/{wkey(self.me)}/{self.inc}/{self._seq}", json.dumps(msg))

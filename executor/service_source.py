@@ -64,8 +64,8 @@ class ServiceWorkerSource(StorePlanSource):
             if time.monotonic() >= deadline:
                 return None
 
-    def heartbeat(self, replica: int, stage: int, iteration: int) -> None:
-        self.http.heartbeat(replica, stage, iteration)  # best effort, rides out restarts
+    def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1) -> None:
+        self.http.heartbeat(replica, stage, iteration, incarnation)  # best effort
         with self._lock:  # raises once the coordinator is gone: the worker exits
             self.store.check(["config"])
 
@@ -76,14 +76,17 @@ class ServiceWorkerSource(StorePlanSource):
             log.warning("suspect report refused: %s", e)
 
     def rejoin(self, version: int, patience_s: float = 120.0) -> None:
-        """Post the recovery event (stable id: a retry is idempotent); retried while the
-        service is unreachable."""
+        """Post the recovery event with our incarnation (stable id: a retry is idempotent);
+        retried while the service is unreachable. For a worker the service still has live
+        (our predecessor's death is not declared yet), a newer incarnation is the proof of
+        that death: the service replaces it in one new version, no heartbeat timeout."""
         event_id = f"rejoin-{self.run_id}-{self.me[0]}.{self.me[1]}-{self.inc}-v{version}"
         end = time.monotonic() + patience_s
         while True:
             try:
                 self.http.report_event(event_id, "recovery", *self.me,
-                                       reason=f"worker restarted (incarnation {self.inc})")
+                                       reason=f"worker restarted (incarnation {self.inc})",
+                                       incarnation=self.inc)
                 return
             except httpx.TransportError:
                 if time.monotonic() > end:
@@ -113,7 +116,10 @@ class ServiceWatch:
         self._thread.start()
 
     def worker_config(self) -> dict:
-        return {"url": self.url, "job_id": self.job_id, "token": self.token}
+        """What workers read from the coordinator's store: no token (the store has no
+        authentication); local workers get it from the launcher, torchrun'd ones from
+        RECYCLE_TOKEN."""
+        return {"url": self.url, "job_id": self.job_id}
 
     def _follow(self) -> None:
         while not self._stop.is_set():
@@ -129,17 +135,33 @@ class ServiceWatch:
             if plan is not None:
                 self.plan = plan
 
-    def finish(self, patience_s: float = 10.0) -> None:
-        """Tell the service training completed (retried while it is unreachable)."""
+    def finish(self, console=None, patience_s: float = 300.0) -> Optional[str]:
+        """Tell the service training completed, retried while it is unreachable: a service
+        that comes back without hearing it would take the workers' exit for failures and
+        halt a finished job. The workers keep heartbeating until then. Returns a warning
+        when the service could not be told (training itself is complete either way)."""
         end = time.monotonic() + patience_s
+        said = False
         while True:
             try:
-                return self.http.finish()
+                self.http.finish()
+                return None
             except httpx.TransportError as e:
                 if time.monotonic() > end:
-                    log.warning("could not tell the service that training finished: %s", e)
-                    return
-                time.sleep(0.2)
+                    why = f"could not tell the plan service that training finished: {e}"
+                    break
+                if not said and console is not None:
+                    console.print(f"[yellow]plan service unreachable; waiting up to "
+                                  f"{patience_s:g} s to report the end of training[/]")
+                said = True
+                time.sleep(0.5)
+            except (LookupError, PermissionError, TrainingHalted, RuntimeError) as e:
+                why = f"the plan service did not record the end of training: {e}"
+                break
+        log.warning("%s", why)
+        if console is not None:
+            console.print(f"[yellow]warning:[/] {why}")
+        return why
 
     def close(self) -> None:
         self._stop.set()

@@ -24,7 +24,7 @@ import torch
 
 from executor.agent import Agent
 from executor.comm import connect_store, local_workers_hint, pick_device
-from executor.faults import pauses
+from executor.faults import fault_iterations
 from executor.model import ModelConfig
 from executor.rendezvous import StorePlanSource
 from planner.job import JobSpec
@@ -57,7 +57,12 @@ def main(argv=None) -> int:
     conn = connect_store(host, int(port), timeout_s=timeout)
     if conf.get("service"):  # plans, heartbeats, suspects and rejoin over HTTP
         from executor.service_source import ServiceWorkerSource
-        source = ServiceWorkerSource(conn, me, incarnation, conf["service"], conf["run_id"])
+        token = os.environ.get("RECYCLE_TOKEN")  # never in the store: it is unauthenticated
+        if not token:
+            raise SystemExit("executor.worker: the job uses a plan service; set RECYCLE_TOKEN "
+                             "to its worker token")
+        source = ServiceWorkerSource(conn, me, incarnation, dict(conf["service"], token=token),
+                                     conf["run_id"])
     else:
         source = StorePlanSource(conn, me, incarnation)
     local_rank = int(os.environ.get("LOCAL_RANK", args.replica * job.stages + args.stage))
@@ -66,15 +71,20 @@ def main(argv=None) -> int:
                   start_iteration=start, init_state=init_state, ckpt_dir=conf.get("ckpt_dir"),
                   ckpt_every=int(conf.get("ckpt_every", 1)), device=pick_device(local_rank),
                   local_workers=local_workers_hint() or conf.get("local_workers"),
-                  pause_at=pauses(conf.get("kills", []), conf.get("stalls", []), me, timeout)
-                  if incarnation == 1 else {},
-                  gates=conf.get("rejoins", []))
+                  fault_iterations=fault_iterations(conf.get("kills", []),
+                                                    conf.get("stalls", []), me))
     return agent.run()
 
 
-def child(store: str, replica: int, stage: int, log_path: str) -> None:
+def child(store: str, replica: int, stage: int, log_path: str,
+          token: str | None = None) -> None:
     """multiprocessing target (the launcher's forkserver has torch imported already, so a
-    worker starts in milliseconds instead of seconds): output goes to the worker's log."""
+    worker starts in milliseconds instead of seconds): output goes to the worker's log.
+    It dies with its parent, the forkserver, which exits when the coordinator does."""
+    from planner.procs import die_with_parent
+    die_with_parent()
+    if token:
+        os.environ["RECYCLE_TOKEN"] = token
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
