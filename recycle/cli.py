@@ -20,7 +20,8 @@ def _register_parts() -> None:
     from planner.cli import register as planner_commands
     planner_commands(app, bench)
     parts = (("executor.cli", app), ("executor.bench_cli", bench), ("api.cli", app),
-             ("recycle.demo", app))
+             ("recycle.demo", app),
+             ("recycle.chaos.cli", app))
     for module, group in parts:
         try:
             mod = importlib.import_module(module)

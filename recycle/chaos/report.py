@@ -1,0 +1,86 @@
+"""What `recycle chaos` prints and saves: a table of runs, outcome counts and recovery times."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from rich.table import Table
+
+OUTCOMES = ("exact", "inexact", "hang", "crash", "halt", "leak")
+STYLE = {"exact": "green", "inexact": "red", "hang": "magenta", "crash": "red",
+         "halt": "yellow", "leak": "red bold"}
+
+
+def percentile(values: list[float], q: float) -> Optional[float]:
+    """Linear interpolation between closest ranks (numpy's default); None when empty."""
+    if not values:
+        return None
+    xs = sorted(values)
+    pos = (len(xs) - 1) * q
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+
+def recovery_stats(records: list[dict]) -> dict:
+    """p50/p99/max of kill and rejoin recovery seconds, over all runs and per mode."""
+    out = {}
+    for mode, keep in (("all", lambda r: True), ("local", lambda r: not r["service"]),
+                       ("service", lambda r: r["service"])):
+        for kind in ("kill", "rejoin"):
+            secs = [float(x["seconds"]) for r in records if keep(r)
+                    for x in r.get("recovery") or [] if x.get("kind") == kind]
+            out.setdefault(mode, {})[kind] = {
+                "n": len(secs), "p50": _r(percentile(secs, 0.5)),
+                "p99": _r(percentile(secs, 0.99)), "max": _r(max(secs) if secs else None)}
+    return out
+
+
+def summarize(records: list[dict]) -> dict:
+    counts = {k: 0 for k in OUTCOMES}
+    for r in records:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    return {"runs": len(records), "counts": counts,
+            "leaks": sum(len(r["leaks"]) for r in records),
+            "recovery": recovery_stats(records),
+            "ok": all(r["outcome"] == "exact" for r in records)}
+
+
+def summary_line(summary: dict) -> str:
+    counts = ", ".join(f"{n} {k}" for k, n in summary["counts"].items() if n or k == "exact")
+    return f"{summary['runs']} runs: {counts}; {summary['leaks']} leaked processes"
+
+
+def recovery_lines(summary: dict) -> list[str]:
+    lines = []
+    for mode in ("local", "service"):
+        for kind in ("kill", "rejoin"):
+            s = summary["recovery"][mode][kind]
+            if s["n"]:
+                lines.append(f"recovery after {kind} ({mode}, n={s['n']}): p50 {s['p50']:.2f} s, "
+                             f"p99 {s['p99']:.2f} s, max {s['max']:.2f} s")
+    return lines or ["recovery: no times reported (the run summaries have no 'recovery' key)"]
+
+
+def table(records: list[dict]) -> Table:
+    t = Table(title="recycle chaos", show_lines=False)
+    for col in ("seed", "run", "grid", "faults", "outcome", "wall s", "max loss diff",
+                "recoveries"):
+        t.add_column(col, overflow="fold", justify="right" if col in ("seed", "run", "wall s") else "left")
+    for r in records:
+        diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
+        t.add_row(str(r["seed"]), str(r["run"]) + (" svc" if r["service"] else ""),
+                  f"{r['grid']} m{r['microbatches']} n{r['iterations']}", r["faults"],
+                  f"[{STYLE.get(r['outcome'], '')}]{r['outcome']}[/]", f"{r['wall_s']:.1f}",
+                  diff, _recoveries(r.get("recovery") or []))
+    return t
+
+
+def _recoveries(rec: list[dict]) -> str:
+    if not rec:
+        return "-"
+    return " ".join(f"{x.get('kind', '?')[0]}{x['worker'][0]}:{x['worker'][1]}"
+                    f"@{x.get('iteration', '?')}={float(x['seconds']):.1f}s" for x in rec)
+
+
+def _r(x: Optional[float]) -> Optional[float]:
+    return None if x is None else round(x, 3)

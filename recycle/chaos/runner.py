@@ -1,0 +1,222 @@
+"""Run one chaos schedule: the reference, then `recycle train` with the faults, judged.
+
+Outcomes: exact (losses and per-stage parameter checksums equal the one-process reference
+within 1e-5), inexact, hang (wall-time limit hit), crash (non-zero exit), halt (exit 3:
+spurious, since schedules never kill a whole stage), leak (a tagged process outlived the
+run; it is SIGKILLed). Every command runs as real processes in a session of its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from typing import Optional
+
+from recycle.chaos.leaks import kill_group, new_tag, reap_leaks, tagged_env, wait_gone
+from recycle.chaos.schedule import Schedule
+
+RECYCLE = [sys.executable, "-m", "recycle.cli"]
+# A tiny model: a 2-core machine runs up to 6 workers plus a service.
+MODEL_ARGS = ["--d-model", "16", "--layers", "2", "--heads", "2", "--seq-len", "8",
+              "--micro-batch-size", "2", "--vocab", "32"]
+TOLERANCE = 1e-5
+COMM_TIMEOUT_S = 2.0
+TIME_LIMIT_S = {False: 120.0, True: 240.0}
+EXIT_HALT = 3
+
+
+def run_schedule(sched: Schedule, out_dir: str, time_limit_s: Optional[float] = None) -> dict:
+    """One schedule end to end; returns its record (see cli.py for the table and JSON)."""
+    name = f"seed{sched.seed}-run{sched.index}" + ("-service" if sched.service else "")
+    run_dir = os.path.join(out_dir, name)
+    os.makedirs(run_dir, exist_ok=True)
+    limit = time_limit_s or TIME_LIMIT_S[sched.service]
+    record = {"name": name, "seed": sched.seed, "run": sched.index, "service": sched.service,
+              "grid": sched.grid, "microbatches": sched.microbatches,
+              "iterations": sched.iterations, "faults": sched.describe(),
+              "schedule": sched.to_dict(), "log": os.path.join(out_dir, name + ".log"),
+              "max_diff": None, "recovery": [], "leaks": [], "lingering": [], "error": None}
+    try:
+        ref = reference(sched, os.path.join(out_dir, "references"))
+    except RuntimeError as exc:
+        record.update(outcome="crash", wall_s=0.0, error=str(exc))
+        return record
+    if sched.service:
+        _run_with_service(sched, run_dir, limit, record)
+    else:
+        _run_local(sched, run_dir, limit, record)
+    if record["outcome"] == "done":
+        _judge(record, os.path.join(run_dir, "run.json"), ref)
+    if record["leaks"]:
+        record["train_outcome"], record["outcome"] = record["outcome"], "leak"
+    if record["outcome"] == "exact":
+        shutil.rmtree(run_dir, ignore_errors=True)
+        record["run_dir"] = None
+    else:
+        record["run_dir"] = run_dir
+    return record
+
+
+# ---- the reference -------------------------------------------------------------------
+def reference(sched: Schedule, cache_dir: str) -> dict:
+    """The one-process run's summary, cached per (grid, M, iterations)."""
+    os.makedirs(cache_dir, exist_ok=True)
+    key = f"ref-{sched.replicas}x{sched.stages}-m{sched.microbatches}-n{sched.iterations}"
+    path = os.path.join(cache_dir, key + ".json")
+    if not os.path.exists(path):
+        cmd = RECYCLE + ["train", "-d", str(sched.replicas), "-s", str(sched.stages),
+                         "-m", str(sched.microbatches), "--iterations", str(sched.iterations),
+                         "--reference", "--summary", path + ".tmp", *MODEL_ARGS]
+        tag = new_tag()
+        try:
+            done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
+                                  text=True, timeout=300, env=tagged_env(tag),
+                                  start_new_session=True)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"reference timed out: {shlex.join(cmd)}") from None
+        finally:
+            reap_leaks(tag)
+        if done.returncode != 0:
+            raise RuntimeError(f"reference failed ({done.returncode}): "
+                               f"{_last_line(done.stderr)}: {shlex.join(cmd)}")
+        os.replace(path + ".tmp", path)
+    with open(path) as fh:
+        return json.load(fh)
+
+
+# ---- the run under faults -------------------------------------------------------------
+def train_command(sched: Schedule, run_dir: str, service_args: tuple = ()) -> list[str]:
+    return RECYCLE + ["train", *sched.to_args(), *service_args,
+                      "--summary", os.path.join(run_dir, "run.json"),
+                      "--run-dir", os.path.join(run_dir, "workers"),
+                      "--timeout", f"{COMM_TIMEOUT_S:g}", *MODEL_ARGS]
+
+
+def _run_local(sched: Schedule, run_dir: str, limit: float, record: dict) -> None:
+    tag = new_tag()
+    cmd = train_command(sched, run_dir)
+    record["command"] = shlex.join(cmd)
+    try:
+        _train(cmd, tag, limit, record)
+    finally:
+        _cleanup(tag, record)
+
+
+def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict) -> None:
+    from planner.job import JobSpec  # pydantic only: cheap, and the service's own spec type
+    from recycle.chaos.service import OutageThread, Service
+
+    tag = new_tag()
+    service = Service(os.path.join(run_dir, "service.db"), record["log"][:-4] + "-serve.log",
+                      tag)
+    record["service_log"] = service.log_path
+    done = threading.Event()
+    outage = None
+    try:
+        service.start()
+        spec = JobSpec.uniform(sched.replicas, sched.stages, sched.microbatches)
+        job_id, token = service.register(spec.model_dump(mode="json"))
+        cmd = train_command(sched, run_dir, ("--service", service.url, "--job-id", job_id,
+                                             "--token", token))
+        record["command"] = shlex.join(cmd)
+        record["serve_command"] = shlex.join(service.cmd)
+        outage = OutageThread(service, sched.outage, done)
+        outage.start()
+        _train(cmd, tag, limit, record)
+    except (RuntimeError, TimeoutError, OSError) as exc:  # the service never came up
+        record.update(outcome="crash", wall_s=record.get("wall_s", 0.0),
+                      error=f"service: {exc}")
+    finally:
+        done.set()
+        if outage is not None:
+            outage.join(90)  # a restart in progress must finish before we stop it
+            record["service_outage"] = outage.record()
+        service.stop()
+        _cleanup(tag, record)
+
+
+def _train(cmd: list[str], tag: str, limit: float, record: dict) -> None:
+    t0 = time.monotonic()
+    with open(record["log"], "ab") as log:
+        log.write(f"$ {shlex.join(cmd)}\n".encode())
+        log.flush()
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
+                                stderr=subprocess.STDOUT, env=tagged_env(tag),
+                                start_new_session=True)
+        try:
+            code = proc.wait(limit)
+        except subprocess.TimeoutExpired:
+            code = None
+            kill_group(proc.pid)
+            proc.wait()
+        except BaseException:  # interrupted: its own session would outlive us
+            kill_group(proc.pid)
+            raise
+    record["wall_s"] = round(time.monotonic() - t0, 1)
+    record["pgid"] = proc.pid
+    if code is None:
+        record.update(outcome="hang", error=f"no exit in {limit:g} s; last line: "
+                                            f"{_last_line(_tail(record['log']))}")
+    elif code == EXIT_HALT:
+        record.update(outcome="halt", error=_last_line(_tail(record["log"])))
+    elif code != 0:
+        record.update(outcome="crash", exit_code=code, error=_last_line(_tail(record["log"])))
+    else:
+        record["outcome"] = "done"
+
+
+def _cleanup(tag: str, record: dict) -> None:
+    """Processes still there a moment after the command exited are noted (lingering);
+    then the run's process group goes, and whatever still carries the tag is a leak."""
+    if record.get("outcome") == "done":
+        record["lingering"] = [str(p) for p in wait_gone(tag, 2.0)]
+    if "pgid" in record:
+        kill_group(record.pop("pgid"))
+    time.sleep(0.2)
+    record["leaks"] = reap_leaks(tag)
+
+
+# ---- judging --------------------------------------------------------------------------
+def _judge(record: dict, summary_path: str, ref: dict) -> None:
+    try:
+        with open(summary_path) as fh:
+            got = json.load(fh)
+    except (OSError, json.JSONDecodeError) as exc:
+        record.update(outcome="crash", error=f"exit 0 but no summary: {exc}")
+        return
+    record["recovery"] = got.get("recovery") or []  # absent until the runtime reports it
+    diff, agree = max_diff(got, ref)
+    record["max_diff"] = diff
+    record["outcome"] = "exact" if agree else "inexact"
+
+
+def max_diff(got: dict, ref: dict) -> tuple[Optional[float], bool]:
+    """Largest absolute difference over losses and parameter checksums, and whether all
+    agree within TOLERANCE (relative above magnitude 1: a checksum sums many parameters)."""
+    pairs = list(zip(got.get("losses", []), ref["losses"])) + \
+        list(zip(got.get("param_checksums", []), ref["param_checksums"]))
+    same_len = (len(got.get("losses", [])) == len(ref["losses"]) and
+                len(got.get("param_checksums", [])) == len(ref["param_checksums"]))
+    diffs = [abs(a - b) for a, b in pairs]
+    agree = same_len and all(abs(a - b) <= TOLERANCE * max(1.0, abs(a), abs(b)) for a, b in pairs)
+    return (max(diffs) if diffs else None), agree
+
+
+def _tail(path: str, size: int = 8192) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            fh.seek(max(0, fh.tell() - size))
+            return fh.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in (text or "").splitlines() if ln.strip()]
+    return lines[-1][:300] if lines else ""

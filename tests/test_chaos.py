@@ -1,0 +1,195 @@
+"""`recycle chaos`: the schedules it draws (pure, property-tested over seeds) and real runs of
+it, locally and through a real `recycle serve` that is SIGKILLed and restarted mid-run."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from executor.faults import parse_event, parse_stall
+from recycle.chaos.leaks import reap_leaks
+from recycle.chaos.schedule import (MAX_KILLS_PER_ITERATION, STALL_S, Fault, Schedule, draw,
+                                    draw_one)
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+seeds = st.integers(min_value=0, max_value=2**63)
+indices = st.integers(min_value=0, max_value=50)
+
+
+def violations(sched: Schedule) -> list[str]:
+    """Replays the schedule on its own (not with the drawing code's simulation): rejoins of
+    iteration i land before its kills; a rejoined worker is killable from the next one on."""
+    D, S, N = sched.replicas, sched.stages, sched.iterations
+    live = {(r, s) for r in range(D) for s in range(S)}
+    back_at: dict = {}
+    out = []
+    for f in sched.faults:
+        if not 0 <= f.iteration < N:
+            out.append(f"{f.short()}: iteration outside 0..{N - 1}")
+        if not (0 <= f.worker[0] < D and 0 <= f.worker[1] < S):
+            out.append(f"{f.short()}: worker outside the grid")
+    for i in range(N):
+        at = [f for f in sched.faults if f.iteration == i]
+        for f in (f for f in at if f.kind == "rejoin"):
+            if f.worker in live:
+                out.append(f"{f.short()}: rejoin of a live worker")
+            if i > N - 2:
+                out.append(f"{f.short()}: rejoins too late to train")
+            live.add(f.worker)
+            back_at[f.worker] = i
+        kills = [f for f in at if f.kind == "kill"]
+        if len(kills) > MAX_KILLS_PER_ITERATION:
+            out.append(f"iteration {i}: {len(kills)} kills")
+        for f in kills:
+            if f.worker not in live or back_at.get(f.worker) == i:
+                out.append(f"{f.short()}: kill of a worker not (yet) live")
+            live.discard(f.worker)
+        for s in range(S):
+            if not any(w[1] == s for w in live):
+                out.append(f"iteration {i}: stage {s} has no live worker")
+        for f in (f for f in at if f.kind == "stall"):
+            if f.worker not in live:
+                out.append(f"{f.short()}: stall of a dead worker")
+            lo, hi = STALL_S[sched.service]
+            if not lo <= f.seconds <= hi:
+                out.append(f"{f.short()}: stall outside {lo}..{hi} s")
+    return out
+
+
+@settings(max_examples=300, deadline=None)
+@given(seeds, indices, st.booleans())
+def test_schedules_never_kill_the_dead_nor_leave_a_stage_empty(seed, index, service):
+    sched = draw_one(seed, index, service)
+    assert violations(sched) == [], sched
+
+
+def test_the_replay_catches_broken_schedules():
+    """The checker above is not vacuous: each rule, broken once."""
+    def sched(*faults):
+        return Schedule(0, 0, 2, 2, 2, 12, tuple(Fault(*f) for f in faults))
+    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 0), 3)))  # kills the dead
+    assert violations(sched(("rejoin", (0, 0), 2)))  # rejoins the living
+    assert violations(sched(("kill", (0, 1), 1), ("kill", (1, 1), 1)))  # empties stage 1
+    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("kill", (1, 0), 1)))
+    assert violations(sched(("kill", (0, 0), 1), ("rejoin", (0, 0), 3), ("kill", (0, 0), 3)))
+    assert violations(sched(("kill", (1, 1), 1), ("stall", (1, 1), 2, 1.0)))  # stalls the dead
+    assert not violations(sched(("kill", (0, 0), 1), ("rejoin", (0, 0), 3), ("kill", (1, 0), 3),
+                                ("rejoin", (1, 0), 5), ("kill", (0, 0), 5)))
+
+
+@settings(max_examples=100, deadline=None)
+@given(seeds, st.booleans())
+def test_the_same_seed_draws_the_same_schedules(seed, service):
+    assert draw(seed, 3, service) == draw(seed, 3, service)
+    assert draw(seed, 1, service)[0] == draw(seed, 3, service)[0]  # --runs 1 repeats run 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(seeds, indices, st.booleans())
+def test_grid_run_length_and_service_outage_stay_in_range(seed, index, service):
+    s = draw_one(seed, index, service)
+    assert s.replicas >= 2 and s.replicas * s.stages <= 6
+    assert 2 <= s.microbatches <= 4
+    assert (8 <= s.iterations <= 10) if service else (12 <= s.iterations <= 16)
+    assert s.of("kill"), "every schedule kills someone"
+    if service:
+        assert 3 <= s.outage.at_s <= 20 and 1 <= s.outage.outage_s <= 15
+    else:
+        assert s.outage is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(seeds, st.booleans())
+def test_flags_read_back_as_recycle_train_parses_them(seed, service):
+    s = draw_one(seed, 0, service)
+    args = s.to_args()
+    assert args[:8] == ["-d", str(s.replicas), "-s", str(s.stages), "-m", str(s.microbatches),
+                        "--iterations", str(s.iterations)]
+    got = []
+    for flag, value in zip(args[8::2], args[9::2]):
+        if flag == "--stall":
+            r, st_, i, secs = parse_stall(value)
+            got.append(("stall", (r, st_), i, secs))
+        else:
+            r, st_, i = parse_event(value)
+            got.append((flag[2:], (r, st_), i, None))
+    assert got == [(f.kind, f.worker, f.iteration, f.seconds) for f in s.faults]
+
+
+def test_seeds_reach_every_kind_of_fault():
+    """Over a few hundred schedules: donor kills, two kills in one iteration, a worker killed
+    and rejoined twice, stalls."""
+    found = set()
+    for seed in range(300):
+        s = draw_one(seed, 0)
+        kills, rejoins = s.of("kill"), s.of("rejoin")
+        if any(k.iteration == r.iteration and k.worker[1] == r.worker[1] and k.worker != r.worker
+               for k in kills for r in rejoins):
+            found.add("donor kill")
+        if any(sum(k.iteration == i for k in kills) == 2 for i in range(s.iterations)):
+            found.add("two kills in one iteration")
+        if any(sum(r.worker == w for r in rejoins) >= 2 for w in {r.worker for r in rejoins}):
+            found.add("killed and rejoined twice")
+        if s.of("stall"):
+            found.add("stall")
+    assert found == {"donor kill", "two kills in one iteration", "killed and rejoined twice",
+                     "stall"}
+
+
+# ---- the command ------------------------------------------------------------------------
+def chaos(*args: str, timeout: float = 60, env_tag: str = "") -> subprocess.CompletedProcess:
+    env = {**os.environ, "RECYCLE_CHAOS_TEST": env_tag or uuid.uuid4().hex}
+    return subprocess.run([sys.executable, "-m", "recycle.cli", "chaos", *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--runs", "0"], "--runs must be at least 1"),
+    (["--seed", "-3"], "--seed must be >= 0"),
+    (["--time-limit", "0"], "--time-limit must be positive"),
+    (["--json", "/nonexistent-dir/x.json"], "/nonexistent-dir/x.json"),
+])
+def test_bad_input_is_one_line_and_exit_code_2(args, message):
+    res = chaos(*args)
+    assert res.returncode == 2, res.stderr
+    assert res.stderr.count("\n") == 1 and message in res.stderr, res.stderr
+
+
+def run_and_check(tmp_path, *args: str, limit: float):
+    """`recycle chaos ... --json`: exit 0, every run exact, nothing leaked. Whatever happens,
+    no process the command started outlives the test."""
+    tag = uuid.uuid4().hex
+    report = tmp_path / "chaos.json"
+    try:
+        res = chaos(*args, "--json", str(report), "--out-dir", str(tmp_path / "out"),
+                    timeout=limit, env_tag=tag)
+        assert report.exists(), res.stdout + res.stderr
+        data = json.loads(report.read_text())
+        detail = res.stdout + res.stderr + json.dumps(data["runs"], indent=1)
+        assert data["summary"]["leaks"] == 0, detail
+        assert all(not r["leaks"] for r in data["runs"]), detail
+        assert res.returncode == 0, detail
+        assert data["summary"]["counts"]["exact"] == data["summary"]["runs"] == 1
+    finally:
+        leftovers = reap_leaks(tag, "RECYCLE_CHAOS_TEST")
+    assert leftovers == [], "processes outlived `recycle chaos`"
+
+
+@pytest.mark.slow
+@pytest.mark.hard_timeout(240)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_chaos_runs_exact_and_leak_free(tmp_path, seed):
+    run_and_check(tmp_path, "--seed", str(seed), "--runs", "1", limit=200)
+
+
+@pytest.mark.slow
+@pytest.mark.hard_timeout(420)
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_chaos_through_a_crashing_service_runs_exact_and_leak_free(tmp_path, seed):
+    run_and_check(tmp_path, "--seed", str(seed), "--runs", "1", "--service", limit=380)
