@@ -6,7 +6,7 @@ microseconds of routing, dependency solving and middleware. The app hands every 
 first (api.app.App, before any middleware); this answers the common, well-formed case:
 
     GET /v1/jobs/{id}/plan?after=V&wait=S
-    GET /v1/jobs/{id}/workers/{replica}/{stage}/plan?after=V&wait=S
+    GET /v1/jobs/{id}/workers/{replica}/{stage}/plan?after=V&wait=S[&incarnation=K]
 
 with a valid token for that job (or the admin token), a known job and worker, and plain
 numbers in range. Anything else (no or bad token, bad or extra parameters, a halted job
@@ -21,14 +21,17 @@ from typing import Optional
 
 from starlette.responses import JSONResponse
 
+from api.service import ApiError
+
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 INT = re.compile(r"-?\d{1,16}")
 NUM = re.compile(r"\d{1,6}(?:\.\d{1,9})?")
 
 
-def _query(qs: bytes) -> Optional[tuple[Optional[int], float]]:
-    """(after, wait) if the query string has only those, as plain numbers in range."""
-    after, wait = None, 0.0
+def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int]]]:
+    """(after, wait, incarnation) if the query string has only those, as plain numbers in
+    range."""
+    after, wait, incarnation = None, 0.0, None
     seen = set()
     for part in qs.decode("latin-1").split("&") if qs else ():
         key, eq, value = part.partition("=")
@@ -39,9 +42,11 @@ def _query(qs: bytes) -> Optional[tuple[Optional[int], float]]:
             after = int(value)
         elif key == "wait" and NUM.fullmatch(value) and float(value) <= 3600:
             wait = float(value)
+        elif key == "incarnation" and INT.fullmatch(value) and 1 <= int(value) <= 2**31:
+            incarnation = int(value)
         else:
             return None
-    return after, wait
+    return after, wait, incarnation
 
 
 def worker_view(job, replica: int, stage: int) -> bytes:
@@ -56,12 +61,29 @@ def worker_view(job, replica: int, stage: int) -> bytes:
             job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
             job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
                                      for w in d["workers"]}
+            job.views["_incarnations"] = d.get("incarnations")
         actions = job.views["_actions"].get(key)
+        grid = job.views["_incarnations"]
         head = json.dumps({"replica": replica, "stage": stage,
-                           "in_plan": actions is not None, "actions": actions or []},
+                           "in_plan": actions is not None,
+                           "incarnation": grid[replica][stage] if grid else 1,
+                           "actions": actions or []},
                           separators=(",", ":"))
         job.views[key] = (head[:-1] + "," + job.views["_common"] + "}").encode()
     return job.views[key]
+
+
+def superseded(job, worker, incarnation: Optional[int]):
+    """The 409 for a worker process older than the incarnation the plan admits, else None.
+    A newer one gets the plan: it learns the version to wait after (its recovery event
+    makes the next one admit it)."""
+    if worker is None or incarnation is None:
+        return None
+    have = job.incarnation(*worker)
+    if incarnation >= have:
+        return None
+    return ApiError(409, f"worker {worker[0]}:{worker[1]} incarnation {incarnation} is "
+                         f"superseded by incarnation {have}; it must stop")
 
 
 class FastPlans:
@@ -104,12 +126,17 @@ class FastPlans:
             worker = (int(m.group(2)), int(m.group(3)))
             if not (worker[0] < job.spec.replicas and worker[1] < job.spec.stages):
                 return None
+        elif query[2] is not None:  # not a parameter of /plan: the route ignores it
+            return None
         return svc, job, worker, *query
 
-    async def _answer(self, scope, send, svc, job, worker, after, wait):
-        newer = await svc.wait_newer(job, after, wait)
-        if job.state == "halted":  # as the ApiError handler answers it
-            err = job.halted_error()
+    async def _answer(self, scope, send, svc, job, worker, after, wait, incarnation):
+        err, newer = superseded(job, worker, incarnation), False
+        if err is None:
+            newer = await svc.wait_newer(job, after, wait)
+            err = job.halted_error() if job.state == "halted" else \
+                superseded(job, worker, incarnation)
+        if err is not None:  # as the ApiError handler answers it
             resp = JSONResponse({"detail": err.detail, **err.extra}, err.status)
             return await resp(scope, None, send)
         if not newer:

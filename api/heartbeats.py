@@ -7,6 +7,12 @@ an operator would. A suspect report cuts the suspected worker's deadline to its 
 heartbeat plus `suspect_grace_s` and wakes the monitor at once, so a worker already
 silent that long is declared failed immediately; a heartbeat clears the suspicion.
 The monitor sleeps until the next deadline or a wake-up: no polling loop.
+
+Incarnations: a heartbeat names the sender's process incarnation (optional). Only the one
+the plan admits keeps the worker alive: an older one is superseded (409), a newer one must
+first post its recovery event (409: its heartbeats must not mask its predecessor's death).
+The monitor remembers which incarnation it watched, and its failure event names it, so
+a deadline that expires just as a newer incarnation replaced the worker fails nobody.
 """
 from __future__ import annotations
 
@@ -29,6 +35,7 @@ class Monitor:
         self.grace = service.config.grace_s
         self.last: dict[str, dict[tuple[int, int], float]] = {}
         self.deadline: dict[str, dict[tuple[int, int], float]] = {}
+        self.watched: dict[str, dict[tuple[int, int], int]] = {}  # incarnation watched
         self._wake = asyncio.Event()
         self._to_arm: list[tuple[str, int, int]] = []
         self._arming: Optional[asyncio.Future] = None
@@ -43,6 +50,7 @@ class Monitor:
                 if w not in job.failed:
                     self.last.setdefault(job.id, {})[w] = now
                     self.deadline.setdefault(job.id, {})[w] = now + self.timeout
+                    self.watched.setdefault(job.id, {})[w] = job.incarnation(*w)
         self._task = asyncio.create_task(self._run())
 
     async def stop(self) -> None:
@@ -51,7 +59,8 @@ class Monitor:
             await asyncio.gather(self._task, return_exceptions=True)
 
     # ---- inputs ------------------------------------------------------------------------
-    def beat(self, job: JobRuntime, replica: int, stage: int) -> Optional[asyncio.Future]:
+    def beat(self, job: JobRuntime, replica: int, stage: int,
+             incarnation: Optional[int] = None) -> Optional[asyncio.Future]:
         """Record a heartbeat; returns an awaitable while its first arming is being saved."""
         w = (replica, stage)
         if job.state == "halted":
@@ -61,6 +70,13 @@ class Monitor:
         if w in job.failed:
             raise ApiError(409, f"worker {replica}:{stage} is marked failed and is not in the "
                                 "plan; post a recovery event to rejoin")
+        have = job.incarnation(replica, stage)
+        if incarnation is not None and incarnation < have:
+            raise ApiError(409, f"worker {replica}:{stage} incarnation {incarnation} is "
+                                f"superseded by incarnation {have}; it must stop")
+        if incarnation is not None and incarnation > have:
+            raise ApiError(409, f"worker {replica}:{stage} incarnation {incarnation} is not in "
+                                f"the plan (it admits {have}); post a recovery event first")
         now = time.monotonic()
         last = self.last.setdefault(job.id, {})
         arming = None
@@ -69,6 +85,7 @@ class Monitor:
             self._wake.set()  # the monitor may be asleep with nothing to watch
         last[w] = now
         self.deadline.setdefault(job.id, {})[w] = now + self.timeout
+        self.watched.setdefault(job.id, {})[w] = have
         self.service.metrics.heartbeats.inc()
         return arming
 
@@ -105,10 +122,12 @@ class Monitor:
         """After a failure or recovery event: unwatched until its next heartbeat."""
         self.last.get(job_id, {}).pop(w, None)
         self.deadline.get(job_id, {}).pop(w, None)
+        self.watched.get(job_id, {}).pop(w, None)
 
     def forget_job(self, job_id: str) -> None:
         self.last.pop(job_id, None)
         self.deadline.pop(job_id, None)
+        self.watched.pop(job_id, None)
 
     # ---- the loop ----------------------------------------------------------------------
     def _expired(self, now: float) -> list[tuple[str, tuple[int, int]]]:
@@ -135,11 +154,12 @@ class Monitor:
     async def _declare(self, job_id: str, w: tuple[int, int]) -> None:
         job = self.service.jobs.get(job_id)
         silent = time.monotonic() - self.last.get(job_id, {}).get(w, time.monotonic())
+        watched = self.watched.get(job_id, {}).get(w)
         self.forget(job_id, w)
         if job is None or job.state != "running" or w in job.failed:
             return
         ev = EventIn(event_id=f"heartbeat-{w[0]}-{w[1]}-{uuid.uuid4().hex[:8]}",
-                     kind="failure", replica=w[0], stage=w[1],
+                     kind="failure", replica=w[0], stage=w[1], incarnation=watched,
                      reason=f"no heartbeat for {silent:.2f} s")
         try:
             answer, _ = await self.service.apply_event(job, ev, "heartbeat")

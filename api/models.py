@@ -8,6 +8,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from planner.plan import Action, Metrics, SolverInfo
 
 Index = Field(ge=0, le=1_000_000, strict=True)  # strict: JSON true is not 1
+MAX_INCARNATION = 2**31
+
+
+def Incarnation(description: str):  # noqa: N802 - reads like the Field it returns
+    return Field(default=None, ge=1, le=MAX_INCARNATION, strict=True, description=description)
 
 
 class _In(BaseModel):
@@ -25,6 +30,11 @@ class EventIn(_In):
     replica: int = Index
     stage: int = Index
     reason: Optional[str] = Field(default=None, max_length=500)
+    incarnation: Optional[int] = Incarnation(
+        "the worker process's incarnation (1 for its first process, +1 per restart). "
+        "recovery: of a failed worker, the incarnation that rejoins; of a live one, a newer "
+        "incarnation replaces the one in the plan (its predecessor is dead). failure: an "
+        "incarnation older than the plan's is stale and refused")
 
 
 class EventOut(BaseModel):
@@ -38,19 +48,28 @@ class EventOut(BaseModel):
     reason: Optional[str] = None
     failed: list[tuple[int, int]]
     plan_version: int = Field(description="the version in force once this event is applied")
-    plan_source: Optional[Literal["cache", "greedy"]] = None
+    plan_source: Optional[Literal["cache", "greedy"]] = Field(
+        default=None, description="where the new plan came from; null when no plan was "
+                                  "computed (a halt, or a replacement: the plan in force "
+                                  "re-stamped with the new incarnation)")
+    incarnation: Optional[int] = Field(
+        default=None, description="the worker's incarnation in the plan version in force "
+                                  "once the event is applied")
 
 
 class HeartbeatIn(_In):
     replica: int = Index
     stage: int = Index
     iteration: int = Field(ge=0, le=2**62, strict=True)
+    incarnation: Optional[int] = Incarnation(
+        "the sender's incarnation; one other than the plan's is refused (409)")
 
 
 class HeartbeatOut(BaseModel):
     state: str
     plan_version: int
     timeout_s: float
+    incarnation: int = Field(description="the worker's incarnation in the current plan")
 
 
 class WorkerRef(_In):
@@ -107,6 +126,8 @@ class JobOut(BaseModel):
     spec: dict
     failed: list[tuple[int, int]]
     plan_version: int
+    incarnations: list[list[int]] = Field(description="[replica][stage]: the worker "
+                                                      "incarnations the current plan admits")
     max_failures: int
     created: float
     plans: list[PlanSummary]
@@ -126,6 +147,8 @@ class WorkerPlanOut(BaseModel):
     replica: int
     stage: int
     in_plan: bool = Field(description="false: this worker is not in the plan and must stop")
+    incarnation: int = Field(description="the incarnation of this worker the version admits; "
+                                         "a newer process waits for a version that names it")
     failed: list[tuple[int, int]]
     routes: list[list[int]]
     actions: list[Action]

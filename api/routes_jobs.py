@@ -52,7 +52,8 @@ async def get_job(job_id: str, request: Request):
     job = svc.job(job_id)
     return {"id": job.id, "state": job.state, "reason": job.reason,
             "spec": job.spec.model_dump(mode="json"), "failed": job.failed,
-            "plan_version": job.version, "max_failures": job.max_failures,
+            "plan_version": job.version, "incarnations": job.incarnations,
+            "max_failures": job.max_failures,
             "created": job.created,
             "plans": [dict(r) for r in svc.store.plan_history(job.id)],
             "precompute": precompute_of(request, job.id)}

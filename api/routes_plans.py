@@ -5,8 +5,8 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from api.fastpath import worker_view
-from api.models import Error, WorkerPlanOut
+from api.fastpath import superseded, worker_view
+from api.models import MAX_INCARNATION, Error, WorkerPlanOut
 from api.security import JOB, AuthRoute, bearer
 from api.service import ApiError
 from planner.plan import Plan
@@ -63,16 +63,28 @@ async def plan_version(request: Request, job_id: str,
 
 
 @router.get("/workers/{replica}/{stage}/plan", response_model=WorkerPlanOut,
-            openapi_extra=JOB, responses={**ERRORS, **NO_NEWER},
+            openapi_extra=JOB, responses={**ERRORS, **NO_NEWER, 409: {"model": Error}},
             summary="One worker's actions in the current plan (long-poll like /plan)")
 async def worker_plan(request: Request, job_id: str, replica: int = Path(ge=0, le=1_000_000),
                       stage: int = Path(ge=0, le=1_000_000), after: Optional[int] = AFTER,
-                      wait: float = WAIT):
+                      wait: float = WAIT,
+                      incarnation: Optional[int] = Query(
+                          None, ge=1, le=MAX_INCARNATION,
+                          description="the caller's incarnation: an older one than the "
+                                      "version admits is answered 409 (it must stop)")):
     """The worker's ordered actions plus the routes and the version. `in_plan: false`
-    means the worker has been declared failed and must stop (fencing)."""
+    means the worker has been declared failed and must stop (fencing); `incarnation` is
+    the process incarnation of this worker that the version admits."""
     svc = request.app.state.service
-    svc.job(job_id).check_worker(replica, stage)
+    job = svc.job(job_id)
+    job.check_worker(replica, stage)
+    err = superseded(job, (replica, stage), incarnation)
+    if err is not None:
+        raise err
     svc, job, newer = await _wait(request, job_id, after, wait)
+    err = superseded(job, (replica, stage), incarnation)
+    if err is not None:
+        raise err
     if not newer:
         return Response(status_code=204)
     return _json(worker_view(job, replica, stage), job.version)

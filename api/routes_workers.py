@@ -16,15 +16,18 @@ ERRORS = {c: {"model": Error} for c in (401, 403, 404, 409, 410, 413, 422)}
 async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):
     """Send one at least every `timeout_s / 5`. The answer carries the current plan
     version, so a worker can notice a new plan without polling for it. A worker marked
-    failed gets 409 (it is fenced out); a halted job answers 410."""
+    failed gets 409 (it is fenced out); a halted job answers 410. With `incarnation`: one
+    older than the plan's is superseded (409), a newer one must post its recovery event
+    first (409); neither keeps the worker alive."""
     svc = request.app.state.service
     job = svc.job(job_id)
     job.check_worker(hb.replica, hb.stage)
-    arming = svc.monitor.beat(job, hb.replica, hb.stage)
+    arming = svc.monitor.beat(job, hb.replica, hb.stage, hb.incarnation)
     if arming is not None:
         await arming
     return {"state": job.state, "plan_version": job.version,
-            "timeout_s": svc.config.heartbeat_timeout_s}
+            "timeout_s": svc.config.heartbeat_timeout_s,
+            "incarnation": job.incarnation(hb.replica, hb.stage)}
 
 
 @router.post("/suspects", response_model=SuspectOut, openapi_extra=JOB, responses=ERRORS,

@@ -38,6 +38,11 @@ async def _wait_event(event: asyncio.Event, timeout: float) -> None:
         await asyncio.wait_for(event.wait(), timeout)
 
 
+def _ones(spec: JobSpec) -> list[list[int]]:
+    """Every worker at its first incarnation."""
+    return [[1] * spec.stages for _ in range(spec.replicas)]
+
+
 class ApiError(Exception):
     """An answer other than 2xx, with its one-line reason."""
 
@@ -77,6 +82,10 @@ class JobRuntime:
     created: float
     plan: Plan
     plan_bytes: bytes
+    # [replica][stage]: the incarnation of each worker that the plan in force admits (1 for
+    # a worker's first process). Every published version is stamped with it, so it is
+    # recovered from the latest plan after a restart.
+    incarnations: list[list[int]] = field(default_factory=list)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     views: dict = field(default_factory=dict)  # (replica, stage) -> bytes, current version
@@ -95,6 +104,9 @@ class JobRuntime:
         old, self.changed = self.changed, asyncio.Event()
         old.set()
 
+    def incarnation(self, replica: int, stage: int) -> int:
+        return self.incarnations[replica][stage]
+
     def check_worker(self, replica: int, stage: int) -> None:
         if not (replica < self.spec.replicas and stage < self.spec.stages):
             raise ApiError(422, f"worker {replica}:{stage} is outside the "
@@ -103,6 +115,12 @@ class JobRuntime:
     def halted_error(self) -> ApiError:
         return ApiError(410, self.reason or "job halted", state="halted",
                         last_version=self.version)
+
+
+def _event_body(ev: EventIn) -> str:
+    """The body an event_id is bound to. Without an incarnation it is the body as it was
+    stored before incarnations existed, so events from before an upgrade replay as such."""
+    return ev.model_dump_json(exclude=None if ev.incarnation is not None else {"incarnation"})
 
 
 def _plan_record(plan: Plan, cause: str) -> dict:
@@ -131,12 +149,15 @@ class Service:
         for row in self.store.jobs():
             latest = self.store.latest_plan(row["id"])
             plan = Plan.from_json(latest["plan_json"])
+            spec = JobSpec.model_validate_json(row["spec_json"])
+            grid = plan.incarnations or _ones(spec)
             self.jobs[row["id"]] = JobRuntime(
-                id=row["id"], spec=JobSpec.model_validate_json(row["spec_json"]),
+                id=row["id"], spec=spec,
                 token_hash=row["token_hash"], state=row["state"], reason=row["reason"],
                 failed=[tuple(w) for w in json.loads(row["failed_json"])],
                 max_failures=row["max_failures"], created=row["created"], plan=plan,
-                plan_bytes=latest["plan_json"].encode())
+                plan_bytes=latest["plan_json"].encode(),
+                incarnations=[list(r) for r in grid])
             self.jobs[row["id"]].remember()
             self.metrics.plan_version.labels(row["id"]).set(plan.version)
         self._count_jobs()
@@ -187,7 +208,8 @@ class Service:
             await asyncio.to_thread(self.cache.put, plan)
         job_id = uuid.uuid4().hex[:12]
         token = new_worker_token(job_id)
-        plan = plan.model_copy(update={"version": 0})
+        grid = _ones(spec)
+        plan = plan.stamped(0, grid)
         record = _plan_record(plan, "registered")
         solvers = list(self.precomputer.solvers()) if self.precomputer else ["greedy"]
         now = time.time()
@@ -195,7 +217,7 @@ class Service:
                               hash_token(token), k, record, solvers, now)
         job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), state="running",
                          reason=None, failed=[], max_failures=k, created=now,
-                         plan=plan, plan_bytes=record["json"].encode())
+                         plan=plan, plan_bytes=record["json"].encode(), incarnations=grid)
         job.remember()
         self.jobs[job_id] = job
         self.metrics.plan_version.labels(job_id).set(0)
@@ -207,9 +229,13 @@ class Service:
 
     # ---- events ------------------------------------------------------------------------
     async def apply_event(self, job: JobRuntime, ev: EventIn, source: str) -> tuple[dict, bool]:
-        """Apply a failure/recovery event; returns (answer, replayed). Raises ApiError."""
+        """Apply a failure/recovery event; returns (answer, replayed). Raises ApiError.
+
+        Incarnations (docs/api.md): a recovery of a live worker by a newer incarnation is
+        a replacement (same failed set, a new version admitting the new process); a
+        failure or recovery naming an incarnation older than the plan's is stale (409)."""
         t0 = time.perf_counter()
-        body_json = ev.model_dump_json()
+        body_json = _event_body(ev)
         async with job.lock:
             old = self.store.event(job.id, ev.event_id)
             if old is not None:
@@ -224,32 +250,35 @@ class Service:
             if job.state == "finished":
                 raise ApiError(409, "job is finished: training completed")
             w = (ev.replica, ev.stage)
-            if ev.kind == "failure" and w in job.failed:
-                raise ApiError(409, f"worker {w[0]}:{w[1]} has already failed")
-            if ev.kind == "recovery" and w not in job.failed:
-                raise ApiError(409, f"worker {w[0]}:{w[1]} is live; nothing to recover")
-            failed = sorted(set(job.failed) | {w}) if ev.kind == "failure" \
-                else sorted(set(job.failed) - {w})
+            failed, inc, replacement = self._membership(job, ev, w)
+            grid = [list(row) for row in job.incarnations]
+            grid[w[0]][w[1]] = inc
+            cause = f"{'replacement' if replacement else ev.kind}:{source}"
             dead = dead_stage(job.spec, failed)
-            plan, plan_source, record = None, None, None
+            fresh, plan, plan_source, record = None, None, None, None
             if dead is None:
-                plan, plan_source = await asyncio.to_thread(self._plan_now, job.spec, failed)
-                plan = plan.model_copy(update={"version": job.version + 1})
-                record = _plan_record(plan, f"{ev.kind}:{source}")
+                if replacement:  # same failed set: the plan in force, admitting `inc`
+                    fresh = job.plan
+                else:
+                    fresh, plan_source = await asyncio.to_thread(self._plan_now, job.spec,
+                                                                 failed)
+                plan = fresh.stamped(job.version + 1, grid)
+                record = _plan_record(plan, cause)
             state = "running" if dead is None else "halted"
             reason = None if dead is None else str(NoPlanError(dead))
             answer = {"job_id": job.id, "event_id": ev.event_id, "kind": ev.kind,
                       "replica": ev.replica, "stage": ev.stage, "source": source,
                       "state": state, "reason": reason, "failed": failed,
                       "plan_version": plan.version if plan else job.version,
-                      "plan_source": plan_source}
+                      "plan_source": plan_source, "incarnation": inc}
             await asyncio.to_thread(self.store.apply_event, job.id,
                                     {**ev.model_dump(), "source": source,
                                      "body_json": body_json},
                                     answer, state, reason, failed, record)
             job.failed, job.state, job.reason = [tuple(x) for x in failed], state, reason
             if plan is not None:
-                self._install(job, plan, record["json"], f"{ev.kind}:{source}")
+                job.incarnations = grid
+                self._install(job, plan, record["json"], cause)
                 self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
             else:
                 job.notify()
@@ -259,10 +288,35 @@ class Service:
         if self.monitor:
             self.monitor.forget(job.id, w)
         if plan_source == "greedy":
-            self._background(asyncio.to_thread(self.cache.put, plan))  # off the answer's path
+            self._background(asyncio.to_thread(self.cache.put, fresh))  # off the answer's path
             if self.precomputer:
                 self.precomputer.improve(job, failed)
         return answer, False
+
+    @staticmethod
+    def _membership(job: JobRuntime, ev: EventIn, w) -> tuple[list, int, bool]:
+        """(new failed set, w's incarnation after the event, is it a replacement), or a
+        409 for an event that conflicts with the job's membership."""
+        name = f"worker {w[0]}:{w[1]}"
+        have, k = job.incarnation(*w), ev.incarnation
+        if ev.kind == "failure":
+            if w in job.failed:
+                raise ApiError(409, f"{name} has already failed")
+            if k is not None and k < have:
+                raise ApiError(409, f"{name} incarnation {k} is superseded by {have}; "
+                                    "its failure is stale")
+            return sorted(set(job.failed) | {w}), have, False
+        if w in job.failed:
+            if k is not None and k < have:
+                raise ApiError(409, f"{name} incarnation {k} is older than {have}")
+            # without an incarnation: the next one, so plans still tell processes apart
+            return sorted(set(job.failed) - {w}), have + 1 if k is None else k, False
+        if k is None:
+            raise ApiError(409, f"{name} is live; nothing to recover (a restarted process "
+                                "replaces it by sending its incarnation)")
+        if k <= have:
+            raise ApiError(409, f"{name} incarnation {k} is not newer than {have}")
+        return sorted(job.failed), k, True
 
     async def finish(self, job: JobRuntime) -> None:
         """Training completed: stop watching the job's workers (they exit now). Idempotent."""
@@ -298,7 +352,7 @@ class Service:
             plan = await asyncio.to_thread(self.cache.get, job.spec, job.failed)
             if plan is None or plan.metrics.period >= job.plan.metrics.period:
                 return False
-            plan = plan.model_copy(update={"version": job.version + 1})
+            plan = plan.stamped(job.version + 1, job.incarnations)
             record = _plan_record(plan, cause)
             self.store.add_plan(job.id, record)
             self._install(job, plan, record["json"], cause)
@@ -317,7 +371,7 @@ class Service:
         async with job.lock:
             if job.state != "running" or job.version != version:
                 return
-            plan = job.plan.model_copy(update={"version": job.version + 1})
+            plan = job.plan.stamped(job.version + 1, job.incarnations)
             record = _plan_record(plan, "resync")
             self.store.add_plan(job.id, record)
             self._install(job, plan, record["json"], "resync")
