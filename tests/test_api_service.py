@@ -319,7 +319,8 @@ def test_service_watch_and_worker_source(admin, server):
     watch = ServiceWatch(server.url, jid, token, timeout_s=5)
     store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
     store.set("config", "{}")
-    src = ServiceWorkerSource(store, (1, 1), 2, watch.worker_config(), "run1", slice_s=0.1)
+    config = {**watch.worker_config(), "token": token}  # workers get the token separately
+    src = ServiceWorkerSource(store, (1, 1), 2, config, "run1", slice_s=0.1)
     assert src.wait_for_plan(-1, 1).version == 0
     admin.post(f"/v1/jobs/{jid}/events", json={"event_id": "f", "kind": "failure",
                                               "replica": 1, "stage": 1}).raise_for_status()
