@@ -41,6 +41,9 @@ async def suspect(job_id: str, report: SuspectIn, request: Request):
     job.check_worker(report.replica, report.stage)
     if report.reporter is not None:
         job.check_worker(report.reporter.replica, report.reporter.stage)
+    if job.state == "finished":  # its workers are exiting: nobody is declared failed
+        return {"replica": report.replica, "stage": report.stage,
+                "declared_failed": False, "deadline_s": None}
     version = job.version
     left = svc.monitor.suspect(job, report.replica, report.stage)
     if left is not None:  # if it turns out alive, the reporter still needs a new plan

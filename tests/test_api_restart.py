@@ -181,3 +181,49 @@ def test_sigkill_leaves_no_solver_processes_behind(tmp_path):
                     os.kill(pid, signal.SIGKILL)
                 except OSError:
                     pass
+
+
+def test_a_finished_job_stays_finished_across_a_restart(tmp_path):
+    """POST /finish is idempotent, and a finished job is never declared failed or halted
+    by the heartbeat monitor afterwards: its workers exit without being watched, also
+    when the service restarts (armed workers are re-armed only for running jobs)."""
+    timeout = 0.8
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "0",
+                     "--heartbeat-timeout", str(timeout)).start()
+    try:
+        c = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+        r = c.post("/v1/jobs", json=spec(D=2, S=2, M=2)).json()
+        jid, token = r["id"], r["token"]
+        w = httpx.Client(base_url=srv.url, timeout=10,
+                         headers={"Authorization": f"Bearer {token}"})
+        for rs in ((0, 0), (0, 1), (1, 0), (1, 1)):  # every worker armed
+            hb = {"replica": rs[0], "stage": rs[1], "iteration": 5}
+            assert w.post(f"/v1/jobs/{jid}/heartbeats", json=hb).status_code == 200
+        first = w.post(f"/v1/jobs/{jid}/finish")
+        assert first.status_code == 200 and first.json()["state"] == "finished"
+        assert w.post(f"/v1/jobs/{jid}/finish").json() == first.json()
+
+        def still_finished():
+            job = c.get(f"/v1/jobs/{jid}").json()
+            assert (job["state"], job["reason"], job["plan_version"], job["failed"]) == \
+                ("finished", None, 0, [])
+            assert c.get(f"/v1/jobs/{jid}/events").json() == []
+            # a late suspect report about an exiting peer declares nobody failed
+            r = w.post(f"/v1/jobs/{jid}/suspects", json={"replica": 1, "stage": 1})
+            assert r.status_code == 200 and r.json()["declared_failed"] is False
+            r = w.post(f"/v1/jobs/{jid}/events", json=ev("late", "failure", 0, 0))
+            assert r.status_code == 409 and "finished" in r.json()["detail"]
+            r = w.post(f"/v1/jobs/{jid}/heartbeats",
+                       json={"replica": 0, "stage": 0, "iteration": 6})
+            assert r.status_code == 200 and r.json()["state"] == "finished"
+
+        time.sleep(timeout * 2.5)  # every worker silent past the timeout
+        still_finished()
+        srv.kill()
+        srv.start()
+        time.sleep(timeout * 2.5)
+        still_finished()
+        assert w.post(f"/v1/jobs/{jid}/finish").json() == first.json()
+        assert c.get(f"/v1/jobs/{jid}/plan").status_code == 200  # not 410: never halted
+    finally:
+        srv.stop()
