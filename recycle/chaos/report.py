@@ -58,7 +58,7 @@ def recovery_lines(summary: dict) -> list[str]:
             if s["n"]:
                 lines.append(f"recovery after {kind} ({mode}, n={s['n']}): p50 {s['p50']:.2f} s, "
                              f"p99 {s['p99']:.2f} s, max {s['max']:.2f} s")
-    return lines or ["recovery: no times reported (the run summaries have no 'recovery' key)"]
+    return lines or ["recovery: no times (no run finished with a 'recovery' list in its summary)"]
 
 
 def table(records: list[dict]) -> Table:

@@ -25,7 +25,10 @@ RECYCLE = [sys.executable, "-m", "recycle.cli"]
 MODEL_ARGS = ["--d-model", "16", "--layers", "2", "--heads", "2", "--seq-len", "8",
               "--micro-batch-size", "2", "--vocab", "32"]
 TOLERANCE = 1e-5
-COMM_TIMEOUT_S = 2.0
+# --timeout: short, so faults cost little. With a service 3 s: a rejoin holds the others at
+# its iteration for up to 10 timeouts, which must cover an outage (<= 15 s) plus the fresh
+# heartbeat timeout (10 s) after the restart, or a donor kill would empty the stage.
+COMM_TIMEOUT_S = {False: 2.0, True: 3.0}
 TIME_LIMIT_S = {False: 120.0, True: 240.0}
 EXIT_HALT = 3
 
@@ -94,7 +97,7 @@ def train_command(sched: Schedule, run_dir: str, service_args: tuple = ()) -> li
     return RECYCLE + ["train", *sched.to_args(), *service_args,
                       "--summary", os.path.join(run_dir, "run.json"),
                       "--run-dir", os.path.join(run_dir, "workers"),
-                      "--timeout", f"{COMM_TIMEOUT_S:g}", *MODEL_ARGS]
+                      "--timeout", f"{COMM_TIMEOUT_S[sched.service]:g}", *MODEL_ARGS]
 
 
 def _run_local(sched: Schedule, run_dir: str, limit: float, record: dict) -> None:
@@ -112,8 +115,8 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
     from recycle.chaos.service import OutageThread, Service
 
     tag = new_tag()
-    service = Service(os.path.join(run_dir, "service.db"), record["log"][:-4] + "-serve.log",
-                      tag)
+    service = Service(os.path.join(run_dir, "service.db"),
+                      os.path.join(os.path.dirname(record["log"]), record["name"] + "-serve.log"), tag)
     record["service_log"] = service.log_path
     done = threading.Event()
     outage = None
