@@ -126,6 +126,7 @@ class Coordinator:
         self.mailbox = Mailbox(self.store)
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.reaped: set[int] = set()  # pids whose exit has been handled
+        self.lost_worker: Optional[Worker] = None
         self.failed: set[Worker] = set()
         # Membership: the incarnation each worker's newest plan admits (stamped on plans).
         self.incs = [[1] * self.S for _ in range(self.D)]
@@ -169,6 +170,8 @@ class Coordinator:
         self.event(f"worker {wkey(w)} failed ({why})")
         if self.pending.pop(w, None) is not None:
             self.update_hold()  # it died before it was admitted: nothing to hold for
+        if self.service is not None and self.service.lost:
+            self.lost_worker = w  # nobody can plan around it now: run() halts
         if self.service is None and w not in self.failed:  # the service declares its own
             self.failed.add(w)
             self.done.pop(w, None)
@@ -251,6 +254,9 @@ class Coordinator:
             while True:
                 if self.service is not None and self.service.halted:
                     return self.halt(self.service.halted)
+                if self.lost_worker is not None:
+                    return self.halt(f"worker {wkey(self.lost_worker)} failed while the plan "
+                                     f"service had lost the job ({self.service.lost})")
                 self.tick()
                 if self.complete():
                     self.publish(final=True)

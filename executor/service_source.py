@@ -38,6 +38,7 @@ class ServiceWorkerSource(StorePlanSource):
                                    reporter=me, request_timeout_s=5.0)
         self.run_id, self.slice_s = run_id, slice_s
         self._last: Optional[Plan] = None
+        self._lost = False
 
     def _end_marker(self, after_version: int) -> Optional[Plan]:
         with self._lock:
@@ -57,7 +58,14 @@ class ServiceWorkerSource(StorePlanSource):
             if done is not None:
                 return done
             left = deadline - time.monotonic()
-            plan = self.http.wait_for_plan(after_version, max(0.0, min(left, self.slice_s)))
+            try:
+                plan = self.http.wait_for_plan(after_version, max(0.0, min(left, self.slice_s)))
+            except LookupError as e:  # the service lost the job: train on under the plan in
+                if not self._lost:    # force; the coordinator halts if anything fails now
+                    log.warning("%s; going on under the plan in force", e)
+                self._lost = True
+                time.sleep(min(self.slice_s, max(0.0, deadline - time.monotonic())))
+                plan = None
             if plan is not None:
                 self._last = plan
                 return plan
@@ -65,7 +73,10 @@ class ServiceWorkerSource(StorePlanSource):
                 return None
 
     def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1) -> None:
-        self.http.heartbeat(replica, stage, iteration, incarnation)  # best effort
+        try:  # best effort: a heartbeat the service refuses must not end the worker
+            self.http.heartbeat(replica, stage, iteration, incarnation)
+        except (LookupError, PermissionError, RuntimeError) as e:
+            log.info("heartbeat not taken: %s", e)
         with self._lock:  # raises once the coordinator is gone: the worker exits
             self.store.check(["config"])
 
@@ -111,6 +122,7 @@ class ServiceWatch:
             raise ConnectionError(f"no plan from {url} for job {job_id}")
         self.plan: Plan = first
         self.halted: Optional[str] = None
+        self.lost: Optional[str] = None  # the service no longer knows the job
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
@@ -128,6 +140,10 @@ class ServiceWatch:
             except TrainingHalted as e:
                 self.halted = str(e)
                 return
+            except LookupError as e:
+                self.lost = str(e)
+                self._stop.wait(1.0)
+                continue
             except Exception as e:  # noqa: BLE001 - keep following; the run has a deadline
                 log.warning("following the plan service: %s", e)
                 self._stop.wait(0.5)
