@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import pytest
@@ -13,7 +15,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from executor.faults import parse_event, parse_stall
-from recycle.chaos.leaks import reap_leaks
+from recycle.chaos.leaks import new_tag, reap_leaks, tagged, tagged_env
+from recycle.chaos.report import summarize
 from recycle.chaos.schedule import (MAX_KILLS_PER_ITERATION, STALL_S, Fault, Schedule, draw,
                                     draw_one)
 
@@ -140,6 +143,32 @@ def test_seeds_reach_every_kind_of_fault():
             found.add("stall")
     assert found == {"donor kill", "two kills in one iteration", "killed and rejoined twice",
                      "stall"}
+
+
+def test_a_process_that_escaped_its_session_is_found_by_its_tag_and_killed():
+    tag = new_tag()
+    escapee = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); "
+                                "time.sleep(60)"], env=tagged_env(tag))
+    try:
+        time.sleep(0.3)
+        assert tagged(tag) == [escapee.pid]
+        leaks = reap_leaks(tag)
+        assert len(leaks) == 1 and leaks[0].startswith(f"{escapee.pid} ")
+        assert escapee.wait(5) == -signal.SIGKILL
+        assert tagged(tag) == []
+    finally:
+        escapee.kill()
+        escapee.wait()
+
+
+def test_recovery_percentiles_per_mode():
+    def rec(service, *secs):
+        return {"service": service, "outcome": "exact", "leaks": [], "recovery": [
+            {"kind": "kill", "worker": [0, 0], "iteration": 1, "seconds": x} for x in secs]}
+    stats = summarize([rec(False, 1.0, 3.0), rec(False, 2.0), rec(True, 10.0)])["recovery"]
+    assert stats["local"]["kill"] == {"n": 3, "p50": 2.0, "p99": 2.98, "max": 3.0}
+    assert stats["service"]["kill"]["max"] == 10.0 and stats["all"]["kill"]["n"] == 4
+    assert stats["all"]["rejoin"] == {"n": 0, "p50": None, "p99": None, "max": None}
 
 
 # ---- the command ------------------------------------------------------------------------

@@ -14,7 +14,7 @@ J and may be killed again only from J+1 on.
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Optional
 
 Worker = tuple[int, int]
@@ -65,7 +65,7 @@ class Schedule:
     iterations: int
     faults: tuple[Fault, ...] = ()
     outage: Optional[ServiceOutage] = None  # set only for --service schedules
-    service: bool = field(default=False)
+    service: bool = False
 
     @property
     def grid(self) -> str:
