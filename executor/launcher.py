@@ -130,7 +130,9 @@ class Coordinator:
         self.failed: set[Worker] = set()
         # Membership: the incarnation each worker's newest plan admits (stamped on plans).
         self.incs = [[1] * self.S for _ in range(self.D)]
-        self.pending: dict[Worker, tuple[int, float]] = {}  # restarted: (hold iteration, t0)
+        # Rejoins awaited (restarted, or failed with a --rejoin due): (hold iteration, t0).
+        self.pending: dict[Worker, tuple[int, float]] = {}
+        self.given_up: set[tuple[int, int, int]] = set()  # --rejoin entries not held for again
         self.hold_limit = 4 * timeout + 5.0
         # Recovery timing (wall clock, shared with the workers' reports).
         self.kills_at: list[tuple[float, Worker, int]] = []
@@ -203,6 +205,7 @@ class Coordinator:
                 self.event(f"rejoin of {wkey(w)} not admitted within {self.hold_limit:g} s: "
                            f"no longer holding iteration {it} for it")
                 del self.pending[w]
+                self.given_up.update(k for k in self.rejoins if k[:2] == w and k[2] == it)
         its = [it for it, _ in self.pending.values()]
         set_counter(self.store, "hold", min(its) + 1 if its else 0)
 
@@ -239,6 +242,11 @@ class Coordinator:
             if (plan.worker(*w) is not None
                     and plan.incarnation(*w) == read_int(self.store, f"inc/{wkey(w)}")):
                 self.admitted(w)
+        for w in self.failed:  # declared failed while its process lives on (a stall): a due
+            due = [k for k in self.rejoins if k[:2] == w]  # rejoin is awaited from now on
+            if due and w not in self.pending and due[0] not in self.given_up:
+                self.pending[w] = (due[0][2], time.monotonic())
+                self.update_hold()
         self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
 
     def live(self) -> list[Worker]:

@@ -169,8 +169,8 @@ def test_stall_past_heartbeat_timeout_fences_then_rejoins(tmp_path):
         # Failed sets in version order (a re-sync under load repeats one: merged here).
         sets = [p["failed"] for p in h["plans"]]
         assert [s for i, s in enumerate(sets) if i == 0 or s != sets[i - 1]] == [[], [[0, 1]], []]
-        assert "not in plan v1 (failed [(0, 1)]): stopping" in logs(tmp_path)
-        assert any("worker 0:1 process exited with code 0" in e for e in res.events)
+        assert "not in plan v1: declared failed (failed [(0, 1)]): stopping" in logs(tmp_path)
+        assert any("worker 0:1 failed (process exited with code 0)" in e for e in res.events)
         assert any("restarting worker 0:1" in e for e in res.events)
         assert "loaded stage 1 state from worker (1, 1)" in logs(tmp_path)
     finally:
