@@ -133,7 +133,8 @@ class Coordinator:
         # Rejoins awaited (restarted, or failed with a --rejoin due): (hold iteration, t0).
         self.pending: dict[Worker, tuple[int, float]] = {}
         self.given_up: set[tuple[int, int, int]] = set()  # --rejoin entries not held for again
-        self.hold_limit = 4 * timeout + 5.0
+        # Through a service, admission may wait for it to come back from an outage.
+        self.hold_limit = 4 * timeout + (60.0 if service is not None else 5.0)
         # Recovery timing (wall clock, shared with the workers' reports).
         self.kills_at: list[tuple[float, Worker, int]] = []
         self.restarts_at: list[tuple[float, Worker, int]] = []

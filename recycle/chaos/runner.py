@@ -25,9 +25,10 @@ RECYCLE = [sys.executable, "-m", "recycle.cli"]
 MODEL_ARGS = ["--d-model", "16", "--layers", "2", "--heads", "2", "--seq-len", "8",
               "--micro-batch-size", "2", "--vocab", "32"]
 TOLERANCE = 1e-5
-# --timeout: short, so faults cost little. With a service 3 s: a rejoin holds the others at
-# its iteration for up to 10 timeouts, which must cover an outage (<= 15 s) plus the fresh
-# heartbeat timeout (10 s) after the restart, or a donor kill would empty the stage.
+# --timeout: short, so faults cost little. With a service 3 s. A rejoin holds the others at
+# its iteration until it is admitted (up to 4 timeouts + 60 s with a service: an outage
+# (<= 15 s) plus the fresh heartbeat timeout after the restart), so a donor kill in that
+# iteration never empties the stage.
 COMM_TIMEOUT_S = {False: 2.0, True: 3.0}
 TIME_LIMIT_S = {False: 120.0, True: 240.0}
 EXIT_HALT = 3
