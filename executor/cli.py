@@ -29,7 +29,7 @@ def train_cmd(
     microbatches: int = typer.Option(4, "--microbatches", "-m", help="micro-batches per replica M"),
     iterations: int = typer.Option(5, help="training iterations (one global batch each)"),
     kill: List[str] = typer.Option([], "--kill", help="SIGKILL worker R:S mid-iteration ITER: R:S@ITER (repeatable)"),
-    rejoin: List[str] = typer.Option([], "--rejoin", help="restart killed worker R:S, back in the plan at ITER: R:S@ITER"),
+    rejoin: List[str] = typer.Option([], "--rejoin", help="restart worker R:S when it dies, back in the plan at ITER: R:S@ITER (repeatable: each entry serves one death)"),
     stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
     summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
     reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),

@@ -10,7 +10,12 @@ from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from planner.job import JobSpec
+from planner.job import MAX_CELLS, MAX_COUNT, MAX_TIME, JobSpec
+
+# Every integer a plan carries is bounded like the job spec's (planner/job.py): times fit
+# the spec's horizon, so they stay exact in JSON and in SQLite's int64.
+Time = Annotated[int, Field(ge=0, le=MAX_TIME)]
+Index = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 PLAN_FORMAT = "recycle.plan/v1"
 Op = Literal["F", "I", "W", "B", "OPT"]
@@ -19,9 +24,9 @@ Op = Literal["F", "I", "W", "B", "OPT"]
 class Action(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     op: Op
-    microbatch: Optional[int] = None
-    start: int
-    end: int
+    microbatch: Optional[Annotated[int, Field(ge=0, le=MAX_CELLS)]] = None
+    start: Time
+    end: Time
 
     def label(self, stage: int) -> str:
         """torch.distributed.pipelining's action string, e.g. `1F3`."""
@@ -47,8 +52,8 @@ def make_action(op: str, microbatch: Optional[int], start: int, end: int) -> Act
 
 class WorkerPlan(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    replica: int
-    stage: int
+    replica: Index
+    stage: Index
     actions: list[Action]
 
     @property
@@ -58,9 +63,9 @@ class WorkerPlan(BaseModel):
 
 class Metrics(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    period: int
-    makespan: int
-    lower_bound: int
+    period: Time
+    makespan: Time
+    lower_bound: Time
     gap: float
     # Period measured as if the optimizer were staggered / synchronous, whatever the
     # plan's own mode: the ablation reports both (DESIGN section 4).
@@ -82,9 +87,9 @@ class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: Literal["recycle.plan/v1"] = PLAN_FORMAT
     job: JobSpec
-    failed: list[tuple[int, int]]
-    version: int = 0
-    routes: list[list[int]]
+    failed: list[tuple[Index, Index]]
+    version: Time = 0
+    routes: list[list[Index]]
     workers: list[WorkerPlan]
     metrics: Metrics
     solver: SolverInfo
