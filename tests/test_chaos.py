@@ -102,7 +102,7 @@ def test_grid_run_length_and_service_outage_stay_in_range(seed, index, service):
     assert (8 <= s.iterations <= 10) if service else (12 <= s.iterations <= 16)
     assert s.of("kill"), "every schedule kills someone"
     if service:
-        assert 3 <= s.outage.at_s <= 20 and 1 <= s.outage.outage_s <= 15
+        assert 2 <= s.outage.at_s <= 10 and 1 <= s.outage.outage_s <= 15
     else:
         assert s.outage is None
 

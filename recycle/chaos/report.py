@@ -68,8 +68,13 @@ def table(records: list[dict]) -> Table:
         t.add_column(col, overflow="fold", justify="right" if col in ("seed", "run", "wall s") else "left")
     for r in records:
         diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
+        faults = r["faults"]
+        svc = r.get("service_outage")
+        if svc:  # what really happened to the service, not only what was drawn
+            faults += (f" [svc down {svc['killed_at_s']}s..{svc['restarted_at_s']}s]"
+                       if svc.get("killed_at_s") is not None else " [svc kill after the run]")
         t.add_row(str(r["seed"]), str(r["run"]) + (" svc" if r["service"] else ""),
-                  f"{r['grid']} m{r['microbatches']} n{r['iterations']}", r["faults"],
+                  f"{r['grid']} m{r['microbatches']} n{r['iterations']}", faults,
                   f"[{STYLE.get(r['outcome'], '')}]{r['outcome']}[/]", f"{r['wall_s']:.1f}",
                   diff, _recoveries(r.get("recovery") or []))
     return t

@@ -115,7 +115,8 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
     faults = _faults(rng, D, S, N, service)
     outage = None
     if service:
-        outage = ServiceOutage(at_s=round(rng.uniform(3.0, 20.0), 1),
+        # Early enough to land inside the run (service runs last ~15-30 s here).
+        outage = ServiceOutage(at_s=round(rng.uniform(2.0, 10.0), 1),
                                outage_s=round(rng.uniform(1.0, 15.0), 1))
     return Schedule(seed, index, D, S, M, N, tuple(faults), outage, service)
 
