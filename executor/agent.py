@@ -64,7 +64,7 @@ class Agent:
         self._asked = -1  # newest plan version on which we asked to be admitted
         self.done = start_iteration - 1  # last iteration this worker has stepped
         self.version, self._refused = -1, -1
-        self.job_hash = job.spec_hash()
+        self.job_hash = job.identity_hash()
         self.snapshots: dict[int, tuple[dict, dict]] = {}  # iteration -> pre-step state
         self.world: Optional[World] = None
         self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
@@ -80,7 +80,7 @@ class Agent:
 
     # ---- plans and fencing ------------------------------------------------------------
     def admit(self, plan: Plan) -> bool:
-        got = plan.job.spec_hash()
+        got = plan.job.identity_hash()
         if got != self.job_hash:
             self.log(f"refusing plan v{plan.version}: it is for job {got}, "
                      f"this worker runs job {self.job_hash}")

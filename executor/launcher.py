@@ -99,7 +99,7 @@ class Coordinator:
         self.rejoins = sorted((tuple(k) for k in rejoins), key=lambda k: k[2])
         self.solver, self.timeout, self.external = solver, timeout, external
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
-        if service is not None and service.plan.job.spec_hash() != job.spec_hash():
+        if service is not None and service.plan.job.identity_hash() != job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         self.ckpt_dir = os.path.join(self.run_dir, "stage-states")

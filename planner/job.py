@@ -151,6 +151,12 @@ class JobSpec(_Strict):
         canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
+    def identity_hash(self) -> str:
+        """The job's identity: its spec without `speed`. Speeds change at run time (a
+        straggler, planner/speeds.py) while the job stays the same one: workers fence plans
+        of other jobs by this, not by spec_hash (which keys cached plans)."""
+        return self.model_copy(update={"speed": None}).spec_hash()
+
     @classmethod
     def load(cls, path: str) -> "JobSpec":
         with open(path) as fh:

@@ -56,3 +56,67 @@ def _hard_timeout(request):
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
         faulthandler.cancel_dump_traceback_later()
+
+
+# ---- no process left behind ---------------------------------------------------------------
+# Every test that starts processes (those with a hard time limit) must leave none running:
+# workers, servers, solver pools. multiprocessing's forkserver and resource tracker, which
+# belong to the pytest process itself and end with it, are the only exceptions.
+
+def _proc_table() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every live, non-zombie process."""
+    out = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                fields = fh.read().rsplit(")", 1)[1].split()
+            with open(f"/proc/{d}/cmdline", "rb") as fh:
+                cmd = fh.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if fields[0] != "Z":
+            out[int(d)] = (int(fields[1]), cmd)
+    return out
+
+
+def _leftovers(root: int) -> dict[int, str]:
+    table = _proc_table()
+    kids: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        kids.setdefault(ppid, []).append(pid)
+    out, todo = {}, [(k, True) for k in kids.get(root, [])]
+    while todo:
+        pid, direct = todo.pop()
+        cmd = table[pid][1]
+        if not (direct and ("multiprocessing.forkserver" in cmd
+                            or "multiprocessing.resource_tracker" in cmd)):
+            out[pid] = cmd
+        todo.extend((k, False) for k in kids.get(pid, []))
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left(request):
+    if not sys.platform.startswith("linux") or request.node.get_closest_marker("hard_timeout") is None:
+        yield
+        return
+    import signal
+    import time
+    before = set(_leftovers(os.getpid()))
+    yield
+    end = time.monotonic() + 10  # servers get SIGTERM and a few seconds to exit
+    left = {}
+    while time.monotonic() < end:
+        left = {p: c for p, c in _leftovers(os.getpid()).items() if p not in before}
+        if not left:
+            return
+        time.sleep(0.1)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+    pytest.fail(f"left {len(left)} process(es) running: "
+                + "; ".join(f"{p} {c[:80]}" for p, c in left.items()), pytrace=False)

@@ -181,3 +181,28 @@ def test_store_listens_on_loopback_only(tmp_path):
         rows = [line.split() for line in fh.readlines()[1:]]
     listening = [r[1] for r in rows if r[3] == "0A" and int(r[1].split(":")[1], 16) == port]
     assert listening == [f"0100007F:{port:04X}"], listening
+
+
+def test_store_holds_no_service_token(tmp_path):
+    """Cause 8: the store's `config` key carried the job's worker token to anyone who could
+    reach the port. Local workers get it as a process argument, torchrun'd ones from
+    RECYCLE_TOKEN."""
+    import json
+
+    import httpx
+
+    from api_support import ThreadServer, admin_headers
+    from executor.launcher import Coordinator
+    from executor.service_source import ServiceWatch
+    from planner.job import JobSpec
+    with ThreadServer(tmp_path / "svc.db", precompute_failures=0) as srv:
+        r = httpx.post(srv.url + "/v1/jobs", headers=admin_headers(),
+                       json=JobSpec.uniform(2, 2, M).model_dump(mode="json"))
+        jid, token = r.json()["id"], r.json()["token"]
+        watch = ServiceWatch(srv.url, jid, token)
+        try:
+            coord = Coordinator(CFG, watch.plan.job, 2, service=watch, run_dir=str(tmp_path))
+            config = coord.store.get("config").decode()
+            assert token not in config and json.loads(config)["service"]["job_id"] == jid
+        finally:
+            watch.close()

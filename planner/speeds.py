@@ -1,0 +1,90 @@
+"""Stragglers as data: quantised speed factors and a run-time detector (DESIGN section 8).
+
+A worker's speed is relative to its stage's peers: the fastest live worker of a stage is
+1.0, a worker that needs twice as long per micro-batch is 0.5. Measured speeds are noisy,
+so they are quantised to steps of `STEP` (10%) before they enter a job spec: canonical
+failed-set keys then repeat and cached plans are reused. Rule: round to the nearest step,
+at least one step (0.1), at most 1.0.
+
+The detector turns per-iteration compute reports (seconds per micro-batch, F+I+W of the
+micro-batches the worker ran) into a speed grid, with three guards against flapping:
+  - a worker's estimate is the median of its last `window` reports (one hiccup is ignored);
+  - a nominal worker becomes slow only below `enter` (0.8), a slow one is nominal again
+    only above `leave` (0.9): between the two, nothing changes (hysteresis);
+  - a slow worker's level moves only when the estimate differs from it by two steps.
+Seconds per micro-batch stay the same when the plan moves micro-batches away from a slow
+worker, so re-planning does not feed back into the estimate. Pure Python: the local
+coordinator and the service both run it.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict, deque
+from typing import Optional
+
+STEP = 0.1
+Grid = list[list[float]]
+
+
+def quantize(speed: float, step: float = STEP) -> float:
+    if not speed == speed:  # nan: no information, nominal
+        return 1.0
+    q = round(round(speed / step) * step, 6)
+    return min(1.0, max(step, q))
+
+
+def nominal(grid: Optional[Grid]) -> bool:
+    return grid is None or all(v == 1.0 for row in grid for v in row)
+
+
+def with_speeds(job, grid: Optional[Grid]):
+    """The job spec with `grid` (quantised) as its speeds; None for all-nominal."""
+    q = None if grid is None else [[quantize(v) for v in row] for row in grid]
+    return job.model_copy(update={"speed": None if nominal(q) else q})
+
+
+class SpeedDetector:
+    def __init__(self, replicas: int, stages: int, *, window: int = 3, enter: float = 0.8,
+                 leave: float = 0.9, step: float = STEP):
+        if not 0 < enter <= leave <= 1:
+            raise ValueError("need 0 < enter <= leave <= 1")
+        self.D, self.S, self.window = replicas, stages, window
+        self.enter, self.leave, self.step = enter, leave, step
+        self.reports: dict[tuple[int, int], deque] = defaultdict(lambda: deque(maxlen=window))
+        self.grid: Grid = [[1.0] * stages for _ in range(replicas)]
+
+    def observe(self, replica: int, stage: int, seconds_per_microbatch: float) -> None:
+        if seconds_per_microbatch > 0:
+            self.reports[(replica, stage)].append(float(seconds_per_microbatch))
+
+    def forget(self, replica: int, stage: int) -> None:
+        """A worker failed or restarted: its history says nothing about the new process."""
+        self.reports.pop((replica, stage), None)
+        self.grid[replica][stage] = 1.0
+
+    def estimates(self) -> dict[tuple[int, int], float]:
+        """Relative speed of every worker with a full window of reports."""
+        med = {w: statistics.median(r) for w, r in self.reports.items() if len(r) == self.window}
+        out = {}
+        for (d, s), t in med.items():
+            fastest = min(v for (d2, s2), v in med.items() if s2 == s)
+            out[(d, s)] = fastest / t
+        return out
+
+    def update(self) -> Optional[Grid]:
+        """The new speed grid if it changed (publish a plan for it), else None."""
+        changed = False
+        for (d, s), est in self.estimates().items():
+            cur = self.grid[d][s]
+            if cur == 1.0:
+                new = quantize(est, self.step) if est < self.enter else 1.0
+            elif est > self.leave:
+                new = 1.0
+            elif abs(est - cur) >= 2 * self.step - 1e-9:
+                new = quantize(est, self.step)
+            else:
+                new = cur
+            if new != cur:
+                self.grid[d][s] = new
+                changed = True
+        return [row[:] for row in self.grid] if changed else None
