@@ -47,7 +47,7 @@ class Agent:
                  start_iteration: int = 0, init_state: Optional[dict] = None,
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
-                 workload: Workload = DEFAULT_WORKLOAD, fault_iterations=()):
+                 workload: Workload = DEFAULT_WORKLOAD, fault_iterations=(), slows=()):
         self.cfg, self.me, self.job, self.iterations = cfg, tuple(me), job, iterations
         self.source, self.store, self.timeout_s = source, store, timeout_s
         self.S, self.wl, self.device, self.local_workers = job.stages, workload, device, local_workers
@@ -73,6 +73,11 @@ class Agent:
         # Iterations in which an injected fault may target us: at their mid-point we wait
         # for the coordinator's go-ahead, so the signal lands mid-iteration.
         self.fault_iterations = set(fault_iterations)
+        # Injected slowness (--slow): (from iteration, speed factor), in iteration order.
+        self.slows = sorted((int(i), float(f)) for i, f in slows)
+        self.slow = 1.0  # factor in force this iteration
+        self._busy = 0.0  # compute seconds of the iteration in flight (sleeps included)
+        self.last_compute: Optional[tuple[int, float]] = None  # (iteration, s per micro-batch)
 
     def log(self, msg: str) -> None:
         stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
@@ -157,7 +162,8 @@ class Agent:
     def _heartbeats(self) -> None:
         while True:
             try:
-                self.source.heartbeat(self.me[0], self.me[1], self.done + 1, self.inc)
+                self.source.heartbeat(self.me[0], self.me[1], self.done + 1, self.inc,
+                                      self.last_compute)
             except Exception:  # the coordinator is gone: nothing left to train for
                 os._exit(3)
             time.sleep(0.5)
@@ -248,7 +254,10 @@ class Agent:
 
     # ---- one iteration ----------------------------------------------------------------
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
+        self.plan_actions = wp.actions
         self._batches.clear()
+        self._busy = 0.0
+        self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         half = len(wp.actions) // 2
         for k, a in enumerate(wp.actions):
             if k == half:
@@ -261,7 +270,7 @@ class Agent:
             elif a.op in ("I", "B"):
                 self._backward(plan, it, a.microbatch, a.op)
             elif a.op == "W":
-                self.compute.backward_weight(a.microbatch)
+                self._timed(self.compute.backward_weight, a.microbatch)
             else:
                 self._step(it)
         self.world.flush()
@@ -278,7 +287,7 @@ class Agent:
         else:
             x = self.world.recv(self.act_shape, (plan.routes[g][s - 1], s - 1), it, g, FWD)
         targets = self._batch(it, g)[1] if s == self.S - 1 else None
-        out = self.compute.forward(g, x, targets)
+        out = self._timed(self.compute.forward, g, x, targets)
         if s < self.S - 1:
             self.world.send(out, (plan.routes[g][s + 1], s + 1), it, g, FWD)
 
@@ -288,9 +297,27 @@ class Agent:
         if s < self.S - 1:
             grad = self.world.recv(self.act_shape, (plan.routes[g][s + 1], s + 1), it, g, BWD)
         fn = self.compute.backward_input if op == "I" else self.compute.backward_full
-        gx = fn(g, grad)
+        gx = self._timed(fn, g, grad)
         if s > 0:
             self.world.send(gx, (plan.routes[g][s - 1], s - 1), it, g, BWD)
+
+    def _timed(self, fn, *args):
+        """Compute, timed for the straggler detector: on CPU by the thread's CPU time (wall
+        time would count the time other processes held the core: on a shared machine every
+        worker would look slow by turns), on CUDA by wall time after a synchronize. An
+        injected --slow FACTOR really stretches the action to 1/FACTOR of that time (it
+        sleeps the rest), and the stretch counts as compute."""
+        cuda = self.device.type == "cuda"
+        clock = time.perf_counter if cuda else time.thread_time
+        t0 = clock()
+        out = fn(*args)
+        if cuda:
+            torch.cuda.synchronize(self.device)
+        dt = clock() - t0
+        if self.slow < 1.0:
+            time.sleep(dt * (1.0 / self.slow - 1.0))
+        self._busy += dt / self.slow
+        return out
 
     def _step(self, it: int) -> None:
         """OPT: sum the stage's gradients over its live peers, snapshot, AdamW step.
@@ -318,7 +345,9 @@ class Agent:
         self.compute.reset()
         self.done = it
         final = it == self.iterations - 1  # the summary needs the checksum only at the end
-        self.source.send("done", it=it, losses=losses,
+        n = sum(1 for a in self.plan_actions if a.op == "F")
+        self.last_compute = (it, self._busy / max(n, 1))
+        self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
                          checksum=checksum(self.module) if final else None)
         if self.writer and self.ckpt_dir and ((it + 1) % self.ckpt_every == 0
                                               or it == self.iterations - 1):

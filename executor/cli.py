@@ -30,6 +30,8 @@ def train_cmd(
     iterations: int = typer.Option(5, help="training iterations (one global batch each)"),
     kill: List[str] = typer.Option([], "--kill", help="SIGKILL worker R:S mid-iteration ITER: R:S@ITER (repeatable)"),
     rejoin: List[str] = typer.Option([], "--rejoin", help="restart worker R:S when it dies, back in the plan at ITER: R:S@ITER (repeatable: each entry serves one death)"),
+    slow: List[str] = typer.Option([], "--slow", help="make worker R:S really slower from iteration ITER, to FACTOR of its speed (1 ends it): R:S@ITER:FACTOR (repeatable)"),
+    detect_stragglers: bool = typer.Option(True, "--detect-stragglers/--no-detect-stragglers", help="measure each worker's speed and re-plan around slow ones (without a service)"),
     stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
     summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
     reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),
@@ -53,7 +55,7 @@ def train_cmd(
     """Train a small GPT on a DxS grid of worker processes, surviving injected failures."""
     from rich.console import Console
 
-    from executor.faults import check_faults
+    from executor.faults import check_faults, parse_slow
     from executor.launcher import parse_event, parse_stall, read_checkpoint, train
     from planner.job import JobSpec
 
@@ -67,6 +69,7 @@ def train_cmd(
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
         stalls = [parse_stall(s) for s in stall]
+        slows = [parse_slow(s) for s in slow]
         spec = JobSpec.load(job) if job else None
         watch = None
         if service:  # workers poll, heartbeat and report to the service themselves
@@ -77,7 +80,7 @@ def train_cmd(
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
-        check_faults(replicas, stages, iterations, kills, rejoins, stalls)
+        check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows)
         if resume:
             read_checkpoint(resume, spec, iterations)
     if reference:
@@ -95,6 +98,7 @@ def train_cmd(
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_path=checkpoint, run_dir=run_dir, external=external,
                    store_port=store_port, console=console, service=watch, stalls=stalls,
+                   slows=slows, detect_stragglers=detect_stragglers,
                    mode=Mode(split_backward=not no_split, staggered=not sync))
     if result.halted:
         raise typer.Exit(EXIT_NO_PLAN)

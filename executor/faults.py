@@ -36,11 +36,25 @@ def parse_stall(text: str) -> tuple[int, int, int, float]:
     return int(m[1]), int(m[2]), int(m[3]), float(m[4])
 
 
+def parse_slow(text: str) -> tuple[int, int, int, float]:
+    """`R:S@ITER:FACTOR` as typed on the command line (FACTOR 1 ends the slowness)."""
+    m = re.fullmatch(r"(\d+):(\d+)@(\d+):(\d+(?:\.\d*)?|\.\d+)", text.strip())
+    if not m:
+        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION:FACTOR, "
+                         "e.g. 1:1@2:0.5")
+    factor = float(m[4])
+    if not 0 < factor <= 1:
+        raise ValueError(f"--slow {text}: FACTOR must be in (0, 1] (1 ends the slowness; "
+                         "a worker cannot be made faster)")
+    return int(m[1]), int(m[2]), int(m[3]), factor
+
+
 def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=(),
-                 stalls=()) -> None:
+                 stalls=(), slows=()) -> None:
     """Refuse (ValueError, one line) a fault no run could ever carry out: it would be
     waited for, or silently never happen."""
-    for flag, items in (("--kill", kills), ("--rejoin", rejoins), ("--stall", stalls)):
+    for flag, items in (("--kill", kills), ("--rejoin", rejoins), ("--stall", stalls),
+                        ("--slow", slows)):
         for k in items:
             r, s, it = k[0], k[1], k[2]
             if not (r < replicas and s < stages):

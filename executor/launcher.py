@@ -52,6 +52,7 @@ from executor.rendezvous import Mailbox, publish_plan, read_int, set_counter, wk
 from planner.backends import solve
 from planner.failures import NoPlanError
 from planner.job import JobSpec
+from planner.speeds import SpeedDetector, with_speeds
 from planner.timeline import Mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,7 +91,8 @@ def read_checkpoint(path: str, job: JobSpec, iterations: int) -> dict:
 
 class Coordinator:
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
-                 stalls=(), solver="greedy", timeout=5.0, run_dir=None, checkpoint_path=None,
+                 stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
+                 run_dir=None, checkpoint_path=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
                  deadline_s=None, service=None, mode: Mode = Mode()):
         self.cfg, self.job, self.iterations = cfg, job, iterations
@@ -121,6 +123,7 @@ class Coordinator:
             "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
             "resume": resume, "local_workers": None if external else len(self.workers),
             "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],
+            "slows": [list(k) for k in slows],
             "run_id": uuid.uuid4().hex[:8],
             "service": service.worker_config() if service else None}))
         self.mailbox = Mailbox(self.store)
@@ -139,7 +142,8 @@ class Coordinator:
         self.kills_at: list[tuple[float, Worker, int]] = []
         self.restarts_at: list[tuple[float, Worker, int]] = []
         self.published_at: list[tuple[float, int]] = []
-        self.entries: list[tuple[float, Worker, int, int]] = []  # (t, worker, inc, version)
+        # (t, worker, incarnation, version, first iteration) of each entry into a version
+        self.entries: list[tuple[float, Worker, int, int, int]] = []
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
@@ -148,6 +152,10 @@ class Coordinator:
         self.printed, self.t_last = self.start - 1, time.monotonic()
         self.events: list[str] = []
         self.faults = Injector(kills, stalls, self.event)
+        # Stragglers (planner/speeds.py): speeds in force (the spec's own, if any), and the
+        # detector fed by the workers' compute times, which re-plans when they change.
+        self.speeds = job.speed
+        self.detector = SpeedDetector(self.D, self.S) if detect_stragglers else None
 
     # ---- processes ----------------------------------------------------------------------
     def spawn(self, w: Worker) -> None:
@@ -173,6 +181,8 @@ class Coordinator:
         self.event(f"worker {wkey(w)} failed ({why})")
         if self.pending.pop(w, None) is not None:
             self.update_hold()  # it died before it was admitted: nothing to hold for
+        if self.detector is not None:
+            self.detector.forget(*w)  # a new process on a new machine says nothing yet
         if self.service is not None and self.service.lost:
             self.lost_worker = w  # nobody can plan around it now: run() halts
         if self.service is None and w not in self.failed:  # the service declares its own
@@ -220,8 +230,8 @@ class Coordinator:
         if final:
             plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
         else:
-            plan = solve(self.job, sorted(self.failed), solver=self.solver,
-                         mode=self.mode)  # may raise NoPlanError
+            plan = solve(with_speeds(self.job, self.speeds), sorted(self.failed),
+                         solver=self.solver, mode=self.mode)  # may raise NoPlanError
             plan = plan.stamped(self.version + 1, self.incs)
         self.version, self.plan, self.suspect_since = plan.version, plan, None
         self._plans[plan.version] = plan
@@ -321,6 +331,14 @@ class Coordinator:
             # reach the new one; re-publishing sooner let workers chase versions forever.
             self.event(f"suspect reported under plan v{self.version} but no worker died: re-publishing")
             self.publish()
+        if self.detector is not None and self.service is None:
+            grid = self.detector.update()
+            if grid is not None:
+                slow = {f"{d}:{s}": v for d, row in enumerate(grid) for s, v in enumerate(row)
+                        if v != 1.0}
+                self.event(f"measured speeds changed: {slow or 'all nominal'}: re-planning")
+                self.speeds = grid
+                self.publish()
         vals = [self.done[w][0] for w in self.live() if w in self.done]
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
             self.committed = min(vals)
@@ -337,7 +355,9 @@ class Coordinator:
                 self.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
         elif kind == "done":
             if m.get("sync"):
-                self.entries.append((m["at"], w, m["inc"], m["v"]))
+                self.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
+            if m.get("compute") and self.detector is not None and m["v"] == self.version:
+                self.detector.observe(w[0], w[1], m["compute"])
             self.done[w] = (m["it"], m["v"])
             for g, loss in m.get("losses", {}).items():
                 self.losses.setdefault(m["it"], {})[int(g)] = loss
@@ -389,7 +409,24 @@ class Coordinator:
     def summary(self) -> Summary:
         return Summary(losses=[self.loss(i) for i in range(self.iterations)],
                        param_checksums=[self.final_checks[s] for s in range(self.S)],
-                       recovery=self.recovery())
+                       recovery=self.recovery(), plans=self.plans_used())
+
+    def plans_used(self) -> list[dict]:
+        """Every plan version some worker trained under: what the run really ran."""
+        first: dict[int, int] = {}
+        for _, _, _, v, it in self.entries:
+            first[v] = min(first.get(v, it), it)
+        out = []
+        for v in sorted(first):
+            plan = self._plans.get(v)
+            if plan is None or not plan.workers or first[v] >= self.iterations:
+                continue
+            out.append({"version": v, "failed": [list(x) for x in plan.failed],
+                        "speeds": plan.job.speed, "incarnations": plan.incarnations,
+                        "first_iteration": first[v],
+                        "microbatches": {f"{x.replica}:{x.stage}": sum(
+                            1 for a in x.actions if a.op == "F") for x in plan.workers}})
+        return out
 
     def recovery(self) -> list[dict]:
         """Time to recover, from the workers' own entry reports: for a kill, from the
@@ -398,7 +435,7 @@ class Coordinator:
         of the first version admitting the new process had entered it. Faults whose next
         plan was itself cut short by another fault are left out (no clean measurement)."""
         def first_entry(w, since_t, min_v):
-            ts = [t for t, x, _, v in self.entries if x == w and v >= min_v and t >= since_t]
+            ts = [t for t, x, _, v, _ in self.entries if x == w and v >= min_v and t >= since_t]
             return min(ts) if ts else None
 
         def everyone_in(version, since_t, skip=None):
@@ -416,7 +453,7 @@ class Coordinator:
                 out.append({"kind": "kill", "worker": list(w), "iteration": it,
                             "seconds": round(done - t_k, 4)})
         for t_r, w, it in self.restarts_at:
-            mine = [(t, v) for t, x, inc, v in self.entries if x == w and t >= t_r]
+            mine = [(t, v) for t, x, inc, v, _ in self.entries if x == w and t >= t_r]
             done = everyone_in(min(mine)[1], t_r) if mine else None
             if done is not None:
                 out.append({"kind": "rejoin", "worker": list(w), "iteration": it,

@@ -27,11 +27,16 @@ class Summary:
     # Multi-process runs: seconds from each injected kill / restart to training under the
     # plan that follows it ({"kind", "worker", "iteration", "seconds"}); see launcher.py.
     recovery: Optional[list[dict]] = field(default=None, compare=False)
+    # Multi-process runs: each plan version trained under (version, failed, speeds,
+    # incarnations, first iteration, micro-batches per worker), so a run can be checked.
+    plans: Optional[list[dict]] = field(default=None, compare=False)
 
     def to_json(self) -> str:
         d = {"losses": self.losses, "param_checksums": self.param_checksums}
         if self.recovery is not None:
             d["recovery"] = self.recovery
+        if self.plans is not None:
+            d["plans"] = self.plans
         return json.dumps(d)
 
     @classmethod

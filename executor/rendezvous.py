@@ -63,7 +63,10 @@ class StorePlanSource:
                 return None
             time.sleep(self.poll_s)
 
-    def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1) -> None:
+    def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1,
+                  compute=None) -> None:
+        """`compute` (iteration, seconds per micro-batch) rides along with the service; the
+        coordinator gets it with each step's `done` message instead."""
         with self._lock:
             self.store.set(f"hb/{replica}:{stage}", f"{time.time()} {iteration} {incarnation}")
 

@@ -72,7 +72,8 @@ class ServiceWorkerSource(StorePlanSource):
             if time.monotonic() >= deadline:
                 return None
 
-    def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1) -> None:
+    def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1,
+                  compute=None) -> None:
         try:  # best effort: a heartbeat the service refuses must not end the worker
             self.http.heartbeat(replica, stage, iteration, incarnation)
         except (LookupError, PermissionError, RuntimeError) as e:

@@ -72,7 +72,8 @@ def main(argv=None) -> int:
                   ckpt_every=int(conf.get("ckpt_every", 1)), device=pick_device(local_rank),
                   local_workers=local_workers_hint() or conf.get("local_workers"),
                   fault_iterations=fault_iterations(conf.get("kills", []),
-                                                    conf.get("stalls", []), me))
+                                                    conf.get("stalls", []), me),
+                  slows=[(i, f) for r, s, i, f in conf.get("slows", []) if (r, s) == me])
     return agent.run()
 
 
