@@ -67,6 +67,7 @@ class TrainResult:
     versions: int = 0
     run_dir: str = ""
     events: list = field(default_factory=list)
+    iteration_end: dict = field(default_factory=dict)  # iteration -> monotonic time it completed
 
 
 def read_checkpoint(path: str, job: JobSpec, iterations: int) -> dict:
@@ -150,6 +151,7 @@ class Coordinator:
         self._plans: dict[int, object] = {}  # version -> plan, for the recovery figures
         self.suspect_since: Optional[float] = None
         self.printed, self.t_last = self.start - 1, time.monotonic()
+        self.iteration_end: dict[int, float] = {}
         self.events: list[str] = []
         self.faults = Injector(kills, stalls, self.event)
         # Stragglers (planner/speeds.py): speeds in force (the spec's own, if any), and the
@@ -280,8 +282,10 @@ class Coordinator:
                 if self.complete():
                     self.publish(final=True)
                     self.reap(self.timeout * 2)
-                    return TrainResult(self.summary(), versions=self.version,
-                                       run_dir=self.run_dir, events=self.events)
+                    summary = self.summary()
+                    return TrainResult(summary, versions=len(summary.plans),
+                                       run_dir=self.run_dir, events=self.events,
+                                       iteration_end=self.iteration_end)
                 if self.deadline and time.monotonic() > self.deadline:
                     raise TimeoutError(
                         f"training did not finish in time (logs in {self.run_dir}); plan "
@@ -400,6 +404,7 @@ class Coordinator:
         while len(self.losses.get(self.printed + 1, {})) == self.n:
             self.printed += 1
             now = time.monotonic()
+            self.iteration_end[self.printed] = now
             tok = self.n * self.cfg.micro_batch_size * self.cfg.seq_len / max(now - self.t_last, 1e-9)
             self.t_last = now
             self.console.print(f"iter {self.printed:>4}  loss {self.loss(self.printed):.5f}  "
@@ -451,13 +456,13 @@ class Coordinator:
             done = everyone_in(min(nxt), t_k, skip=w) if nxt else None
             if done is not None:
                 out.append({"kind": "kill", "worker": list(w), "iteration": it,
-                            "seconds": round(done - t_k, 4)})
+                            "seconds": round(done - t_k, 4), "at": round(t_k, 3)})
         for t_r, w, it in self.restarts_at:
             mine = [(t, v) for t, x, inc, v, _ in self.entries if x == w and t >= t_r]
             done = everyone_in(min(mine)[1], t_r) if mine else None
             if done is not None:
                 out.append({"kind": "rejoin", "worker": list(w), "iteration": it,
-                            "seconds": round(done - t_r, 4)})
+                            "seconds": round(done - t_r, 4), "at": round(t_r, 3)})
         return out
 
     def halt(self, reason: str) -> TrainResult:

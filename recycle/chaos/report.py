@@ -21,14 +21,28 @@ def percentile(values: list[float], q: float) -> Optional[float]:
     return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
 
 
+def during_outage(record: dict, entry: dict) -> bool:
+    """Did this recovery overlap the service's outage? Nothing can be re-planned while the
+    service is down, so those recoveries measure the outage, not the runtime."""
+    svc = record.get("service_outage") or {}
+    down = svc.get("killed_epoch")
+    if down is None or "at" not in entry:
+        return False
+    up = svc.get("restarted_epoch") or float("inf")
+    start, end = entry["at"], entry["at"] + float(entry["seconds"])
+    return start <= up and end >= down
+
+
 def recovery_stats(records: list[dict]) -> dict:
-    """p50/p99/max of kill and rejoin recovery seconds, over all runs and per mode."""
+    """p50/p99/max of kill and rejoin recovery seconds, over all runs and per mode; with a
+    service also "service-up": recoveries that did not overlap its outage."""
     out = {}
-    for mode, keep in (("all", lambda r: True), ("local", lambda r: not r["service"]),
-                       ("service", lambda r: r["service"])):
+    for mode, keep in (("all", lambda r, x: True), ("local", lambda r, x: not r["service"]),
+                       ("service", lambda r, x: r["service"]),
+                       ("service-up", lambda r, x: r["service"] and not during_outage(r, x))):
         for kind in ("kill", "rejoin"):
-            secs = [float(x["seconds"]) for r in records if keep(r)
-                    for x in r.get("recovery") or [] if x.get("kind") == kind]
+            secs = [float(x["seconds"]) for r in records
+                    for x in r.get("recovery") or [] if x.get("kind") == kind and keep(r, x)]
             out.setdefault(mode, {})[kind] = {
                 "n": len(secs), "p50": _r(percentile(secs, 0.5)),
                 "p99": _r(percentile(secs, 0.99)), "max": _r(max(secs) if secs else None)}
@@ -52,7 +66,7 @@ def summary_line(summary: dict) -> str:
 
 def recovery_lines(summary: dict) -> list[str]:
     lines = []
-    for mode in ("local", "service"):
+    for mode in ("local", "service", "service-up"):
         for kind in ("kill", "rejoin"):
             s = summary["recovery"][mode][kind]
             if s["n"]:

@@ -103,23 +103,28 @@ class OutageThread(threading.Thread):
         self.killed_at: Optional[float] = None
         self.restarted_at: Optional[float] = None
         self.error: Optional[str] = None
+        self.killed_epoch: Optional[float] = None  # wall clock, to match recovery entries' "at"
+        self.restarted_epoch: Optional[float] = None
 
     def run(self) -> None:
         if self.done.wait(self.outage.at_s):
             return
         self.service.sigkill()
         self.killed_at = time.monotonic() - self.t0
+        self.killed_epoch = time.time()
         if self.done.wait(self.outage.outage_s):
             return
         try:
             self.service.start()
             self.restarted_at = time.monotonic() - self.t0
+            self.restarted_epoch = time.time()
         except (RuntimeError, TimeoutError, OSError) as exc:
             self.error = f"restart failed: {exc}"
 
     def record(self) -> dict:
         return {"planned_at_s": self.outage.at_s, "planned_outage_s": self.outage.outage_s,
                 "killed_at_s": _r(self.killed_at), "restarted_at_s": _r(self.restarted_at),
+                "killed_epoch": self.killed_epoch, "restarted_epoch": self.restarted_epoch,
                 "error": self.error}
 
 
