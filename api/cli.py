@@ -46,6 +46,9 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
           cpsat_time_limit: float = typer.Option(10.0, "--cpsat-time-limit"),
           solver_workers: int = typer.Option(1, "--solver-workers",
                                              help="background solver processes"),
+          speed_window: int = typer.Option(
+              3, "--speed-window", help="straggler detection: heartbeat compute times per "
+                                        "estimate (median); 0 turns detection off"),
           log_level: str = typer.Option("info", "--log-level")) -> None:
     """Serve failure events in, versioned plans out (OpenAPI docs at /docs)."""
     from api.app import create_app
@@ -55,7 +58,7 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
     app = create_app(os.path.abspath(db), admin_token, heartbeat_timeout, max_failures,
                      solvers=tuple(s.strip() for s in solvers.split(",") if s.strip()),
                      cpsat_time_limit_s=cpsat_time_limit, solver_workers=solver_workers,
-                     suspect_grace_s=suspect_grace)
+                     suspect_grace_s=suspect_grace, speed_window=speed_window)
     Server(app, host=host, port=port, log_level=log_level, access_log=False,
            timeout_graceful_shutdown=5).run()
 

@@ -26,7 +26,7 @@ class Metrics:
                                   "events answered from the plan cache", registry=r)
         self.cache_misses = Counter("recycle_plan_cache_misses_total",
                                     "events that had to be solved on the spot", registry=r)
-        self.events = Counter("recycle_events_total", "failure/recovery events",
+        self.events = Counter("recycle_events_total", "failure, recovery and speed events",
                               ["kind", "source", "outcome"], registry=r)
         self.heartbeats = Counter("recycle_heartbeats_total", "heartbeats received", registry=r)
         self.heartbeats_missed = Counter("recycle_heartbeats_missed_total",
@@ -35,6 +35,8 @@ class Metrics:
         self.suspects = Counter("recycle_suspect_reports_total", "suspect reports", registry=r)
         self.waiters = Gauge("recycle_longpoll_waiters", "long-poll requests waiting",
                              registry=r)
+        self.slow_workers = Gauge("recycle_slow_workers", "workers whose speed in force is "
+                                  "below 1.0 (stragglers), per job", ["job"], registry=r)
         self.jobs = Gauge("recycle_jobs", "jobs by state", ["state"], registry=r)
         self.precompute_done = Gauge("recycle_precompute_done", "precompute solves done",
                                      ["job"], registry=r)

@@ -37,6 +37,24 @@ class EventIn(_In):
         "incarnation older than the plan's is stale and refused")
 
 
+MAX_SPEED = 100.0  # JobSpec.speed's bound (planner/job.py)
+
+
+class SpeedIn(_In):
+    event_id: str = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+                          description="client-chosen id; re-sending it is idempotent (the id "
+                                      "space is shared with failure/recovery events)")
+    replica: int = Index
+    stage: int = Index
+    speed: Optional[float] = Field(
+        ..., gt=0, le=MAX_SPEED, allow_inf_nan=False, strict=True,
+        description="the worker's speed factor, 0 < speed <= 100 (1.0 nominal, 0.5 twice as "
+                    "slow, above 1 faster); stored quantised to steps of 0.1 (at least 0.1). "
+                    "null clears the operator's setting (the detector's measurement, or the "
+                    "job spec's own speed, applies again)")
+    reason: Optional[str] = Field(default=None, max_length=500)
+
+
 class EventOut(BaseModel):
     job_id: str
     event_id: str
@@ -55,6 +73,9 @@ class EventOut(BaseModel):
     incarnation: Optional[int] = Field(
         default=None, description="the worker's incarnation in the plan version in force "
                                   "once the event is applied")
+    speed: Optional[float] = Field(
+        default=None, description="speed events: the worker's speed factor in the plan "
+                                  "version in force once the event is applied")
 
 
 class HeartbeatIn(_In):
@@ -63,6 +84,14 @@ class HeartbeatIn(_In):
     iteration: int = Field(ge=0, le=2**62, strict=True)
     incarnation: Optional[int] = Incarnation(
         "the sender's incarnation; one other than the plan's is refused (409)")
+    compute_s_per_mb: Optional[float] = Field(
+        default=None, ge=0, le=1e6, allow_inf_nan=False, strict=True,
+        description="seconds of compute (F+I+W) per micro-batch in the worker's last "
+                    "completed iteration; feeds the straggler detector (0: no measurement)")
+    compute_iteration: Optional[int] = Field(
+        default=None, ge=0, le=2**62, strict=True,
+        description="the iteration `compute_s_per_mb` was measured in (default: "
+                    "`iteration`); each iteration is counted once per worker process")
 
 
 class HeartbeatOut(BaseModel):
@@ -128,10 +157,28 @@ class JobOut(BaseModel):
     plan_version: int
     incarnations: list[list[int]] = Field(description="[replica][stage]: the worker "
                                                       "incarnations the current plan admits")
+    speeds: list[list[float]] = Field(description="[replica][stage]: the speed factors the "
+                                                  "current plan was made for (1.0 nominal)")
     max_failures: int
     created: float
     plans: list[PlanSummary]
     precompute: Precompute
+
+
+class SpeedSetting(BaseModel):
+    replica: int
+    stage: int
+    speed: float
+
+
+class SpeedsOut(BaseModel):
+    plan_version: int
+    speeds: list[list[float]] = Field(description="[replica][stage]: the speeds in force "
+                                                  "(those the current plan was made for)")
+    operator: list[SpeedSetting] = Field(description="speeds set by speed events (admin or "
+                                                     "worker token); they take precedence")
+    measured: list[list[float]] = Field(description="[replica][stage]: the straggler "
+                                                    "detector's levels (1.0: not slow)")
 
 
 class JobBrief(BaseModel):

@@ -148,25 +148,27 @@ class Precomputer:
     def start(self, job) -> None:
         self._spawn(self._precompute(job))
 
-    def improve(self, job, failed: list[Worker]) -> None:
+    def improve(self, job, failed: list[Worker], spec=None) -> None:
+        """CP-SAT for (`spec`, `failed`) (default: the spec of the plan in force, i.e. the
+        job with its speeds); published only if both are still those in force."""
         if "cpsat" in self.solvers():
-            self._spawn(self._improve(job, list(failed)))
+            self._spawn(self._improve(job, list(failed), spec or job.plan.job))
 
     async def stop(self) -> None:
         for t in list(self._tasks):
             t.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _improve(self, job, failed: list[Worker]) -> None:
+    async def _improve(self, job, failed: list[Worker], spec) -> None:
         try:
-            plan, wall = await self.bg.solve(IMPROVE, job.spec.model_dump_json(), failed,
+            plan, wall = await self.bg.solve(IMPROVE, spec.model_dump_json(), failed,
                                              "cpsat", True, self.cfg.cpsat_time_limit_s)
         except Exception as e:  # noqa: BLE001 - the greedy plan stays in force
             log.warning("job %s: cpsat improvement failed: %s", job.id, e)
             return
         self.service.metrics.solve_seconds.labels("cpsat", "improve").observe(wall)
         await asyncio.to_thread(self.service.cache.put, plan)
-        await self.service.offer(job, failed, "improved:cpsat")
+        await self.service.offer(job, failed, "improved:cpsat", spec)
 
     async def _precompute(self, job) -> None:
         store, m = self.service.store, self.service.metrics
@@ -215,7 +217,9 @@ class Precomputer:
                     m.solve_seconds.labels(solver, "precompute").observe(wall)
                     await asyncio.to_thread(self.service.cache.put, plan)
                     if canon.key == self.service.current_canonical_key(job):
-                        await self.service.offer(job, list(job.failed), f"precomputed:{solver}")
+                        # only while the job runs at its spec's own speeds
+                        await self.service.offer(job, list(job.failed), f"precomputed:{solver}",
+                                                 job.spec)
             m.precompute_done.labels(job.id).set(i + 1)
             if time.monotonic() - last_write > 0.5 or i + 1 == len(work):
                 store.set_precompute(job.id, done=i + 1, error=note)

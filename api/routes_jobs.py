@@ -6,7 +6,8 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from api.models import Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, Precompute
+from api.models import (Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, Precompute,
+                        SpeedIn, SpeedsOut)
 from api.security import ADMIN, JOB, AuthRoute, bearer
 from planner.job import JobSpec
 
@@ -53,6 +54,7 @@ async def get_job(job_id: str, request: Request):
     return {"id": job.id, "state": job.state, "reason": job.reason,
             "spec": job.spec.model_dump(mode="json"), "failed": job.failed,
             "plan_version": job.version, "incarnations": job.incarnations,
+            "speeds": job.speeds,
             "max_failures": job.max_failures,
             "created": job.created,
             "plans": [dict(r) for r in svc.store.plan_history(job.id)],
@@ -73,6 +75,37 @@ async def post_event(job_id: str, ev: EventIn, request: Request, response: Respo
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return answer
+
+
+@router.post("/{job_id}/speeds", response_model=EventOut, openapi_extra=JOB,
+             responses=errors(404, 409), summary="Set or clear a worker's speed (a straggler)")
+async def post_speed(job_id: str, ev: SpeedIn, request: Request, response: Response):
+    """A speed event: `speed` (0 < speed <= 100, 1.0 nominal, quantised to steps of 0.1) for
+    worker (replica, stage), or null to clear the setting. The operator's setting takes
+    precedence over the straggler detector's measurement until cleared. If the speeds in
+    force change, a new plan version for them is published (answer: `plan_version`,
+    `plan_source`, and the worker's `speed` in force). Idempotent by `event_id` like
+    `/events` (same id, another body: 409); a halted or finished job answers 409."""
+    svc = request.app.state.service
+    job = svc.job(job_id)
+    source = "operator" if request.state.role == "admin" else "worker"
+    answer, replayed = await svc.apply_speed(job, ev, source)
+    if replayed:
+        response.headers["Idempotent-Replayed"] = "true"
+    return answer
+
+
+@router.get("/{job_id}/speeds", response_model=SpeedsOut, openapi_extra=JOB,
+            responses=errors(404), summary="Speeds in force, and where they come from")
+async def get_speeds(job_id: str, request: Request):
+    job = request.app.state.service.job(job_id)
+    det = job.detector
+    measured = ([list(row) for row in det.grid] if det is not None else
+                [[1.0] * job.spec.stages for _ in range(job.spec.replicas)])
+    return {"plan_version": job.version, "speeds": job.speeds,
+            "operator": [{"replica": d, "stage": s, "speed": v}
+                         for (d, s), v in sorted(job.operator.items())],
+            "measured": measured}
 
 
 @router.post("/{job_id}/finish", response_model=JobBrief, openapi_extra=JOB,

@@ -18,13 +18,19 @@ async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):
     version, so a worker can notice a new plan without polling for it. A worker marked
     failed gets 409 (it is fenced out); a halted job answers 410. With `incarnation`: one
     older than the plan's is superseded (409), a newer one must post its recovery event
-    first (409); neither keeps the worker alive."""
+    first (409); neither keeps the worker alive. With `compute_s_per_mb` (and
+    `compute_iteration`): the straggler detector's input; a worker measured slower than its
+    stage's peers gets a lower speed in a new plan version (docs/api.md, "Stragglers")."""
     svc = request.app.state.service
     job = svc.job(job_id)
     job.check_worker(hb.replica, hb.stage)
     arming = svc.monitor.beat(job, hb.replica, hb.stage, hb.incarnation)
     if arming is not None:
         await arming
+    if hb.compute_s_per_mb is not None:
+        it = hb.iteration if hb.compute_iteration is None else hb.compute_iteration
+        await svc.observe_compute(job, (hb.replica, hb.stage),
+                                  job.incarnation(hb.replica, hb.stage), it, hb.compute_s_per_mb)
     return {"state": job.state, "plan_version": job.version,
             "timeout_s": svc.config.heartbeat_timeout_s,
             "incarnation": job.incarnation(hb.replica, hb.stage)}

@@ -1,8 +1,9 @@
 """The service's core: jobs, events, plan versions and long-poll wake-ups.
 
 All state changes run on the event loop under a per-job asyncio.Lock, and each accepted
-event is persisted together with its plan version in one transaction before anyone is
-told. Waiters park on a per-job asyncio.Event that is set (and replaced) on every publish.
+event (failure, recovery, or speed: an operator's or the straggler detector's, see
+api/stragglers.py) is persisted together with its plan version in one transaction before
+anyone is told. Waiters park on a per-job asyncio.Event that is set (and replaced) on every publish.
 """
 from __future__ import annotations
 
@@ -14,15 +15,18 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional
 
+from api import stragglers
 from api.metrics import Metrics
-from api.models import EventIn
+from api.models import EventIn, SpeedIn
 from api.security import hash_token, new_worker_token
 from api.store import Store
+from api.stragglers import SpeedError, quantize_speed
 from planner.backends import solve
 from planner.cache import PlanCache
 from planner.failures import Worker, canonicalize, dead_stage, NoPlanError
 from planner.job import JobSpec
 from planner.plan import Plan
+from planner.speeds import SpeedDetector
 
 log = logging.getLogger("recycle.api")
 RECENT = 16  # plan versions per job answered from memory (older ones from SQLite)
@@ -64,6 +68,11 @@ class ServiceConfig:
     max_grid: int = 131072          # replicas * stages * microbatches
     max_failures_limit: int = 8
     max_precompute_sets: int = 5000
+    # straggler detection from heartbeat compute times (planner.speeds.SpeedDetector):
+    # reports per estimate (0: no detection), slow below `enter`, nominal again above `leave`
+    speed_window: int = 3
+    speed_enter: float = 0.8
+    speed_leave: float = 0.9
 
     @property
     def grace_s(self) -> float:
@@ -86,6 +95,13 @@ class JobRuntime:
     # a worker's first process). Every published version is stamped with it, so it is
     # recovered from the latest plan after a restart.
     incarnations: list[list[int]] = field(default_factory=list)
+    # Speeds (api/stragglers.py): the operator's settings and the detector's levels (only
+    # cells other than 1.0) that the plan in force was made for; the grid in force itself
+    # is the plan's `job.speed`.
+    operator: dict = field(default_factory=dict)   # (replica, stage) -> speed
+    measured: dict = field(default_factory=dict)   # (replica, stage) -> speed < 1.0
+    detector: Optional[SpeedDetector] = None
+    fed: dict = field(default_factory=dict)        # (replica, stage) -> (incarnation, iteration)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     views: dict = field(default_factory=dict)  # (replica, stage) -> bytes, current version
@@ -107,6 +123,11 @@ class JobRuntime:
     def incarnation(self, replica: int, stage: int) -> int:
         return self.incarnations[replica][stage]
 
+    @property
+    def speeds(self) -> list[list[float]]:
+        """[replica][stage]: the speeds the plan in force was made for."""
+        return stragglers.grid_of(self.plan.job)
+
     def check_worker(self, replica: int, stage: int) -> None:
         if not (replica < self.spec.replicas and stage < self.spec.stages):
             raise ApiError(422, f"worker {replica}:{stage} is outside the "
@@ -121,6 +142,16 @@ def _event_body(ev: EventIn) -> str:
     """The body an event_id is bound to. Without an incarnation it is the body as it was
     stored before incarnations existed, so events from before an upgrade replay as such."""
     return ev.model_dump_json(exclude=None if ev.incarnation is not None else {"incarnation"})
+
+
+def _speed_answer(job: "JobRuntime", ev: dict, source: str, plan_version: int,
+                  plan_source: Optional[str], spec: JobSpec) -> dict:
+    w = (ev["replica"], ev["stage"])
+    return {"job_id": job.id, "event_id": ev["event_id"], "kind": "speed",
+            "replica": w[0], "stage": w[1], "source": source, "state": job.state,
+            "reason": job.reason, "failed": job.failed, "plan_version": plan_version,
+            "plan_source": plan_source, "incarnation": job.incarnation(*w),
+            "speed": stragglers.speed_of(spec, w)}
 
 
 def _plan_record(plan: Plan, cause: str) -> dict:
@@ -158,9 +189,24 @@ class Service:
                 max_failures=row["max_failures"], created=row["created"], plan=plan,
                 plan_bytes=latest["plan_json"].encode(),
                 incarnations=[list(r) for r in grid])
-            self.jobs[row["id"]].remember()
+            job = self.jobs[row["id"]]
+            job.remember()
+            job.operator, job.measured = stragglers.restore(
+                spec, plan.job, self.store.speed_events(job.id))
+            job.detector = self._detector(spec, job.measured)
             self.metrics.plan_version.labels(row["id"]).set(plan.version)
+            self.metrics.slow_workers.labels(row["id"]).set(stragglers.slow_count(plan.job))
         self._count_jobs()
+
+    def _detector(self, spec: JobSpec, measured: dict) -> Optional[SpeedDetector]:
+        cfg = self.config
+        if cfg.speed_window <= 0:
+            return None
+        det = SpeedDetector(spec.replicas, spec.stages, window=cfg.speed_window,
+                            enter=cfg.speed_enter, leave=cfg.speed_leave)
+        for (d, s), v in measured.items():  # after a restart: the levels in force
+            det.grid[d][s] = v
+        return det
 
     def token_hash(self, job_id: str) -> Optional[str]:
         job = self.jobs.get(job_id)
@@ -217,10 +263,12 @@ class Service:
                               hash_token(token), k, record, solvers, now)
         job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), state="running",
                          reason=None, failed=[], max_failures=k, created=now,
-                         plan=plan, plan_bytes=record["json"].encode(), incarnations=grid)
+                         plan=plan, plan_bytes=record["json"].encode(), incarnations=grid,
+                         detector=self._detector(spec, {}))
         job.remember()
         self.jobs[job_id] = job
         self.metrics.plan_version.labels(job_id).set(0)
+        self.metrics.slow_workers.labels(job_id).set(stragglers.slow_count(plan.job))
         self.metrics.plans_published.labels("registered").inc()
         self._count_jobs()
         if self.precomputer:
@@ -254,14 +302,20 @@ class Service:
             grid = [list(row) for row in job.incarnations]
             grid[w[0]][w[1]] = inc
             cause = f"{'replacement' if replacement else ev.kind}:{source}"
+            # a failed or new process: the detector's level for the old one is forgotten
+            measured = {k: v for k, v in job.measured.items() if k != w}
+            try:
+                spec = stragglers.spec_for(job.spec, job.operator, measured)
+            except SpeedError:  # cannot happen in practice; keep the speeds in force
+                measured, spec = job.measured, job.plan.job
             dead = dead_stage(job.spec, failed)
             fresh, plan, plan_source, record = None, None, None, None
             if dead is None:
-                if replacement:  # same failed set: the plan in force, admitting `inc`
-                    fresh = job.plan
+                if replacement and spec.spec_hash() == job.plan.job.spec_hash():
+                    fresh = job.plan  # same failed set and speeds: the plan in force,
+                    #                   admitting `inc`
                 else:
-                    fresh, plan_source = await asyncio.to_thread(self._plan_now, job.spec,
-                                                                 failed)
+                    fresh, plan_source = await asyncio.to_thread(self._plan_now, spec, failed)
                 plan = fresh.stamped(job.version + 1, grid)
                 record = _plan_record(plan, cause)
             state = "running" if dead is None else "halted"
@@ -276,6 +330,10 @@ class Service:
                                      "body_json": body_json},
                                     answer, state, reason, failed, record)
             job.failed, job.state, job.reason = [tuple(x) for x in failed], state, reason
+            job.measured = measured
+            job.fed.pop(w, None)
+            if job.detector is not None:
+                job.detector.forget(*w)
             if plan is not None:
                 job.incarnations = grid
                 self._install(job, plan, record["json"], cause)
@@ -290,8 +348,125 @@ class Service:
         if plan_source == "greedy":
             self._background(asyncio.to_thread(self.cache.put, fresh))  # off the answer's path
             if self.precomputer:
-                self.precomputer.improve(job, failed)
+                self.precomputer.improve(job, failed, spec)
         return answer, False
+
+    # ---- speeds ------------------------------------------------------------------------
+    async def apply_speed(self, job: JobRuntime, ev: SpeedIn, source: str) -> tuple[dict, bool]:
+        """An operator's (or a worker's) speed for one worker, or null to clear it; returns
+        (answer, replayed). Idempotent by event_id like failures and recoveries."""
+        body_json = ev.model_dump_json()
+        async with job.lock:
+            old = self.store.event(job.id, ev.event_id)
+            if old is not None:
+                if old["body_json"] != body_json:
+                    raise ApiError(409, f"event_id {ev.event_id!r} was already used with a "
+                                        "different body")
+                return json.loads(old["response_json"]), True
+            job.check_worker(ev.replica, ev.stage)
+            self._check_running(job)
+            w = (ev.replica, ev.stage)
+            operator = dict(job.operator)
+            if ev.speed is None:
+                operator.pop(w, None)
+            else:
+                operator[w] = quantize_speed(ev.speed)
+            event = {"event_id": ev.event_id, "replica": w[0], "stage": w[1],
+                     "body_json": body_json}
+            answers, fresh, plan_source, spec = await self._publish_speeds(
+                job, operator, job.measured, [event], source)
+        self._after_speeds(job, source, 1, fresh, plan_source, spec)
+        return answers[0], False
+
+    def _check_running(self, job: JobRuntime) -> None:
+        if job.state == "halted":
+            raise ApiError(409, f"job is halted ({job.reason}); register a new job "
+                                "after restoring from checkpoint")
+        if job.state == "finished":
+            raise ApiError(409, "job is finished: training completed")
+
+    async def _publish_speeds(self, job: JobRuntime, operator: dict, measured: dict,
+                              events: list[dict], source: str):
+        """Under job.lock: record speed `events` and publish one plan version for the
+        speeds they leave in force (none if those are the speeds in force already)."""
+        t0 = time.perf_counter()
+        try:
+            spec = stragglers.spec_for(job.spec, operator, measured)
+        except SpeedError as e:
+            raise ApiError(422, f"speed: {e}") from None
+        fresh, plan, plan_source, record = None, None, None, None
+        if spec.spec_hash() != job.plan.job.spec_hash():
+            fresh, plan_source = await asyncio.to_thread(self._plan_now, spec, job.failed)
+            plan = fresh.stamped(job.version + 1, job.incarnations)
+            record = _plan_record(plan, f"speed:{source}")
+        version = plan.version if plan else job.version
+        rows = []
+        for ev in events:
+            answer = _speed_answer(job, ev, source, version, plan_source, spec)
+            rows.append(({**ev, "kind": "speed", "source": source}, answer))
+        await asyncio.to_thread(self.store.apply_events, job.id, rows, job.state, job.reason,
+                                job.failed, record)
+        job.operator, job.measured = operator, measured
+        if plan is not None:
+            self._install(job, plan, record["json"], f"speed:{source}")
+            self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
+            log.info("job %s: speeds changed (%s): published v%d", job.id, source, plan.version)
+        return [a for _, a in rows], fresh, plan_source, spec
+
+    def _after_speeds(self, job: JobRuntime, source: str, n: int, fresh, plan_source, spec):
+        self.metrics.events.labels("speed", source, "accepted").inc(n)
+        if plan_source == "greedy":
+            self._background(asyncio.to_thread(self.cache.put, fresh))
+            if self.precomputer:
+                self.precomputer.improve(job, list(job.failed), spec)
+
+    async def observe_compute(self, job: JobRuntime, w, incarnation: int, iteration: int,
+                              seconds_per_mb: float) -> None:
+        """A heartbeat's compute time per micro-batch: fed to the job's detector once per
+        (worker process, iteration); a changed speed grid is applied like a speed event
+        (source `detector`), so the plan follows."""
+        det = job.detector
+        if det is None or job.state != "running" or w in job.failed:
+            return
+        last = job.fed.get(w)
+        if last is not None and last[0] == incarnation and iteration <= last[1]:
+            return
+        job.fed[w] = (incarnation, iteration)
+        if seconds_per_mb <= 0:
+            return
+        det.observe(w[0], w[1], seconds_per_mb)
+        if det.update() is not None:
+            await self.apply_measured(job)
+
+    async def apply_measured(self, job: JobRuntime) -> None:
+        """Publish the detector's levels if they differ from those in force."""
+        det = job.detector
+        async with job.lock:
+            if det is None or job.state != "running":
+                return
+            levels = {(d, s): v for d, row in enumerate(det.grid) for s, v in enumerate(row)
+                      if v != 1.0 and (d, s) not in job.failed}
+            changed = sorted(k for k in set(levels) | set(job.measured)
+                             if levels.get(k, 1.0) != job.measured.get(k, 1.0))
+            if not changed:
+                return
+            est = det.estimates()
+            events = []
+            for d, s in changed:
+                eid = f"detector-{d}-{s}-{uuid.uuid4().hex[:8]}"
+                body = {"event_id": eid, "replica": d, "stage": s,
+                        "speed": levels.get((d, s), 1.0),
+                        "reason": stragglers.measured_reason(est.get((d, s)),
+                                                             self.config.speed_window)}
+                events.append({"event_id": eid, "replica": d, "stage": s,
+                               "body_json": json.dumps(body)})
+            try:
+                _, fresh, plan_source, spec = await self._publish_speeds(
+                    job, job.operator, levels, events, "detector")
+            except ApiError as e:  # speeds the spec cannot take: keep those in force
+                log.warning("job %s: measured speeds not applied: %s", job.id, e.detail)
+                return
+        self._after_speeds(job, "detector", len(events), fresh, plan_source, spec)
 
     @staticmethod
     def _membership(job: JobRuntime, ev: EventIn, w) -> tuple[list, int, bool]:
@@ -340,16 +515,22 @@ class Service:
         job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), {}
         job.remember()
         self.metrics.plan_version.labels(job.id).set(plan.version)
+        self.metrics.slow_workers.labels(job.id).set(stragglers.slow_count(plan.job))
         self.metrics.plans_published.labels(cause.split(":")[0]).inc()
         job.notify()
 
-    async def offer(self, job: JobRuntime, failed: list[Worker], cause: str) -> bool:
-        """A better plan for `failed` may be in the cache now: publish it if it is for the
-        job's current failed set and beats the plan in force."""
+    async def offer(self, job: JobRuntime, failed: list[Worker], cause: str,
+                    spec: Optional[JobSpec] = None) -> bool:
+        """A better plan for (`spec`, `failed`) may be in the cache now: publish it if it is
+        for the job's current failed set and speeds (those of the plan in force; `spec`
+        None: whatever they are) and beats the plan in force."""
         async with job.lock:
             if job.state != "running" or [tuple(x) for x in failed] != job.failed:
                 return False
-            plan = await asyncio.to_thread(self.cache.get, job.spec, job.failed)
+            current = job.plan.job
+            if spec is not None and spec.spec_hash() != current.spec_hash():
+                return False
+            plan = await asyncio.to_thread(self.cache.get, current, job.failed)
             if plan is None or plan.metrics.period >= job.plan.metrics.period:
                 return False
             plan = plan.stamped(job.version + 1, job.incarnations)

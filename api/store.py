@@ -135,20 +135,35 @@ class Store:
                     state: str, reason: Optional[str], failed: list,
                     plan: Optional[dict[str, Any]]) -> None:
         """Record an accepted event with the job's new state and (if any) new plan."""
+        self.apply_events(job_id, [(event, response)], state, reason, failed, plan)
+
+    def apply_events(self, job_id: str, events: list[tuple[dict[str, Any], dict[str, Any]]],
+                     state: str, reason: Optional[str], failed: list,
+                     plan: Optional[dict[str, Any]]) -> None:
+        """Record accepted events (each with its answer), the job's new state and (if any)
+        the one new plan version they publish together, in one transaction."""
         now = time.time()
         with self.tx() as db:
-            db.execute(
-                "INSERT INTO events (job_id, event_id, kind, replica, stage, source, body_json,"
-                " response_json, created) VALUES (?,?,?,?,?,?,?,?,?)",
-                (job_id, event["event_id"], event["kind"], event["replica"], event["stage"],
-                 event["source"], event["body_json"], json.dumps(response), now))
+            for event, response in events:
+                db.execute(
+                    "INSERT INTO events (job_id, event_id, kind, replica, stage, source, "
+                    "body_json, response_json, created) VALUES (?,?,?,?,?,?,?,?,?)",
+                    (job_id, event["event_id"], event["kind"], event["replica"],
+                     event["stage"], event["source"], event["body_json"],
+                     json.dumps(response), now))
+                if event["kind"] == "failure":
+                    db.execute("DELETE FROM armed WHERE job_id=? AND replica=? AND stage=?",
+                               (job_id, event["replica"], event["stage"]))
             db.execute("UPDATE jobs SET state=?, reason=?, failed_json=?, updated=? WHERE id=?",
                        (state, reason, json.dumps(failed), now, job_id))
-            if event["kind"] == "failure":
-                db.execute("DELETE FROM armed WHERE job_id=? AND replica=? AND stage=?",
-                           (job_id, event["replica"], event["stage"]))
             if plan is not None:
                 self._insert_plan(db, job_id, plan)
+
+    def speed_events(self, job_id: str) -> list[sqlite3.Row]:
+        """Accepted speed events, oldest first (the operator's settings are replayed from
+        them after a restart)."""
+        return self._all("SELECT source, body_json FROM events WHERE job_id=? AND kind='speed' "
+                         "ORDER BY seq", (job_id,))
 
     # ---- plans -------------------------------------------------------------------------
     @staticmethod
