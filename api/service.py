@@ -71,8 +71,9 @@ class ServiceConfig:
     # straggler detection from heartbeat compute times (planner.speeds.SpeedDetector):
     # reports per estimate (0: no detection), slow below `enter`, nominal again above `leave`
     speed_window: int = 3
-    speed_enter: float = 0.8
-    speed_leave: float = 0.9
+    # The detector's own thresholds (planner/speeds.py): workers measure alike either way.
+    speed_enter: float = 0.7
+    speed_leave: float = 0.85
 
     @property
     def grace_s(self) -> float:

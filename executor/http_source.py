@@ -93,7 +93,7 @@ class HttpPlanSource:
                 return None
 
     def heartbeat(self, replica: int, stage: int, iteration: int,
-                  incarnation: Optional[int] = None) -> None:
+                  incarnation: Optional[int] = None, compute=None) -> None:
         """Best effort: a missed heartbeat is what the timeout is for. A halted job is
         remembered (the next wait_for_plan raises TrainingHalted); a worker marked failed
         learns it from the plan (it is not in it)."""
@@ -101,6 +101,8 @@ class HttpPlanSource:
             body = {"replica": replica, "stage": stage, "iteration": iteration}
             if incarnation is not None:
                 body["incarnation"] = incarnation
+            if compute is not None:  # (iteration, seconds per micro-batch): the detector's input
+                body["compute_iteration"], body["compute_s_per_mb"] = compute[0], round(compute[1], 7)
             r = self._client.post(f"{self._prefix}/heartbeats", json=body)
         except httpx.TransportError as e:
             self._unreachable("heartbeat", e)
