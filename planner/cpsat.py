@@ -19,7 +19,7 @@ from ortools.sat.python import cp_model
 
 from planner.bounds import lower_bound
 from planner.failures import Worker, normalize
-from planner.greedy import best_schedule
+from planner.greedy import best_schedule, ranked_schedules, routed_schedule
 from planner.policies import timeline_period
 from planner.job import JobSpec
 from planner.plan import Plan
@@ -48,6 +48,10 @@ _WALL_CAP = 1.5
 _LNS_MIN_ACTIONS = 300
 _LNS_GLOBAL = 0.35
 _LNS_DET_PER_S = 0.15
+# With stragglers, CP-SAT shares its time among greedy's best routings, up to this many,
+# whose greedy periods are within this fraction of the best one.
+_ROUTINGS = 2
+_ROUTE_TIE = 0.01
 
 
 class _Model:
@@ -162,11 +166,19 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
     failed = normalize(job, failed)
     if not failed and routes is None and hint is None and job.speed is None and job.replicas > 1:
         return _one_replica(job, mode, time_limit, num_workers, seed, use_bound, lns, t0)
-    routes = routes if routes is not None else balanced_routes(job, failed)
+    if routes is None and hint is None and job.speed is not None:
+        ranked = ranked_schedules(job, failed, mode)
+        close = [r for r in ranked[:_ROUTINGS] if r[0] <= ranked[0][0] * (1 + _ROUTE_TIE)]
+        if len(close) > 1:
+            return _best_routing(job, failed, mode, close, time_limit, num_workers, seed,
+                                 use_bound, lns, t0)
+    if routes is None:  # the greedy back-end's routing and plan: the hint, and the floor
+        routes, greedy_tl = routed_schedule(job, failed, mode)
+    else:
+        greedy_tl = best_schedule(job, routes, mode)  # the best portfolio plan as the hint
     acts = build_actions(job, routes, mode)
     chains = symmetry_chains(job, routes, acts)
 
-    greedy_tl = best_schedule(job, routes, mode)  # the best portfolio plan as the hint
     if hint is not None and (timeline_period(job, hint, mode.staggered)
                              < timeline_period(job, greedy_tl, mode.staggered)):
         greedy_tl = {w: list(acts) for w, acts in hint.items()}
@@ -240,6 +252,21 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
         status = "OPTIMAL" if best.metrics.period <= bound else "FEASIBLE"
     return best.model_copy(update={"solver": best.solver.model_copy(update={
         "status": status, "wall_s": round(time.perf_counter() - t0, 4), "bound": bound})})
+
+
+def _best_routing(job, failed, mode, close, time_limit, num_workers, seed, use_bound, lns,
+                  t0) -> Plan:
+    """CP-SAT on each of greedy's near-best routings, the time shared: which routing lets
+    the schedule close the gap shows only in the solve (on 8x8x8, two workers at 0.8 and a
+    failure in their stage, greedy ties at 350 on two routings; CP-SAT gets 348 on one,
+    344 on the other). The first is greedy's own, so the result never loses to greedy.
+    Status and bound are the chosen routing's."""
+    plans = [cpsat_plan(job, failed, mode, time_limit / len(close), num_workers, seed,
+                        routes=routes, use_bound=use_bound, hint=tl, lns=lns)
+             for _, routes, tl in close]
+    best = min(plans, key=lambda p: p.metrics.period)  # ties: the earlier routing
+    return best.model_copy(update={"solver": best.solver.model_copy(update={
+        "wall_s": round(time.perf_counter() - t0, 4)})})
 
 
 def _one_replica(job: JobSpec, mode: Mode, time_limit: float, num_workers: int, seed: int,

@@ -22,7 +22,7 @@ from planner.failures import Worker, normalize
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.policies import BASE, PORTFOLIO, PORTFOLIO_BUDGET, Policy, timeline_period
-from planner.routing import assignment, balanced_routes
+from planner.routing import assignment, balanced_routes, route_candidates
 from planner.timeline import Mode, Timeline, add_opt, finish_plan
 
 INF = 1 << 60
@@ -159,14 +159,45 @@ def best_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
     return best
 
 
+def ranked_schedules(job: JobSpec, failed: list[Worker], mode: Mode,
+                     inflight: Optional[list[int]] = None, budget: int = PORTFOLIO_BUDGET
+                     ) -> list[tuple[int, list[list[int]], Timeline]]:
+    """(period, routes, timeline) for each candidate routing (planner/routing.py), with
+    its best portfolio policy, best first; ties keep the candidates' order. The budget goes
+    to routings first (with stragglers they matter far more than the policy): each gets an
+    equal share of policies, at least one, in the candidates' order while it lasts."""
+    n_actions = (3 if mode.split_backward else 2) * job.num_microbatches * job.stages
+    runs = max(1, budget // max(1, n_actions))
+    cands = route_candidates(job, failed, limit=runs)
+    per = max(1, runs // len(cands))
+    out = []
+    for routes in cands:
+        tl = best_schedule(job, routes, mode, inflight, per * n_actions)
+        out.append((timeline_period(job, tl, mode.staggered), routes, tl))
+    return sorted(out, key=lambda x: x[0])  # stable
+
+
+def routed_schedule(job: JobSpec, failed: list[Worker], mode: Mode,
+                    inflight: Optional[list[int]] = None,
+                    budget: int = PORTFOLIO_BUDGET) -> tuple[list[list[int]], Timeline]:
+    """The best (routes, timeline) over the candidate routings and the policy portfolio."""
+    _, routes, tl = ranked_schedules(job, failed, mode, inflight, budget)[0]
+    return routes, tl
+
+
 def greedy_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(),
                 routes: Optional[list[list[int]]] = None, name: str = "greedy",
                 inflight: Optional[list[int]] = None, portfolio: bool = True) -> Plan:
+    """`routes` None: the best candidate routing (one without speeds); `portfolio` False:
+    the default routing and the base policy only."""
     t0 = time.perf_counter()
     failed = normalize(job, failed)
-    routes = routes if routes is not None else balanced_routes(job, failed)
-    timeline = (best_schedule(job, routes, mode, inflight) if portfolio
-                else list_schedule(job, routes, mode, inflight))
+    if routes is None and portfolio:
+        routes, timeline = routed_schedule(job, failed, mode, inflight)
+    else:
+        routes = routes if routes is not None else balanced_routes(job, failed)
+        timeline = (best_schedule(job, routes, mode, inflight) if portfolio
+                    else list_schedule(job, routes, mode, inflight))
     add_opt(job, timeline)
     return finish_plan(job, failed, routes, timeline, mode, name, "HEURISTIC",
                        time.perf_counter() - t0)

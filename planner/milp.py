@@ -18,10 +18,9 @@ import pulp
 
 from planner.bounds import lower_bound
 from planner.failures import Worker, normalize
-from planner.greedy import list_schedule
+from planner.greedy import list_schedule, routed_schedule
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.routing import balanced_routes
 from planner.schedmodel import build_actions, period_horizon, slots_needed, timeline_of
 from planner.timeline import Mode, add_opt, finish_plan
 
@@ -32,12 +31,13 @@ def milp_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_limi
               routes: Optional[list[list[int]]] = None) -> Plan:
     t0 = time.perf_counter()
     failed = normalize(job, failed)
-    routes = routes if routes is not None else balanced_routes(job, failed)
-    acts = build_actions(job, routes, mode)
-    n = len(acts)
+    n = (3 if mode.split_backward else 2) * job.num_microbatches * job.stages
     if n > MAX_ACTIONS:
         raise ValueError(f"milp is a cross-check for tiny jobs: {n} actions > {MAX_ACTIONS}; "
                          f"use the cpsat back-end")
+    if routes is None:  # the routing the greedy and CP-SAT back-ends settle on
+        routes = routed_schedule(job, failed, mode)[0]
+    acts = build_actions(job, routes, mode)
     tl = list_schedule(job, routes, mode)
     add_opt(job, tl)
     greedy = finish_plan(job, failed, routes, tl, mode, "milp", "HEURISTIC", 0.0)
