@@ -72,25 +72,35 @@ def solve(job: JobSpec, failed: Iterable[Iterable[int]], solver: str = "greedy",
     if not canonical:
         return BACKENDS[solver](job, failed, mode, opts)
     canon = canonicalize(job, failed)
+    cjob = canon.job(job)  # with stragglers, the speeds renumbered too
     if solver == "cpsat" and list(canon.perm) != sorted(canon.perm):
         # The greedy plan depends on the numbering (ties go to lower replicas), so the
         # greedy plan of the numbering asked for may beat the canonical one: CP-SAT starts
-        # from the better of the two, and so is never worse than either.
-        asked = _greedy(job, failed, mode, opts)
-        plan = _cpsat(job, list(canon.failed), mode, opts, start=map_plan(asked, canon.inverse()))
+        # from the better of the two (its own routing search when that is the canonical
+        # one), and so is never worse than either.
+        asked = map_plan(_greedy(job, failed, mode, opts), canon.inverse())
+        own = _greedy(cjob, list(canon.failed), mode, opts)
+        start = asked if asked.metrics.period < own.metrics.period else None
+        plan = _cpsat(cjob, list(canon.failed), mode, opts, start=start)
     else:
-        plan = BACKENDS[solver](job, list(canon.failed), mode, opts)
+        plan = BACKENDS[solver](cjob, list(canon.failed), mode, opts)
     return map_plan(plan, canon)
 
 
 def map_plan(plan: Plan, canon: Canonical) -> Plan:
     """Rename replicas of a plan solved for `canon.failed` back to the original ones.
-    Micro-batch g of canonical replica c is micro-batch m of original replica perm[c]."""
+    Micro-batch g of canonical replica c is micro-batch m of original replica perm[c];
+    speed row c of the plan's job becomes row perm[c]."""
     perm = canon.perm
     if list(perm) == sorted(perm):
         return plan
     job = plan.job
     M = job.microbatches
+    if job.speed is not None:  # the plan's job is renumbered with it
+        speed = [None] * len(perm)
+        for c, row in enumerate(job.speed):
+            speed[perm[c]] = list(row)
+        job = job.model_copy(update={"speed": speed})
 
     def gmap(g):
         return None if g is None else perm[g // M] * M + g % M
@@ -103,4 +113,5 @@ def map_plan(plan: Plan, canon: Canonical) -> Plan:
             make_action(a.op, gmap(a.microbatch), a.start, a.end) for a in w.actions])
          for w in plan.workers), key=lambda w: (w.replica, w.stage))
     failed = sorted((perm[r], s) for r, s in plan.failed)
-    return plan.model_copy(update={"routes": routes, "workers": workers, "failed": failed})
+    return plan.model_copy(update={"job": job, "routes": routes, "workers": workers,
+                                   "failed": failed})

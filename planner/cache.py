@@ -1,8 +1,17 @@
-"""Plan cache in SQLite, keyed by (job spec hash, canonical failed set, mode).
+"""Plan cache in SQLite, keyed by (job identity hash, canonical key, mode).
 
-Plans are stored for the canonical failed set and mapped back by the permutation on the
-way out. A put keeps whichever plan has the smaller period, so a later CP-SAT improvement
-replaces a greedy plan but a worse plan never overwrites a better one.
+Plans are stored for the canonical case (failed set and, with stragglers, the quantised
+speed grid, renumbered: planner/failures.py) and mapped back by the permutation on the way
+out; a plan is only ever served for the exact job it was made for (`cache_key`). The
+identity hash leaves speeds out (JobSpec.identity_hash), so one job's plans for every
+speed pattern share it; without speeds it is the spec hash. A put keeps whichever plan has
+the smaller period, so a later CP-SAT improvement replaces a greedy plan but a worse plan
+never overwrites a better one.
+
+With stragglers, a cached plan is never worse than the greedy plan of the case asked for:
+the first `get` of a (case, numbering) in a process runs greedy (milliseconds) and, if it
+is better, stores and serves that instead. A stale entry (routed before routing used
+speeds, or by a back-end that was handed a poor routing) thus never outlives one lookup.
 """
 from __future__ import annotations
 
@@ -36,6 +45,21 @@ def mode_key(mode: Mode) -> str:
     return f"{'split' if mode.split_backward else 'fused'}-{mode.optimizer}"
 
 
+def cache_key(job: JobSpec, canon: Canonical, mode: Mode) -> tuple[str, str, str]:
+    """(the job's identity hash, canonical key, mode): the row a case lives in. The
+    identity leaves speeds out and the canonical key carries them, quantised; a job whose
+    speeds are off the 0.1 grid gets its exact (renumbered) speeds appended, so it never
+    shares a row with its quantised neighbour. Without speeds the hash is the spec hash."""
+    key = canon.key
+    cjob = canon.job(job)
+    if cjob.speed is not None:
+        grid = canon.speed or tuple((1.0,) * job.stages for _ in range(job.replicas))
+        if tuple(map(tuple, cjob.speed)) != grid:
+            key += "#" + ";".join(f"{r}:{s}@{v!r}" for r, row in enumerate(cjob.speed)
+                                  for s, v in enumerate(row) if v != 1.0)
+    return job.identity_hash(), key, mode_key(mode)
+
+
 class PlanCache:
     def __init__(self, path: str = ":memory:", memory_actions: int = 100_000):
         self.path = path
@@ -49,25 +73,36 @@ class PlanCache:
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(SCHEMA)
+        # (key, perm) pairs whose entry this process has checked against greedy (speeds)
+        self._checked: set[tuple] = set()
 
     def close(self) -> None:
         self._db.close()
 
     def get(self, job: JobSpec, failed, mode: Mode = Mode()) -> Optional[Plan]:
         canon = canonicalize(job, failed)
-        key = (job.spec_hash(), canon.key, mode_key(mode))
+        key = cache_key(job, canon, mode)
         with self._lock:
             plan = self._mem.get(key, (None, 0))[0]
             if plan is not None:
                 self._mem.move_to_end(key)
-                return map_plan(plan, canon)
-            row = self._db.execute("SELECT plan_json FROM plans WHERE spec_hash=? AND "
-                                   "failed_key=? AND mode=?", key).fetchone()
-        if row is None:
-            return None
-        plan = Plan.from_json(row[0])
-        self._remember(key, plan, replace=False)  # a put meanwhile has the newer plan
-        return map_plan(plan, canon)
+            else:
+                row = self._db.execute("SELECT plan_json FROM plans WHERE spec_hash=? AND "
+                                       "failed_key=? AND mode=?", key).fetchone()
+        if plan is None:
+            if row is None:
+                return None
+            plan = Plan.from_json(row[0])
+            self._remember(key, plan, replace=False)  # a put meanwhile has the newer plan
+        out = map_plan(plan, canon)
+        if job.speed is not None and (key, canon.perm) not in self._checked:
+            greedy = solve(job, failed, "greedy", mode)
+            if greedy.metrics.period < out.metrics.period:
+                self.put(greedy, mode)
+                out = greedy
+            with self._lock:
+                self._checked.add((key, canon.perm))
+        return out
 
     def _remember(self, key: tuple, plan: Plan, replace: bool = True) -> None:
         size = sum(len(w.actions) for w in plan.workers) + 1
@@ -83,9 +118,9 @@ class PlanCache:
         """Store `plan` (any replica numbering) unless a better one is there; True if stored."""
         mode = mode or Mode(plan.solver.split_backward, plan.solver.optimizer == "staggered")
         canon = canonicalize(plan.job, plan.failed)
+        key = cache_key(plan.job, canon, mode)
         if list(canon.perm) != sorted(canon.perm):
             plan = map_plan(plan, canon.inverse())
-        key = (plan.job.spec_hash(), canon.key, mode_key(mode))
         with self._lock:
             row = self._db.execute(
                 "SELECT period FROM plans WHERE spec_hash=? AND failed_key=? AND mode=?",
@@ -95,15 +130,17 @@ class PlanCache:
             self._db.execute(
                 "INSERT OR REPLACE INTO plans VALUES (?,?,?,?,?,?,?)",
                 (*key, plan.solver.name, plan.metrics.period, plan.to_json(), time.time()))
+            self._checked = {c for c in self._checked if c[0] != key}  # a new plan
         self._remember(key, plan)
         return True
 
     def count(self, job: Optional[JobSpec] = None) -> int:
+        """Plans stored in all, or for `job`: any failed set, any speeds."""
         with self._lock:
             if job is None:
                 return self._db.execute("SELECT COUNT(*) FROM plans").fetchone()[0]
             return self._db.execute("SELECT COUNT(*) FROM plans WHERE spec_hash=?",
-                                    (job.spec_hash(),)).fetchone()[0]
+                                    (job.identity_hash(),)).fetchone()[0]
 
 
 def precompute(cache: PlanCache, job: JobSpec, max_failures: int,
@@ -117,7 +154,7 @@ def precompute(cache: PlanCache, job: JobSpec, max_failures: int,
     total, done = len(sets) * len(solvers), 0
     for solver in solvers:
         for canon in sets:
-            plan = solve(job, canon.failed, solver, mode, opts, canonical=False)
+            plan = solve(canon.job(job), canon.failed, solver, mode, opts, canonical=False)
             cache.put(plan, mode)
             done += 1
             if progress:

@@ -1,16 +1,22 @@
 """Failed sets: validation, the 'no plan' outcome, and the canonical form.
 
 Replicas are interchangeable, so a failed set is canonicalised by sorting replicas by the
-pattern of their failed stages. Stragglers break that symmetry, so with per-worker speeds
-only replicas with identical speed rows are permuted among themselves: the job is then
-invariant under the permutation and a plan solved for the canonical set maps back exactly.
+pattern of their failed stages. With stragglers a replica's pattern is its failed stages
+and its row of speeds, quantised to steps of 0.1 (planner.speeds.quantize) so that measured
+speeds repeat: the canonical form is the failed set and the speed grid, both renumbered,
+and a plan solved for the renumbered job (`Canonical.job`) maps back exactly by the
+permutation (`backends.map_plan` renumbers the plan's speeds too). Renumbering is always exact;
+quantising only decides which replicas look alike, so speeds should enter the job already
+quantised (`speeds.with_speeds`, as the executor does): the plan cache keys on the
+renumbered job itself (planner/cache.py), and off-grid speeds repeat only as themselves.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 from planner.job import JobSpec
+from planner.speeds import STEP, quantize
 
 Worker = tuple[int, int]
 
@@ -68,43 +74,71 @@ def parse_worker(text: str) -> Worker:
         raise FailedSetError(f"cannot read worker {text!r}: expected REPLICA:STAGE, e.g. 1:2") from None
 
 
+def quantize_speed(v: float) -> float:
+    """planner.speeds.quantize, which caps at 1.0 (measured speeds are relative to a
+    stage's fastest worker); a spec may declare a faster worker, rounded to the same step."""
+    return quantize(v) if v <= 1.0 else round(round(v / STEP) * STEP, 6)
+
+
+def quantized_speeds(job: JobSpec) -> Optional[tuple[tuple[float, ...], ...]]:
+    """The job's speed grid on the 0.1 grid; None when every quantised speed is nominal."""
+    if job.speed is None:
+        return None
+    q = tuple(tuple(quantize_speed(v) for v in row) for row in job.speed)
+    return None if all(v == 1.0 for row in q for v in row) else q
+
+
 @dataclass(frozen=True)
 class Canonical:
-    """A canonical failed set and `perm`: canonical replica c is original replica perm[c]."""
+    """A canonical failed set, `perm` (canonical replica c is original replica perm[c]) and
+    the quantised speed grid in canonical numbering (None: all nominal)."""
     failed: tuple[Worker, ...]
     perm: tuple[int, ...]
+    speed: Optional[tuple[tuple[float, ...], ...]] = None
 
     @property
     def key(self) -> str:
-        return ";".join(f"{r}:{s}" for r, s in self.failed) or "-"
+        """`R:S;...` (or `-`), then `|R:S@SPEED;...` for each non-nominal quantised speed."""
+        key = ";".join(f"{r}:{s}" for r, s in self.failed) or "-"
+        if self.speed is not None:
+            key += "|" + ";".join(f"{r}:{s}@{v:g}" for r, row in enumerate(self.speed)
+                                  for s, v in enumerate(row) if v != 1.0)
+        return key
 
     def to_original(self, replica: int) -> int:
         return self.perm[replica]
+
+    def job(self, job: JobSpec) -> JobSpec:
+        """`job` renumbered into canonical replicas (its exact speeds, permuted)."""
+        if job.speed is None or list(self.perm) == sorted(self.perm):
+            return job
+        return job.model_copy(update={"speed": [list(job.speed[d]) for d in self.perm]})
 
     def inverse(self) -> "Canonical":
         """The renaming from original replicas to canonical ones (for `map_plan`)."""
         inv = [0] * len(self.perm)
         for c, d in enumerate(self.perm):
             inv[d] = c
+        speed = None if self.speed is None else tuple(self.speed[inv[d]]
+                                                      for d in range(len(inv)))
         return Canonical(failed=tuple(sorted((self.perm[c], s) for c, s in self.failed)),
-                         perm=tuple(inv))
+                         perm=tuple(inv), speed=speed)
 
 
 def canonicalize(job: JobSpec, failed: Iterable[Worker]) -> Canonical:
+    """Replicas sorted by (more failures first, failed stages, quantised speed row, exact
+    speed row); ties keep replica order, so the canonical form of a canonical case is
+    itself."""
     failed = normalize(job, failed)
     pattern = {d: tuple(s for r, s in failed if r == d) for d in range(job.replicas)}
-    groups: dict[tuple, list[int]] = {}
-    for d in range(job.replicas):
-        row = tuple(job.speed[d]) if job.speed is not None else ()
-        groups.setdefault(row, []).append(d)
-    perm = [0] * job.replicas
-    for members in groups.values():
-        # Replicas with more failures first, then lexicographic on the failed stages.
-        ordered = sorted(members, key=lambda d: (-len(pattern[d]), pattern[d], d))
-        for slot, d in zip(members, ordered):
-            perm[slot] = d
+    q = quantized_speeds(job)
+    row = (lambda d: q[d]) if q is not None else (lambda d: ())
+    exact = (lambda d: tuple(job.speed[d])) if job.speed is not None else (lambda d: ())
+    perm = sorted(range(job.replicas),
+                  key=lambda d: (-len(pattern[d]), pattern[d], row(d), exact(d), d))
     canon = sorted((c, s) for c in range(job.replicas) for s in pattern[perm[c]])
-    return Canonical(failed=tuple(canon), perm=tuple(perm))
+    return Canonical(failed=tuple(canon), perm=tuple(perm),
+                     speed=None if q is None else tuple(q[d] for d in perm))
 
 
 def canonical_sets(job: JobSpec, max_failures: int) -> Iterator[Canonical]:
@@ -113,7 +147,7 @@ def canonical_sets(job: JobSpec, max_failures: int) -> Iterator[Canonical]:
     from itertools import combinations
 
     S, D = job.stages, job.replicas
-    seen: set[tuple[Worker, ...]] = set()
+    seen: set[tuple] = set()
     for k in range(max_failures + 1):
         if job.speed is None:
             # A canonical set is a multiset of per-replica patterns (non-empty stage sets).
@@ -126,8 +160,10 @@ def canonical_sets(job: JobSpec, max_failures: int) -> Iterator[Canonical]:
             if dead_stage(job, raw) is not None:
                 continue
             c = canonicalize(job, raw)
-            if c.failed not in seen:
-                seen.add(c.failed)
+            # the key, and the exact speeds it stands for (off the 0.1 grid they differ)
+            ident = (c.key, None if job.speed is None else str(c.job(job).speed))
+            if ident not in seen:
+                seen.add(ident)
                 yield c
 
 
