@@ -138,16 +138,28 @@ def validate_cmd(path: str = typer.Argument(..., help="plan JSON")):
 
 
 def bench_planner_cmd(
-    out: str = typer.Option("benchmarks/results/planner.md", help="results table (markdown)"),
+    out: Optional[str] = typer.Option(None, help="results table (markdown); default "
+                                      "benchmarks/results/planner.md, or planner_speeds.md"),
     quick: bool = typer.Option(False, help="a small subset, for a smoke run"),
     time_limit: float = typer.Option(10.0, help="CP-SAT limit per instance (s)"),
     cpsat_max_actions: int = typer.Option(3500, help="run CP-SAT up to this many actions"),
+    speeds: bool = typer.Option(False, "--speeds", help="the straggler benchmark instead"),
+    cpsat: bool = typer.Option(True, "--cpsat/--no-cpsat", help="with --speeds: run CP-SAT"),
 ):
     """Period / lower bound per back-end, solve times, and the ablation."""
+    with user_errors("benchmark"):
+        if time_limit <= 0:
+            raise ValueError("--time-limit must be positive")
+    if speeds:
+        from planner.bench_speeds import run_speeds_bench
+        run_speeds_bench(out or "benchmarks/results/planner_speeds.md", time_limit, cpsat,
+                         console=console)
+        return
     from planner.bench import run_planner_bench
 
-    run_planner_bench(out, quick=quick, time_limit=time_limit,
-                      cpsat_max_actions=cpsat_max_actions, console=console)
+    run_planner_bench(out or "benchmarks/results/planner.md", quick=quick,
+                      time_limit=time_limit, cpsat_max_actions=cpsat_max_actions,
+                      console=console)
 
 
 def simulate_cmd(
