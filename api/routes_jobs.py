@@ -69,12 +69,7 @@ async def post_event(job_id: str, ev: EventIn, request: Request, response: Respo
     one, is a 409. An event that leaves a stage with no live replica is accepted, and the
     job halts (`state: halted`, with a "restore from checkpoint" reason)."""
     svc = request.app.state.service
-    job = svc.job(job_id)
-    source = "operator" if request.state.role == "admin" else "worker"
-    answer, replayed = await svc.apply_event(job, ev, source)
-    if replayed:
-        response.headers["Idempotent-Replayed"] = "true"
-    return answer
+    return await _apply(svc.apply_event, svc.job(job_id), ev, request, response)
 
 
 @router.post("/{job_id}/speeds", response_model=EventOut, openapi_extra=JOB,
@@ -87,9 +82,13 @@ async def post_speed(job_id: str, ev: SpeedIn, request: Request, response: Respo
     `plan_source`, and the worker's `speed` in force). Idempotent by `event_id` like
     `/events` (same id, another body: 409); a halted or finished job answers 409."""
     svc = request.app.state.service
-    job = svc.job(job_id)
+    return await _apply(svc.apply_speed, svc.job(job_id), ev, request, response)
+
+
+async def _apply(apply, job, ev, request: Request, response: Response) -> dict:
+    """An event from an operator (admin token) or a worker; a replay is marked."""
     source = "operator" if request.state.role == "admin" else "worker"
-    answer, replayed = await svc.apply_speed(job, ev, source)
+    answer, replayed = await apply(job, ev, source)
     if replayed:
         response.headers["Idempotent-Replayed"] = "true"
     return answer

@@ -69,16 +69,11 @@ def speed_routes(job: JobSpec, failed: list[Worker], shed: str = "even") -> Rout
         if len(live) == D and (uniform or shed == "keep"):
             continue  # nothing to move
         if shed == "lfl" and not uniform:
-            _deal(routes, s, [(m, d) for m in range(M) for d in range(D)], live, work,
-                  {d: 0 for d in live}, M, owner_first=True)
-            ran = {routes[g][s] for g in range(D * M)}
-            for d in live:  # at least one each, as in proportional_counts: its last own
-                if d not in ran:
-                    routes[d * M + M - 1][s] = d
-            if {routes[g][s] for g in range(D * M)} != set(live):  # took some peer's only one
-                even = speed_routes(job, failed, "even")
-                for g in range(D * M):
-                    routes[g][s] = even[g][s]
+            # At least one each, as in proportional_counts: every live worker keeps its last
+            # own micro-batch, counted in its load, and the rest are dealt. (Reserving after
+            # the deal broke its balance: a slower worker could end up with more.)
+            pool = [(m, d) for m in range(M) for d in range(D) if m < M - 1 or d not in work]
+            _deal(routes, s, pool, live, work, dict(work), M, owner_first=True)
             continue
         keep = {d: M for d in live}
         if not uniform and shed != "keep":

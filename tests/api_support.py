@@ -33,6 +33,17 @@ def admin_headers(token: str = ADMIN) -> dict:
     return {"Authorization": f"Bearer {token}"}
 
 
+def register_job(admin: httpx.Client, **kw) -> tuple[str, str]:
+    """A job of spec(**kw) registered with the admin client: (job id, worker token)."""
+    r = admin.post("/v1/jobs", json=spec(**kw))
+    assert r.status_code == 201, r.text
+    return r.json()["id"], r.json()["token"]
+
+
+def token_client(url: str, token: str) -> httpx.Client:
+    return httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Bearer {token}"})
+
+
 def wait_healthy(url: str, timeout: float = 30.0, proc=None) -> None:
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:

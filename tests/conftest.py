@@ -19,6 +19,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def admin(server):
+    """An admin-token client of the module's `server` fixture (a ThreadServer)."""
+    import httpx
+
+    from api_support import admin_headers
+    with httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as c:
+        yield c
+
+
 # ---- hard time limits --------------------------------------------------------------------
 # Tests that run real processes carry @pytest.mark.hard_timeout(SECONDS). At the limit the
 # test's main thread gets an exception (so its `finally` blocks kill workers and servers);

@@ -48,8 +48,9 @@ def job_and_failures(draw, **kw):
 
 
 @st.composite
-def small_jobs(draw, max_d=3, max_s=3, max_m=3, max_actions=None):
-    D = draw(st.integers(1, max_d))
+def small_jobs(draw, max_d=3, max_s=3, max_m=3, max_actions=None, min_d=1, speeds=None):
+    """`speeds`: factors to draw each worker's speed from (None: no speeds)."""
+    D = draw(st.integers(min_d, max_d))
     S = draw(st.integers(1, max_s))
     M = draw(st.integers(1, max_m))
     if max_actions is not None:
@@ -61,6 +62,8 @@ def small_jobs(draw, max_d=3, max_s=3, max_m=3, max_actions=None):
     spec = {"replicas": D, "stages": S, "microbatches": M,
             "cost": {op: draw(cost) for op in ("F", "I", "W", "OPT")},
             "p2p": {"intra": draw(st.integers(0, 2)), "cross": draw(st.integers(0, 3))}}
+    if speeds is not None:
+        spec["speed"] = [[draw(st.sampled_from(speeds)) for _ in range(S)] for _ in range(D)]
     if draw(st.booleans()):
         act = draw(st.lists(st.integers(1, 3), min_size=S, max_size=S))
         spec["memory"] = {"activation": act,

@@ -7,7 +7,7 @@ import time
 import httpx
 import pytest
 
-from api_support import ADMIN, ThreadServer, admin_headers, spec
+from api_support import ADMIN, ThreadServer, admin_headers, register_job, spec, token_client
 from executor.http_source import HttpPlanSource
 from executor.plan_source import TrainingHalted
 from planner.validate import validate
@@ -23,22 +23,11 @@ def server(tmp_path_factory):
         yield s
 
 
-@pytest.fixture
-def admin(server):
-    with httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as c:
-        yield c
-
-
-def register(admin, **kw):
-    r = admin.post("/v1/jobs", json=spec(**kw))
-    assert r.status_code == 201, r.text
-    body = r.json()
-    return body["id"], body["token"]
+register = register_job
 
 
 def worker(server, token):
-    return httpx.Client(base_url=server.url, timeout=10,
-                        headers={"Authorization": f"Bearer {token}"})
+    return token_client(server.url, token)
 
 
 def ev(event_id, kind, r, s):

@@ -214,10 +214,9 @@ def test_kill_and_rejoin_at_the_default_heartbeat_timeout(tmp_path):
         srv.stop()
 
 
-def test_service_down_when_training_ends(tmp_path):
-    """Issue 7, cause 5: the service is down for longer than the coordinator used to retry
-    /finish (10 s). It comes back, hears that training finished, and the job stays
-    finished past the heartbeat timeout instead of being halted."""
+def _service_down_mid_run(tmp_path, while_down, check):
+    """Train 4 iterations; after the first, SIGKILL the service, run `while_down`, restart
+    it on the same port; the run must end exact, then `check(url, job_id, coordinator)`."""
     srv = ProcServer(tmp_path / "service.db", *SERVE).start()
     coord = None
     try:
@@ -226,41 +225,40 @@ def test_service_down_when_training_ends(tmp_path):
         runner, result = _run_in_thread(coord)
         _wait_printed(coord, runner, 1)
         srv.kill()
-        time.sleep(12)
+        while_down()
         srv.start()
         runner.join(60)
         assert not runner.is_alive()
         assert_exact(result["res"], coord, 4, tmp_path)
-        time.sleep(4)  # past the 3 s heartbeat timeout: nobody heartbeats any more
-        job = history(srv.url, jid)["job"]
-        assert job["state"] == "finished" and job["failed"] == [], job
+        check(srv.url, jid, coord)
     finally:
         if coord is not None:
             coord.stop()
         srv.stop()
+
+
+def test_service_down_when_training_ends(tmp_path):
+    """Issue 7, cause 5: the service is down for longer than the coordinator used to retry
+    /finish (10 s). It comes back, hears that training finished, and the job stays
+    finished past the heartbeat timeout instead of being halted."""
+    def check(url, jid, coord):
+        time.sleep(4)  # past the 3 s heartbeat timeout: nobody heartbeats any more
+        job = history(url, jid)["job"]
+        assert job["state"] == "finished" and job["failed"] == [], job
+
+    _service_down_mid_run(tmp_path, lambda: time.sleep(12), check)
 
 
 def test_service_loses_the_job_while_down(tmp_path):
     """Issue 7, cause 5: the database is replaced while the service is down. Training goes
     on under the plan in force and ends with its summary and a one-line warning, no
     traceback."""
-    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
-    coord = None
-    try:
-        jid, token = register(srv.url)
-        coord = coordinator(tmp_path, srv.url, jid, token, 4)
-        runner, result = _run_in_thread(coord)
-        _wait_printed(coord, runner, 1)
-        srv.kill()
+    def wipe():
         for f in glob.glob(str(tmp_path / "service.db*")):
             os.remove(f)
-        srv.start()
-        runner.join(60)
-        assert not runner.is_alive()
-        assert_exact(result["res"], coord, 4, tmp_path)
+
+    def check(url, jid, coord):
         out = coord.output.getvalue()
         assert "did not record the end of training" in out and "Traceback" not in out, out
-    finally:
-        if coord is not None:
-            coord.stop()
-        srv.stop()
+
+    _service_down_mid_run(tmp_path, wipe, check)

@@ -9,7 +9,7 @@ import time
 import httpx
 import pytest
 
-from api_support import ProcServer, ThreadServer, admin_headers, spec
+from api_support import ProcServer, ThreadServer, admin_headers, spec, register_job, token_client
 from planner.plan import Plan
 from planner.validate import validate
 
@@ -23,20 +23,7 @@ def server(tmp_path_factory):
         yield s
 
 
-@pytest.fixture
-def admin(server):
-    with httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as c:
-        yield c
-
-
-def register(c, **kw):
-    r = c.post("/v1/jobs", json=spec(**kw))
-    assert r.status_code == 201, r.text
-    return r.json()["id"], r.json()["token"]
-
-
-def client(url, token):
-    return httpx.Client(base_url=url, timeout=10, headers={"Authorization": f"Bearer {token}"})
+register, client = register_job, token_client
 
 
 def speed(event_id, r, s, value, reason=None):
