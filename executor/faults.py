@@ -78,6 +78,10 @@ class Injector:
         self.stalls = [tuple(s) for s in stalls]
         self.event = event
         self.stopped: dict[int, tuple[float, str]] = {}  # pid -> (SIGCONT time, worker)
+        # What was injected when (wall clock): [start, end, "kill"|"stall", "r:s"]; a stall's
+        # end is its SIGCONT. Recovery figures use it to tell clean measurements apart.
+        self.log: list[list] = []
+        self._stall_row: dict[int, list] = {}
 
     def mid(self, w: Worker, it: int, pid: int) -> bool:
         """Send what is due; True if the worker was SIGKILLed."""
@@ -87,11 +91,14 @@ class Injector:
             self.event(f"SIGKILL worker {w[0]}:{w[1]} mid-iteration {it}")
             os.kill(pid, signal.SIGKILL)
             killed = True
+            self.log.append([time.time(), time.time(), "kill", f"{w[0]}:{w[1]}"])
         for k in [k for k in self.stalls if k[:3] == (w[0], w[1], it)]:
             self.stalls.remove(k)
             self.event(f"SIGSTOP worker {w[0]}:{w[1]} mid-iteration {it} for {k[3]:g} s")
             os.kill(pid, signal.SIGSTOP)
             self.stopped[pid] = (time.monotonic() + k[3], f"{w[0]}:{w[1]}")
+            self._stall_row[pid] = [time.time(), float("inf"), "stall", f"{w[0]}:{w[1]}"]
+            self.log.append(self._stall_row[pid])
         return killed
 
     def tick(self) -> None:
@@ -102,6 +109,8 @@ class Injector:
                 self.event(f"SIGCONT worker {name}")
 
     def resume(self, pid: int) -> None:
+        if pid in self._stall_row:
+            self._stall_row.pop(pid)[1] = time.time()
         if self.stopped.pop(pid, None) is not None:
             try:
                 os.kill(pid, signal.SIGCONT)

@@ -354,7 +354,8 @@ class Coordinator:
         if kind == "mid":
             if w in self.procs and self.procs[w].exitcode is None:
                 if self.faults.mid(w, m["it"], self.procs[w].pid):
-                    self.kills_at.append((time.time(), w, m["it"]))
+                    t = max(row[0] for row in self.faults.log if row[2] == "kill")
+                    self.kills_at.append((t, w, m["it"]))
             if m.get("wait"):
                 self.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
         elif kind == "done":
@@ -450,19 +451,27 @@ class Coordinator:
             ts = [first_entry(x.key, since_t, version) for x in plan.workers if x.key != skip]
             return max(ts) if ts and None not in ts else None
 
+        def concurrent(start, end, me):
+            """Other injected faults in flight during [start, end]: a stalled survivor, or
+            a second kill, delays the recovery for reasons of its own."""
+            return sorted({f"{kind} {who}" for a, b, kind, who in self.faults.log
+                           if a <= end and b >= start and not (kind == "kill" and a == me)})
+
         out = []
         for t_k, w, it in self.kills_at:
             nxt = [v for t, v in self.published_at if t >= t_k]
             done = everyone_in(min(nxt), t_k, skip=w) if nxt else None
             if done is not None:
                 out.append({"kind": "kill", "worker": list(w), "iteration": it,
-                            "seconds": round(done - t_k, 4), "at": round(t_k, 3)})
+                            "seconds": round(done - t_k, 4), "at": round(t_k, 3),
+                            "concurrent": concurrent(t_k, done, t_k)})
         for t_r, w, it in self.restarts_at:
             mine = [(t, v) for t, x, inc, v, _ in self.entries if x == w and t >= t_r]
             done = everyone_in(min(mine)[1], t_r) if mine else None
             if done is not None:
                 out.append({"kind": "rejoin", "worker": list(w), "iteration": it,
-                            "seconds": round(done - t_r, 4), "at": round(t_r, 3)})
+                            "seconds": round(done - t_r, 4), "at": round(t_r, 3),
+                            "concurrent": concurrent(t_r, done, None)})
         return out
 
     def halt(self, reason: str) -> TrainResult:

@@ -39,7 +39,12 @@ def recovery_stats(records: list[dict]) -> dict:
     out = {}
     for mode, keep in (("all", lambda r, x: True), ("local", lambda r, x: not r["service"]),
                        ("service", lambda r, x: r["service"]),
-                       ("service-up", lambda r, x: r["service"] and not during_outage(r, x))):
+                       ("service-up", lambda r, x: r["service"] and not during_outage(r, x)),
+                       # no other fault in flight (a stalled survivor, a second kill) and no
+                       # outage: what the runtime itself takes to recover
+                       ("local-clean", lambda r, x: not r["service"] and not x.get("concurrent")),
+                       ("service-clean", lambda r, x: r["service"] and not during_outage(r, x)
+                        and not x.get("concurrent"))):
         for kind in ("kill", "rejoin"):
             secs = [float(x["seconds"]) for r in records
                     for x in r.get("recovery") or [] if x.get("kind") == kind and keep(r, x)]
@@ -66,7 +71,7 @@ def summary_line(summary: dict) -> str:
 
 def recovery_lines(summary: dict) -> list[str]:
     lines = []
-    for mode in ("local", "service", "service-up"):
+    for mode in ("local", "local-clean", "service", "service-up", "service-clean"):
         for kind in ("kill", "rejoin"):
             s = summary["recovery"][mode][kind]
             if s["n"]:
