@@ -1,0 +1,75 @@
+"""benchmarks/results/chaos.md from `recycle chaos --json` files (the soak's records).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/chaos_results.py LOCAL.json SERVICE.json \
+        --command-local "..." --command-service "..." --commit HASH
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+
+from recycle.chaos.report import recovery_stats
+
+MODES = (("local", "local, all"), ("local-clean", "local, no other fault in flight"),
+         ("service", "service, all (outage included)"),
+         ("service-up", "service, not overlapping its outage"),
+         ("service-clean", "service, no outage and no other fault in flight"))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="chaos_results")
+    ap.add_argument("files", nargs="+")
+    ap.add_argument("--command", action="append", default=[])
+    ap.add_argument("--commit", default="?")
+    ap.add_argument("--out", default="benchmarks/results/chaos.md")
+    args = ap.parse_args(argv)
+    runs = []
+    for f in args.files:
+        with open(f) as fh:
+            runs += json.load(fh)["runs"]
+    counts: dict[str, int] = {}
+    for r in runs:
+        counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    stats = recovery_stats(runs)
+    lines = ["# Chaos soak: random kills, rejoins, stalls, donor kills and service crashes", "",
+             "Commands (at commit " + args.commit + "):", ""]
+    lines += [f"    {c}" for c in args.command]
+    lines += ["", f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared). Each run "
+              "trains a tiny GPT under a seeded schedule with a hard time limit, compares "
+              "losses and per-stage parameter checksums with the one-process reference "
+              "(1e-5), and checks that no process it started is left.", "",
+              "| runs | " + " | ".join(sorted(counts)) + " | leaked processes | max loss diff |",
+              "| --- | " + " | ".join("---" for _ in counts) + " | --- | --- |",
+              f"| {len(runs)} | " + " | ".join(str(counts[k]) for k in sorted(counts))
+              + f" | {sum(len(r['leaks']) for r in runs)} | "
+              f"{max((r['max_diff'] or 0) for r in runs):.1e} |", "",
+              "Time to recover (s): from a SIGKILL to every survivor training under the next "
+              "plan; from a restart to every member of the version that admits the new "
+              "process training in it.", "",
+              "| recoveries | kill n | p50 | p99 | max | rejoin n | p50 | p99 | max |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for mode, label in MODES:
+        k, j = stats[mode]["kill"], stats[mode]["rejoin"]
+        cell = lambda s: (f"{s['n']} | {s['p50']:.2f} | {s['p99']:.2f} | {s['max']:.2f}"
+                          if s["n"] else "0 | - | - | -")
+        lines.append(f"| {label} | {cell(k)} | {cell(j)} |")
+    lines += ["", "## Runs", "",
+              "| run | grid | faults | outcome | wall s | max loss diff |",
+              "| --- | --- | --- | --- | --- | --- |"]
+    for r in runs:
+        diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
+        svc = r.get("service_outage") or {}
+        faults = r["faults"] + (f" (service down {svc['killed_at_s']}..{svc['restarted_at_s']} s)"
+                                if svc.get("killed_at_s") is not None else "")
+        lines.append(f"| {r['name']} | {r['grid']} m{r['microbatches']} n{r['iterations']} | "
+                     f"{faults} | {r['outcome']} | {r['wall_s']:.1f} | {diff} |")
+    with open(args.out, "w") as fh:
+        fh.write("\n".join(lines) + "\n")
+    print("\n".join(lines[:30]))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
