@@ -125,13 +125,12 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
         service.start()
         spec = JobSpec.uniform(sched.replicas, sched.stages, sched.microbatches)
         job_id, token = service.register(spec.model_dump(mode="json"))
-        cmd = train_command(sched, run_dir, ("--service", service.url, "--job-id", job_id,
-                                             "--token", token))
-        record["command"] = shlex.join(cmd)
-        record["serve_command"] = shlex.join(service.cmd)
+        cmd = train_command(sched, run_dir, ("--service", service.url, "--job-id", job_id))
+        record["command"] = "RECYCLE_TOKEN=<worker token> " + shlex.join(cmd)
+        record["serve_command"] = "RECYCLE_ADMIN_TOKEN=<admin token> " + shlex.join(service.cmd)
         outage = OutageThread(service, sched.outage, done)
         outage.start()
-        _train(cmd, tag, limit, record)
+        _train(cmd, tag, limit, record, {"RECYCLE_TOKEN": token})
     except (RuntimeError, TimeoutError, OSError) as exc:  # the service never came up
         record.update(outcome="crash", wall_s=record.get("wall_s", 0.0),
                       error=f"service: {exc}")
@@ -144,13 +143,14 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
         _cleanup(tag, record)
 
 
-def _train(cmd: list[str], tag: str, limit: float, record: dict) -> None:
+def _train(cmd: list[str], tag: str, limit: float, record: dict,
+           env: Optional[dict] = None) -> None:
     t0 = time.monotonic()
     with open(record["log"], "ab") as log:
         log.write(f"$ {shlex.join(cmd)}\n".encode())
         log.flush()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=subprocess.STDOUT, env=tagged_env(tag),
+                                stderr=subprocess.STDOUT, env={**tagged_env(tag), **(env or {})},
                                 start_new_session=True)
         try:
             code = proc.wait(limit)

@@ -32,15 +32,18 @@ class Service:
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin = secrets.token_hex(16)
         # Default settings otherwise (heartbeat timeout 10 s): the service as users run it.
+        # The token goes by environment: command lines show in `ps` and in the records.
         self.cmd = [sys.executable, "-m", "recycle.cli", "serve", "--db", db,
-                    "--port", str(self.port), "--admin-token", self.admin]
+                    "--port", str(self.port)]
         self.log_path, self.tag = log_path, tag
         self.proc: Optional[subprocess.Popen] = None
 
     def start(self, timeout_s: float = 60.0) -> None:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.cmd, stdin=subprocess.DEVNULL, stdout=log,
-                                         stderr=subprocess.STDOUT, env=tagged_env(self.tag),
+                                         stderr=subprocess.STDOUT,
+                                         env={**tagged_env(self.tag),
+                                              "RECYCLE_ADMIN_TOKEN": self.admin},
                                          start_new_session=True)
         self.wait_healthy(timeout_s)
 
