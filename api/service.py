@@ -286,11 +286,9 @@ class Service:
         t0 = time.perf_counter()
         body_json = _event_body(ev)
         async with job.lock:
-            old = self._replayed(job, ev.event_id, body_json)
+            old = self._replayed(job, ev, body_json)
             if old is not None:
                 return old, True
-            job.check_worker(ev.replica, ev.stage)
-            self._check_running(job)
             w = (ev.replica, ev.stage)
             failed, inc, replacement = self._membership(job, ev, w)
             grid = [list(row) for row in job.incarnations]
@@ -351,11 +349,9 @@ class Service:
         (answer, replayed). Idempotent by event_id like failures and recoveries."""
         body_json = ev.model_dump_json()
         async with job.lock:
-            old = self._replayed(job, ev.event_id, body_json)
+            old = self._replayed(job, ev, body_json)
             if old is not None:
                 return old, True
-            job.check_worker(ev.replica, ev.stage)
-            self._check_running(job)
             w = (ev.replica, ev.stage)
             operator = dict(job.operator)
             if ev.speed is None:
@@ -369,15 +365,19 @@ class Service:
         self._after_speeds(job, source, 1, fresh, plan_source, spec)
         return answers[0], False
 
-    def _replayed(self, job: JobRuntime, event_id: str, body_json: str) -> Optional[dict]:
-        """The stored answer to a re-sent event (idempotency), None for a new id; an id
-        reused with another body is a 409."""
-        old = self.store.event(job.id, event_id)
-        if old is None:
-            return None
-        if old["body_json"] != body_json:
-            raise ApiError(409, f"event_id {event_id!r} was already used with a different body")
-        return json.loads(old["response_json"])
+    def _replayed(self, job: JobRuntime, ev, body_json: str) -> Optional[dict]:
+        """Under job.lock: the stored answer to a re-sent event (idempotency), or None for a
+        new one that may be applied (its worker in the grid, the job running); an id reused
+        with another body is a 409."""
+        old = self.store.event(job.id, ev.event_id)
+        if old is not None:
+            if old["body_json"] != body_json:
+                raise ApiError(409, f"event_id {ev.event_id!r} was already used with a "
+                                    "different body")
+            return json.loads(old["response_json"])
+        job.check_worker(ev.replica, ev.stage)
+        self._check_running(job)
+        return None
 
     def _check_running(self, job: JobRuntime) -> None:
         if job.state == "halted":

@@ -22,17 +22,15 @@ from typing import Optional
 from pydantic import ValidationError
 
 from planner.job import JobSpec
-from planner.speeds import STEP, quantize
+from planner.speeds import MAX_SPEED, quantize
 
 Worker = tuple[int, int]
 Cells = dict[Worker, float]
 
 
 def quantize_speed(v: float) -> float:
-    """planner.speeds.quantize for speeds up to 1.0; above it the same 0.1 steps."""
-    if v <= 1.0:
-        return quantize(v)
-    return round(round(v / STEP) * STEP, 6)
+    """Speeds an operator or a spec declares: up to MAX_SPEED, on the 0.1 steps."""
+    return quantize(v, top=MAX_SPEED)
 
 
 def grid_of(spec: JobSpec) -> list[list[float]]:

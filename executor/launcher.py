@@ -47,6 +47,7 @@ from executor.comm import host_store
 from executor.faults import Injector, parse_event, parse_stall  # noqa: F401 (re-exported)
 from executor.model import ModelConfig
 from executor.reference import Summary
+from executor.run_record import RunRecord
 from executor.worker import child as worker_child
 from executor.rendezvous import Mailbox, publish_plan, read_int, set_counter, wkey
 from planner.backends import solve
@@ -139,16 +140,10 @@ class Coordinator:
         self.given_up: set[tuple[int, int, int]] = set()  # --rejoin entries not held for again
         # Through a service, admission may wait for it to come back from an outage.
         self.hold_limit = 4 * timeout + (60.0 if service is not None else 5.0)
-        # Recovery timing (wall clock, shared with the workers' reports).
-        self.kills_at: list[tuple[float, Worker, int]] = []
-        self.restarts_at: list[tuple[float, Worker, int]] = []
-        self.published_at: list[tuple[float, int]] = []
-        # (t, worker, incarnation, version, first iteration) of each entry into a version
-        self.entries: list[tuple[float, Worker, int, int, int]] = []
+        self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
-        self._plans: dict[int, object] = {}  # version -> plan, for the recovery figures
         self.suspect_since: Optional[float] = None
         self.printed, self.t_last = self.start - 1, time.monotonic()
         self.iteration_end: dict[int, float] = {}
@@ -202,7 +197,7 @@ class Coordinator:
         self.event(f"restarting worker {wkey(w)} to rejoin at iteration {due[0][2]}")
         self.spawn(w)
         self.pending[w] = (due[0][2], time.monotonic())
-        self.restarts_at.append((time.time(), w, due[0][2]))
+        self.record.restarts_at.append((time.time(), w, due[0][2]))
         self.update_hold()
 
     def admitted(self, w: Worker) -> None:
@@ -236,9 +231,8 @@ class Coordinator:
                          solver=self.solver, mode=self.mode)  # may raise NoPlanError
             plan = plan.stamped(self.version + 1, self.incs)
         self.version, self.plan, self.suspect_since = plan.version, plan, None
-        self._plans[plan.version] = plan
         publish_plan(self.store, plan)
-        self.published_at.append((time.time(), plan.version))
+        self.record.published(plan)
 
     def follow(self) -> None:
         """Service mode: take the newest plan the service published."""
@@ -246,8 +240,7 @@ class Coordinator:
         if plan.version == self.version:
             return
         self.version, self.plan = plan.version, plan
-        self._plans[plan.version] = plan
-        self.published_at.append((time.time(), plan.version))
+        self.record.published(plan)
         self.failed = {tuple(w) for w in plan.failed}
         for w in self.failed:
             self.done.pop(w, None)
@@ -355,12 +348,12 @@ class Coordinator:
             if w in self.procs and self.procs[w].exitcode is None:
                 if self.faults.mid(w, m["it"], self.procs[w].pid):
                     t = max(row[0] for row in self.faults.log if row[2] == "kill")
-                    self.kills_at.append((t, w, m["it"]))
+                    self.record.kills_at.append((t, w, m["it"]))
             if m.get("wait"):
                 self.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
         elif kind == "done":
             if m.get("sync"):
-                self.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
+                self.record.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
             if m.get("compute") and self.detector is not None and m["v"] == self.version:
                 self.detector.observe(w[0], w[1], m["compute"])
             self.done[w] = (m["it"], m["v"])
@@ -415,64 +408,8 @@ class Coordinator:
     def summary(self) -> Summary:
         return Summary(losses=[self.loss(i) for i in range(self.iterations)],
                        param_checksums=[self.final_checks[s] for s in range(self.S)],
-                       recovery=self.recovery(), plans=self.plans_used())
-
-    def plans_used(self) -> list[dict]:
-        """Every plan version some worker trained under: what the run really ran."""
-        first: dict[int, int] = {}
-        for _, _, _, v, it in self.entries:
-            first[v] = min(first.get(v, it), it)
-        out = []
-        for v in sorted(first):
-            plan = self._plans.get(v)
-            if plan is None or not plan.workers or first[v] >= self.iterations:
-                continue
-            out.append({"version": v, "failed": [list(x) for x in plan.failed],
-                        "speeds": plan.job.speed, "incarnations": plan.incarnations,
-                        "first_iteration": first[v],
-                        "microbatches": {f"{x.replica}:{x.stage}": sum(
-                            1 for a in x.actions if a.op == "F") for x in plan.workers}})
-        return out
-
-    def recovery(self) -> list[dict]:
-        """Time to recover, from the workers' own entry reports: for a kill, from the
-        SIGKILL to the moment the last survivor named by the next plan version entered a
-        version at least that new; for a rejoin, from the restart to the moment every member
-        of the first version admitting the new process had entered it. Faults whose next
-        plan was itself cut short by another fault are left out (no clean measurement)."""
-        def first_entry(w, since_t, min_v):
-            ts = [t for t, x, _, v, _ in self.entries if x == w and v >= min_v and t >= since_t]
-            return min(ts) if ts else None
-
-        def everyone_in(version, since_t, skip=None):
-            plan = self._plans.get(version)
-            if plan is None:
-                return None
-            ts = [first_entry(x.key, since_t, version) for x in plan.workers if x.key != skip]
-            return max(ts) if ts and None not in ts else None
-
-        def concurrent(start, end, me):
-            """Other injected faults in flight during [start, end]: a stalled survivor, or
-            a second kill, delays the recovery for reasons of its own."""
-            return sorted({f"{kind} {who}" for a, b, kind, who in self.faults.log
-                           if a <= end and b >= start and not (kind == "kill" and a == me)})
-
-        out = []
-        for t_k, w, it in self.kills_at:
-            nxt = [v for t, v in self.published_at if t >= t_k]
-            done = everyone_in(min(nxt), t_k, skip=w) if nxt else None
-            if done is not None:
-                out.append({"kind": "kill", "worker": list(w), "iteration": it,
-                            "seconds": round(done - t_k, 4), "at": round(t_k, 3),
-                            "concurrent": concurrent(t_k, done, t_k)})
-        for t_r, w, it in self.restarts_at:
-            mine = [(t, v) for t, x, inc, v, _ in self.entries if x == w and t >= t_r]
-            done = everyone_in(min(mine)[1], t_r) if mine else None
-            if done is not None:
-                out.append({"kind": "rejoin", "worker": list(w), "iteration": it,
-                            "seconds": round(done - t_r, 4), "at": round(t_r, 3),
-                            "concurrent": concurrent(t_r, done, None)})
-        return out
+                       recovery=self.record.recovery(self.faults.log),
+                       plans=self.record.plans_used(self.iterations))
 
     def halt(self, reason: str) -> TrainResult:
         self.store.set("halted", reason)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
 from planner.job import JobSpec
-from planner.speeds import STEP, quantize
+from planner.speeds import MAX_SPEED, quantize
 
 Worker = tuple[int, int]
 
@@ -74,17 +74,11 @@ def parse_worker(text: str) -> Worker:
         raise FailedSetError(f"cannot read worker {text!r}: expected REPLICA:STAGE, e.g. 1:2") from None
 
 
-def quantize_speed(v: float) -> float:
-    """planner.speeds.quantize, which caps at 1.0 (measured speeds are relative to a
-    stage's fastest worker); a spec may declare a faster worker, rounded to the same step."""
-    return quantize(v) if v <= 1.0 else round(round(v / STEP) * STEP, 6)
-
-
 def quantized_speeds(job: JobSpec) -> Optional[tuple[tuple[float, ...], ...]]:
     """The job's speed grid on the 0.1 grid; None when every quantised speed is nominal."""
     if job.speed is None:
         return None
-    q = tuple(tuple(quantize_speed(v) for v in row) for row in job.speed)
+    q = tuple(tuple(quantize(v, top=MAX_SPEED) for v in row) for row in job.speed)
     return None if all(v == 1.0 for row in q for v in row) else q
 
 

@@ -24,14 +24,17 @@ from collections import defaultdict, deque
 from typing import Optional
 
 STEP = 0.1
+MAX_SPEED = 100.0  # a spec or an operator may declare a worker faster than nominal
 Grid = list[list[float]]
 
 
-def quantize(speed: float, step: float = STEP) -> float:
+def quantize(speed: float, step: float = STEP, top: float = 1.0) -> float:
+    """`top` 1.0 for measured speeds (relative to the stage's fastest worker); MAX_SPEED
+    where a faster worker may be declared. Same steps either way."""
     if not speed == speed:  # nan: no information, nominal
         return 1.0
     q = round(round(speed / step) * step, 6)
-    return min(1.0, max(step, q))
+    return min(top, max(step, q))
 
 
 def nominal(grid: Optional[Grid]) -> bool:

@@ -1,0 +1,85 @@
+"""What a multi-process run did, for its summary: the plan versions it trained under and
+the time it took to recover from each injected kill and restart.
+
+The coordinator records, on the wall clock shared with the workers' reports: each kill and
+restart it injected, each plan version it published or followed, and each worker's entry
+into a version (the `done` message a worker sends once it has entered). The figures are
+derived from these alone, after the run.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+Worker = tuple[int, int]
+
+
+@dataclass
+class RunRecord:
+    kills_at: list = field(default_factory=list)      # (t, worker, iteration)
+    restarts_at: list = field(default_factory=list)   # (t, worker, rejoin iteration)
+    published_at: list = field(default_factory=list)  # (t, version)
+    # (t, worker, incarnation, version, first iteration) of each entry into a version
+    entries: list = field(default_factory=list)
+    plans: dict = field(default_factory=dict)         # version -> plan
+
+    def published(self, plan) -> None:
+        self.plans[plan.version] = plan
+        self.published_at.append((time.time(), plan.version))
+
+    def plans_used(self, iterations: int) -> list[dict]:
+        """Every plan version some worker trained under: what the run really ran."""
+        first: dict[int, int] = {}
+        for _, _, _, v, it in self.entries:
+            first[v] = min(first.get(v, it), it)
+        out = []
+        for v in sorted(first):
+            plan = self.plans.get(v)
+            if plan is None or not plan.workers or first[v] >= iterations:
+                continue
+            out.append({"version": v, "failed": [list(x) for x in plan.failed],
+                        "speeds": plan.job.speed, "incarnations": plan.incarnations,
+                        "first_iteration": first[v],
+                        "microbatches": {f"{x.replica}:{x.stage}": sum(
+                            1 for a in x.actions if a.op == "F") for x in plan.workers}})
+        return out
+
+    def recovery(self, fault_log: list) -> list[dict]:
+        """Time to recover, from the workers' own entry reports: for a kill, from the
+        SIGKILL to the moment the last survivor named by the next plan version entered a
+        version at least that new; for a rejoin, from the restart to the moment every member
+        of the first version admitting the new process had entered it. Faults whose next
+        plan was itself cut short by another fault are left out (no clean measurement)."""
+        def first_entry(w, since_t, min_v):
+            ts = [t for t, x, _, v, _ in self.entries if x == w and v >= min_v and t >= since_t]
+            return min(ts) if ts else None
+
+        def everyone_in(version, since_t, skip=None):
+            plan = self.plans.get(version)
+            if plan is None:
+                return None
+            ts = [first_entry(x.key, since_t, version) for x in plan.workers if x.key != skip]
+            return max(ts) if ts and None not in ts else None
+
+        def concurrent(start, end, me):
+            """Other injected faults in flight during [start, end]: a stalled survivor, or
+            a second kill, delays the recovery for reasons of its own."""
+            return sorted({f"{kind} {who}" for a, b, kind, who in fault_log
+                           if a <= end and b >= start and not (kind == "kill" and a == me)})
+
+        out = []
+        for t_k, w, it in self.kills_at:
+            nxt = [v for t, v in self.published_at if t >= t_k]
+            done = everyone_in(min(nxt), t_k, skip=w) if nxt else None
+            if done is not None:
+                out.append({"kind": "kill", "worker": list(w), "iteration": it,
+                            "seconds": round(done - t_k, 4), "at": round(t_k, 3),
+                            "concurrent": concurrent(t_k, done, t_k)})
+        for t_r, w, it in self.restarts_at:
+            mine = [(t, v) for t, x, inc, v, _ in self.entries if x == w and t >= t_r]
+            done = everyone_in(min(mine)[1], t_r) if mine else None
+            if done is not None:
+                out.append({"kind": "rejoin", "worker": list(w), "iteration": it,
+                            "seconds": round(done - t_r, 4), "at": round(t_r, 3),
+                            "concurrent": concurrent(t_r, done, None)})
+        return out
