@@ -32,6 +32,8 @@ from typing import Optional
 
 import torch
 
+from executor.checkpoint import save_stage, load_stage
+from executor.checkpoint.manifest import iteration_dir
 from executor.comm import BWD, FWD, CommError, Superseded, World
 from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.plan_source import TrainingHalted
@@ -44,7 +46,7 @@ from planner.plan import Plan, WorkerPlan
 class Agent:
     def __init__(self, cfg: ModelConfig, me: tuple[int, int], job: JobSpec, iterations: int,
                  source, store, *, timeout_s: float = 5.0, incarnation: int = 1,
-                 start_iteration: int = 0, init_state: Optional[dict] = None,
+                 start_iteration: int = 0, resume_part: Optional[str] = None,
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
                  workload: Workload = DEFAULT_WORKLOAD, fault_iterations=(), slows=()):
@@ -56,8 +58,8 @@ class Agent:
         self.opt = workload.make_optimizer(cfg, self.module.parameters())
         self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
                                     1.0 / job.num_microbatches, workload.loss_fn)
-        if init_state is not None:
-            self._load(init_state)
+        if resume_part is not None:  # this stage's DCP part of the checkpoint resumed from
+            load_stage(self.module, self.opt, resume_part, lr=cfg.lr)
         self.inc = incarnation  # which process of this worker we are (membership)
         self.fresh = incarnation > 1  # restarted: its state must come from a live peer
         self.entered = False  # has been admitted to some plan version
@@ -359,13 +361,12 @@ class Agent:
         self.opt.load_state_dict(state["optim"])
 
     def _checkpoint(self, it: int) -> None:
-        """This stage's state after step `it`, for the restart when a whole stage is lost
-        (the coordinator assembles the newest iteration every stage has)."""
-        s = self.me[1]
-        path = os.path.join(self.ckpt_dir, f"stage{s}-iter{it}.pt")
-        torch.save({"iteration": it, "model": self.module.state_dict(),
-                    "optim": self.opt.state_dict()}, path + ".tmp")
-        os.replace(path + ".tmp", path)
-        old = os.path.join(self.ckpt_dir, f"stage{s}-iter{it - 3 * self.ckpt_every}.pt")
-        if os.path.exists(old):
-            os.remove(old)
+        """This stage's part of the checkpoint of iteration `it` (DCP, executor/checkpoint/):
+        the coordinator makes it a checkpoint once every stage's part is in. A failed save
+        costs that checkpoint, never the training."""
+        path = os.path.join(iteration_dir(self.ckpt_dir, it), f"stage{self.me[1]}")
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            save_stage(self.module, self.opt, path)
+        except Exception as exc:  # noqa: BLE001 - disk full, directory pruned meanwhile
+            self.log(f"checkpoint part of iteration {it} not written: {str(exc)[:200]}")

@@ -35,14 +35,16 @@ def train_cmd(
     stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
     summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
     reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),
-    resume: Optional[str] = typer.Option(None, "--resume", help="checkpoint written when a whole stage was lost"),
-    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="where to write that checkpoint (default: in the run dir)"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="continue from this checkpoint directory (or the newest one under it); --lr, if it differs, is honoured"),
+    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", "--checkpoint", help="where checkpoints (torch.distributed.checkpoint) go (default: RUN_DIR/checkpoints)"),
+    checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
     no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
     sync: bool = typer.Option(False, "--sync", help="plan for a synchronous optimizer"),
     timeout: float = typer.Option(5.0, help="seconds before a silent peer counts as failed"),
     job: Optional[str] = typer.Option(None, "--job", help="job spec JSON (e.g. from `recycle profile`)"),
     run_dir: Optional[str] = typer.Option(None, help="worker logs and stage states (default: a temp dir)"),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA if present), cpu or cuda: where workers compute"),
     external: bool = typer.Option(False, help="do not spawn workers: wait for torchrun'd `python -m executor.worker`"),
     store_port: int = typer.Option(0, help="port of the coordinator's store (0: any free port)"),
     service: Optional[str] = typer.Option(None, "--service", help="workers take plans from, and report failures to, `recycle serve` at this URL"),
@@ -56,7 +58,8 @@ def train_cmd(
     from rich.console import Console
 
     from executor.faults import check_faults, parse_slow
-    from executor.launcher import parse_event, parse_stall, read_checkpoint, train
+    from executor.checkpoint import read_checkpoint
+    from executor.launcher import parse_event, parse_stall, train
     from planner.job import JobSpec
 
     console = Console(stderr=True)
@@ -81,8 +84,16 @@ def train_cmd(
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
         check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows)
+        if not external:  # torchrun'd workers check their own hosts
+            from executor.comm import check_device
+            check_device(device)
+        if checkpoint_every < 1:
+            raise ValueError(f"--checkpoint-every must be at least 1, not {checkpoint_every}")
         if resume:
-            read_checkpoint(resume, spec, iterations)
+            where, man = read_checkpoint(resume, spec, cfg, iterations)
+            if man.model.get("lr") != cfg.lr:
+                console.print(f"resuming {where} with --lr {cfg.lr:g} (it trained with "
+                              f"{man.model.get('lr')!r})")
     if reference:
         from executor.reference import train_reference
         result = train_reference(cfg, replicas, microbatches, iterations, stages)
@@ -96,9 +107,9 @@ def train_cmd(
                       f"{store_port or '?'} torchrun ... -m executor.worker")
     result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
                    job=spec, solver=solver, timeout=timeout, resume=resume,
-                   checkpoint_path=checkpoint, run_dir=run_dir, external=external,
+                   checkpoint_dir=checkpoint_dir, ckpt_every=checkpoint_every, run_dir=run_dir, external=external,
                    store_port=store_port, console=console, service=watch, stalls=stalls,
-                   slows=slows, detect_stragglers=detect_stragglers,
+                   slows=slows, detect_stragglers=detect_stragglers, device=device,
                    mode=Mode(split_backward=not no_split, staggered=not sync))
     if result.halted:
         raise typer.Exit(EXIT_NO_PLAN)

@@ -67,8 +67,19 @@ def host_store(bind_host: str, port: int, timeout_s: float) -> dist.TCPStore:
                          wait_for_workers=False, master_listen_fd=sock.detach())
 
 
-def pick_device(local_rank: int) -> torch.device:
-    if torch.cuda.is_available():
+def check_device(want: str = "auto") -> str:
+    """'auto', 'cpu' or 'cuda' as asked; ValueError (one line) for a device not here."""
+    if want not in ("auto", "cpu", "cuda"):
+        raise ValueError(f"--device must be auto, cpu or cuda, not {want!r}")
+    if want == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device on this machine "
+                         f"(torch {torch.__version__}, torch.cuda.is_available() is False)")
+    return want
+
+
+def pick_device(local_rank: int, want: str = "auto") -> torch.device:
+    """The worker's device: GPU local_rank (modulo the GPUs there are) on CUDA."""
+    if check_device(want) != "cpu" and torch.cuda.is_available():
         return torch.device("cuda", local_rank % torch.cuda.device_count())
     return torch.device("cpu")
 

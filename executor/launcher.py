@@ -18,8 +18,10 @@ published on that request (it loads its state from a live peer while entering, s
 agent.py). Meanwhile the coordinator holds iteration I (store key `hold`): the others
 wait before it for that plan, and the hold is released on admission, on the new process's
 death, or after a deadline, by the coordinator only.
-Losing every replica of a stage halts: the newest iteration for which every stage's
-writer left a state file is assembled into one checkpoint that `resume` continues from.
+Checkpoints (executor/checkpoint/, torch.distributed.checkpoint): one writer per stage saves
+its part every `ckpt_every` iterations; the coordinator completes a checkpoint (writes its
+manifest) once all parts and losses are in. Losing every replica of a stage halts and
+names the newest complete checkpoint, which `resume` continues from.
 
 With a service (`service=ServiceWatch`, service_source.py) the coordinator neither plans
 nor declares failures: workers poll, heartbeat and report suspects to the service, whose
@@ -28,11 +30,9 @@ plans the coordinator only follows; a dead process is just restarted when a rejo
 """
 from __future__ import annotations
 
-import glob
 import json
 import multiprocessing
 import os
-import re
 import sys
 import tempfile
 import time
@@ -40,9 +40,9 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
-import torch
 from rich.console import Console
 
+from executor.checkpoint import CheckpointStore, read_checkpoint
 from executor.comm import host_store
 from executor.faults import Injector, parse_event, parse_stall  # noqa: F401 (re-exported)
 from executor.model import ModelConfig
@@ -71,32 +71,12 @@ class TrainResult:
     iteration_end: dict = field(default_factory=dict)  # iteration -> monotonic time it completed
 
 
-def read_checkpoint(path: str, job: JobSpec, iterations: int) -> dict:
-    """A halt checkpoint that `--resume` can continue from, or ValueError with the reason."""
-    try:
-        ck = torch.load(path, map_location="cpu", weights_only=False)
-    except FileNotFoundError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is the user's to fix
-        raise ValueError(f"cannot read checkpoint {path}: {str(exc).splitlines()[0][:200]}") from None
-    if not isinstance(ck, dict) or ck.get("format") != "recycle.ckpt/v1":
-        raise ValueError(f"{path} is not a recycle checkpoint (recycle.ckpt/v1)")
-    if (ck["replicas"], ck["stages"], ck["microbatches"]) != (job.replicas, job.stages,
-                                                              job.microbatches):
-        raise ValueError(f"checkpoint {path} is for a {ck['replicas']}x{ck['stages']}x"
-                         f"{ck['microbatches']} grid")
-    if ck["iteration"] + 1 >= iterations:
-        raise ValueError(f"checkpoint {path} already holds iterations 0..{ck['iteration']}: "
-                         f"--iterations must be more than {ck['iteration'] + 1}")
-    return ck
-
-
 class Coordinator:
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
-                 run_dir=None, checkpoint_path=None,
+                 run_dir=None, checkpoint_dir=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
-                 deadline_s=None, service=None, mode: Mode = Mode()):
+                 deadline_s=None, service=None, mode: Mode = Mode(), device="auto"):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
@@ -106,16 +86,18 @@ class Coordinator:
         if service is not None and service.plan.job.identity_hash() != job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
-        self.ckpt_dir = os.path.join(self.run_dir, "stage-states")
-        os.makedirs(self.ckpt_dir, exist_ok=True)
-        self.checkpoint_path = checkpoint_path or os.path.join(self.run_dir, "checkpoint.pt")
+        self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
+        self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
+                                           cfg.to_dict())
+        self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
         self.start, self.losses = 0, {}
         if resume:
-            ck = read_checkpoint(resume, job, iterations)
-            self.start = ck["iteration"] + 1
-            self.losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(ck["losses"])}
+            resume, man = read_checkpoint(resume, job, cfg, iterations)
+            resume = os.path.abspath(resume)
+            self.start = man.iteration + 1
+            self.losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
         self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
         # Loopback unless torchrun'd workers on other machines must reach it: the store has
         # no authentication, so it never holds a secret (the service token travels apart).
@@ -123,7 +105,7 @@ class Coordinator:
         self.store.set("config", json.dumps({
             "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
             "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
-            "resume": resume, "local_workers": None if external else len(self.workers),
+            "resume": resume, "device": device, "local_workers": None if external else len(self.workers),
             "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],
             "slows": [list(k) for k in slows],
             "run_id": uuid.uuid4().hex[:8],
@@ -275,6 +257,7 @@ class Coordinator:
                 if self.complete():
                     self.publish(final=True)
                     self.reap(self.timeout * 2)
+                    self.checkpoints.collect(self.losses_upto)  # the last iteration's parts
                     summary = self.summary()
                     return TrainResult(summary, versions=len(summary.plans),
                                        run_dir=self.run_dir, events=self.events,
@@ -340,6 +323,9 @@ class Coordinator:
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
             self.committed = min(vals)
             set_counter(self.store, "committed", self.committed + 1)
+        if now - self._ck_checked > 0.25:
+            self._ck_checked = now
+            self.checkpoints.collect(self.losses_upto)
         self.progress()
 
     def handle(self, m: dict) -> None:
@@ -417,31 +403,19 @@ class Coordinator:
         time.sleep(0.1)
         for msg in self.mailbox.drain({w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}):
             self.handle(msg)  # last reports: losses of the newest complete iteration
-        path = self.write_checkpoint()
-        where = (f"checkpoint of iteration {self._ck_iter} written to {path}; continue with "
-                 f"`recycle train --resume {path}`") if path else "no complete checkpoint yet"
+        self.checkpoints.collect(self.losses_upto)
+        path = self.checkpoints.newest()
+        where = (f"newest checkpoint {path}; continue with `recycle train --resume {path}`"
+                 if path else "no complete checkpoint yet")
         self.console.print(f"[red bold]training halted:[/] {reason}; {where}")
         return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
                            run_dir=self.run_dir, events=self.events)
 
-    def write_checkpoint(self) -> Optional[str]:
-        have = [set() for _ in range(self.S)]
-        for f in glob.glob(os.path.join(self.ckpt_dir, "stage*-iter*.pt")):
-            s, i = map(int, re.findall(r"\d+", os.path.basename(f)))
-            have[s].add(i)
-        common = sorted(set.intersection(*have), reverse=True)
-        for i in common:  # newest iteration whose state AND losses are all known
-            if all(len(self.losses.get(j, {})) == self.n for j in range(i + 1)):
-                states = [torch.load(os.path.join(self.ckpt_dir, f"stage{s}-iter{i}.pt"),
-                                     map_location="cpu", weights_only=False) for s in range(self.S)]
-                torch.save({"format": "recycle.ckpt/v1", "model": self.cfg.to_dict(),
-                            "replicas": self.D, "stages": self.S,
-                            "microbatches": self.job.microbatches, "iteration": i,
-                            "losses": [[self.losses[j][g] for g in range(self.n)] for j in range(i + 1)],
-                            "stage_states": states}, self.checkpoint_path)
-                self._ck_iter = i
-                return self.checkpoint_path
-        return None
+    def losses_upto(self, i: int) -> Optional[list]:
+        """Losses of iterations 0..i for a checkpoint's manifest, None while any is missing."""
+        if any(len(self.losses.get(j, {})) < self.n for j in range(i + 1)):
+            return None
+        return [[self.losses[j][g] for g in range(self.n)] for j in range(i + 1)]
 
 
 def train(cfg: ModelConfig, replicas: int, stages: int, microbatches: int, iterations: int,

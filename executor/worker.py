@@ -23,6 +23,7 @@ from datetime import timedelta
 import torch
 
 from executor.agent import Agent
+from executor.checkpoint import Manifest
 from executor.comm import connect_store, local_workers_hint, pick_device
 from executor.faults import fault_iterations
 from executor.model import ModelConfig
@@ -49,10 +50,12 @@ def main(argv=None) -> int:
     timeout = float(conf["timeout"])
     store.set_timeout(timedelta(seconds=timeout))
     incarnation = int(store.add(f"inc/{me[0]}:{me[1]}", 1))
-    init_state, start = None, 0
-    if conf.get("resume") and incarnation == 1:
-        ckpt = torch.load(conf["resume"], map_location="cpu", weights_only=False)
-        init_state, start = ckpt["stage_states"][me[1]], ckpt["iteration"] + 1
+    resume_part, start = None, 0
+    if conf.get("resume"):  # a restarted process (incarnation > 1) loads from a live peer
+        man = Manifest.load(conf["resume"])
+        start = man.iteration + 1
+        if incarnation == 1:
+            resume_part = man.part(conf["resume"], me[1])
     # The plan source gets its own connection: the heartbeat thread uses it concurrently.
     conn = connect_store(host, int(port), timeout_s=timeout)
     if conf.get("service"):  # plans, heartbeats, suspects and rejoin over HTTP
@@ -66,10 +69,15 @@ def main(argv=None) -> int:
     else:
         source = StorePlanSource(conn, me, incarnation)
     local_rank = int(os.environ.get("LOCAL_RANK", args.replica * job.stages + args.stage))
+    try:
+        device = pick_device(local_rank, conf.get("device", "auto"))
+    except ValueError as exc:  # this host lacks the device the run asks for
+        print(f"executor.worker: {exc}", file=sys.stderr)
+        return 2
     agent = Agent(ModelConfig.from_dict(conf["model"]), me, job, int(conf["iterations"]),
                   source, store, timeout_s=timeout, incarnation=incarnation,
-                  start_iteration=start, init_state=init_state, ckpt_dir=conf.get("ckpt_dir"),
-                  ckpt_every=int(conf.get("ckpt_every", 1)), device=pick_device(local_rank),
+                  start_iteration=start, resume_part=resume_part, ckpt_dir=conf.get("ckpt_dir"),
+                  ckpt_every=int(conf.get("ckpt_every", 1)), device=device,
                   local_workers=local_workers_hint() or conf.get("local_workers"),
                   fault_iterations=fault_iterations(conf.get("kills", []),
                                                     conf.get("stalls", []), me),

@@ -96,21 +96,6 @@ def test_kill_then_rejoin_loads_state_from_peer(tmp_path):
     assert "loaded stage 0 state from worker (0, 0)" in logs(tmp_path)
 
 
-def test_losing_a_whole_stage_halts_with_checkpoint_and_resume_continues(tmp_path):
-    first = tmp_path / "first"
-    first.mkdir()
-    res = run(first, 2, 2, 4, kills=[(0, 1, 1), (1, 1, 2)])
-    assert res.summary is None
-    assert "stage 1 has no live replica" in res.halted
-    assert "training halted" in res.output and "--resume" in res.output
-    ck = torch.load(res.checkpoint, weights_only=False)
-    assert 0 <= ck["iteration"] <= 1 and len(ck["losses"]) == ck["iteration"] + 1
-    second = tmp_path / "second"
-    second.mkdir()
-    res2 = run(second, 2, 2, 4, resume=res.checkpoint)
-    assert_exact(res2, 2, 2, 4, second)
-
-
 @pytest.mark.parametrize("seconds", [3.0, 7.0], ids=["one-timeout", "several-versions"])
 def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
     """SIGSTOP, later SIGCONT: nobody dies. Its peers time out and report it; the

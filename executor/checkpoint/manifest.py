@@ -1,0 +1,121 @@
+"""The manifest of a checkpoint (recycle.json) and the checks `--resume` makes on it.
+
+Resuming must continue the same training: the grid (D, S, M) and every model field that
+shapes parameters or data must match, else exit 2 with the field named. The learning
+rate is the one exception: `--lr` on resume is honoured (the optimizer's saved lr is
+replaced), so a run can be continued with another rate; the CLI says so when it differs.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Optional
+
+FORMAT = "recycle.ckpt/v2"
+MANIFEST = "recycle.json"
+# Model fields that may differ on resume (honoured); any other difference is refused.
+RESUMABLE = {"lr"}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be resumed from here: one line, the reason."""
+
+
+@dataclass
+class Manifest:
+    replicas: int
+    stages: int
+    microbatches: int
+    model: dict
+    iteration: int  # last iteration whose step the stage parts hold
+    losses: list  # per iteration 0..iteration: the D*M micro-batch losses
+    format: str = FORMAT
+
+    def save(self, directory: str) -> None:
+        tmp = os.path.join(directory, MANIFEST + ".tmp")
+        with open(tmp, "w") as fh:
+            json.dump(asdict(self), fh)
+        os.replace(tmp, os.path.join(directory, MANIFEST))  # complete only once renamed
+
+    @classmethod
+    def load(cls, directory: str) -> "Manifest":
+        path = os.path.join(directory, MANIFEST)
+        try:
+            with open(path) as fh:
+                d = json.load(fh)
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot read {path}: {str(exc).splitlines()[0][:160]}") from None
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise CheckpointError(f"{directory} is not a recycle checkpoint ({FORMAT})")
+        try:
+            return cls(**d)
+        except TypeError as exc:
+            raise CheckpointError(f"{path}: malformed manifest ({exc})") from None
+
+    def part(self, directory: str, stage: int) -> str:
+        return os.path.join(directory, f"stage{stage}")
+
+
+def iteration_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter{iteration:06d}")
+
+
+def complete_iterations(root: str) -> list[int]:
+    """Iterations under `root` whose manifest is written, newest first."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    its = [int(n[4:]) for n in names if n.startswith("iter") and n[4:].isdigit()
+           and os.path.exists(os.path.join(root, n, MANIFEST))]
+    return sorted(its, reverse=True)
+
+
+def newest(root: str) -> Optional[str]:
+    its = complete_iterations(root)
+    return iteration_dir(root, its[0]) if its else None
+
+
+def resolve(path: str) -> str:
+    """A checkpoint directory: `path` itself, or the newest complete one under it."""
+    if not os.path.exists(path):
+        raise CheckpointError(f"no checkpoint at {path}")
+    if not os.path.isdir(path):
+        raise CheckpointError(f"{path} is not a recycle checkpoint directory "
+                              f"(a directory with {MANIFEST}, or one holding iter*/ of them)")
+    if os.path.exists(os.path.join(path, MANIFEST)):
+        return path
+    found = newest(path)
+    if found is None:
+        raise CheckpointError(f"{path} holds no complete recycle checkpoint "
+                              f"(no {MANIFEST} in it or in an iter*/ under it)")
+    return found
+
+
+def read_checkpoint(path: str, job, cfg, iterations: int) -> tuple[str, Manifest]:
+    """(checkpoint directory, manifest) that this run can resume from, or CheckpointError.
+    `job` is the run's JobSpec, `cfg` its ModelConfig."""
+    directory = resolve(path)
+    man = Manifest.load(directory)
+    grid = (job.replicas, job.stages, job.microbatches)
+    if (man.replicas, man.stages, man.microbatches) != grid:
+        raise CheckpointError(
+            f"checkpoint {directory} is for a {man.replicas}x{man.stages}x{man.microbatches} "
+            f"grid (-d x -s x -m), this run is {grid[0]}x{grid[1]}x{grid[2]}")
+    mine = cfg.to_dict()
+    for key in sorted(set(mine) | set(man.model)):
+        if key in RESUMABLE or mine.get(key) == man.model.get(key):
+            continue
+        flag = "--" + key.replace("_", "-")
+        raise CheckpointError(f"checkpoint {directory} was trained with {key}="
+                              f"{man.model.get(key)!r}, this run asks {mine.get(key)!r} "
+                              f"({flag}): resume with the checkpoint's model")
+    for s in range(man.stages):
+        meta = os.path.join(man.part(directory, s), ".metadata")
+        if not os.path.exists(meta):
+            raise CheckpointError(f"checkpoint {directory} lacks stage {s}'s part ({meta})")
+    if man.iteration + 1 >= iterations:
+        raise CheckpointError(f"checkpoint {directory} already holds iterations 0..{man.iteration}:"
+                              f" --iterations must be more than {man.iteration + 1}")
+    return directory, man

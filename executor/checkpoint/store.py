@@ -1,0 +1,57 @@
+"""The coordinator's side: turn stage parts into complete checkpoints, keep the newest.
+
+Writers save their stage's part after the step of every `every`-th iteration (and the
+last) into `root/iter{i}/stage{s}`; `collect` writes the manifest of an iteration once
+all S parts and all losses up to it are in, then drops older checkpoints beyond `keep`
+(and incomplete ones older than the newest complete: nobody can finish them any more).
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Callable, Optional
+
+from executor.checkpoint.manifest import (MANIFEST, Manifest, complete_iterations,
+                                          iteration_dir)
+
+
+class CheckpointStore:
+    def __init__(self, root: str, grid: tuple[int, int, int], model: dict, keep: int = 2):
+        self.root, self.grid, self.model, self.keep = root, grid, model, max(1, keep)
+        os.makedirs(root, exist_ok=True)
+
+    def collect(self, losses_upto: Callable[[int], Optional[list]]) -> Optional[int]:
+        """Write manifests for iterations now complete; newest complete iteration.
+        `losses_upto(i)` gives the losses of iterations 0..i, or None if some are missing."""
+        D, S, M = self.grid
+        for name in sorted(os.listdir(self.root)):
+            if not (name.startswith("iter") and name[4:].isdigit()):
+                continue
+            d = os.path.join(self.root, name)
+            if os.path.exists(os.path.join(d, MANIFEST)):
+                continue
+            if not all(os.path.exists(os.path.join(d, f"stage{s}", ".metadata")) for s in range(S)):
+                continue
+            i = int(name[4:])
+            losses = losses_upto(i)
+            if losses is not None:
+                Manifest(D, S, M, self.model, i, losses).save(d)
+        done = complete_iterations(self.root)
+        if done:
+            self._prune(done)
+        return done[0] if done else None
+
+    def _prune(self, done: list[int]) -> None:
+        keep = set(done[:self.keep])
+        for name in os.listdir(self.root):
+            if name.startswith("iter") and name[4:].isdigit():
+                i = int(name[4:])
+                if i not in keep and i < done[0]:
+                    shutil.rmtree(os.path.join(self.root, name), ignore_errors=True)
+
+    def part(self, iteration: int, stage: int) -> str:
+        return os.path.join(iteration_dir(self.root, iteration), f"stage{stage}")
+
+    def newest(self) -> Optional[str]:
+        done = complete_iterations(self.root)
+        return iteration_dir(self.root, done[0]) if done else None
