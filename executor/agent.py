@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import os
+import socket
 import threading
 import time
 from typing import Optional
@@ -41,6 +42,9 @@ from executor.reference import checksum
 from executor.stage import StageCompute
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan
+
+
+HOST = socket.gethostname()
 
 
 class Agent:
@@ -264,7 +268,8 @@ class Agent:
         for k, a in enumerate(wp.actions):
             if k == half:
                 wait = it in self.fault_iterations
-                self.source.send("mid", it=it, wait=wait)
+                # pid and host: a torchrun'd worker on the coordinator's host can be signalled
+                self.source.send("mid", it=it, wait=wait, pid=os.getpid(), host=HOST)
                 if wait:  # an injected signal may be due: let it land right here
                     self.source.await_go(it, 4 * self.timeout_s)
             if a.op == "F":

@@ -89,17 +89,31 @@ class Injector:
         for k in [k for k in self.kills if k == (w[0], w[1], it)]:
             self.kills.remove(k)
             self.event(f"SIGKILL worker {w[0]}:{w[1]} mid-iteration {it}")
-            os.kill(pid, signal.SIGKILL)
-            killed = True
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed = True
+            except ProcessLookupError:  # gone already (a torchrun'd worker died first)
+                continue
             self.log.append([time.time(), time.time(), "kill", f"{w[0]}:{w[1]}"])
         for k in [k for k in self.stalls if k[:3] == (w[0], w[1], it)]:
             self.stalls.remove(k)
             self.event(f"SIGSTOP worker {w[0]}:{w[1]} mid-iteration {it} for {k[3]:g} s")
-            os.kill(pid, signal.SIGSTOP)
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
             self.stopped[pid] = (time.monotonic() + k[3], f"{w[0]}:{w[1]}")
             self._stall_row[pid] = [time.time(), float("inf"), "stall", f"{w[0]}:{w[1]}"]
             self.log.append(self._stall_row[pid])
         return killed
+
+    def due(self, w: Worker, it: int) -> bool:
+        return any(k[:3] == (w[0], w[1], it) for k in self.kills + self.stalls)
+
+    def drop(self, w: Worker, it: int) -> None:
+        """A fault that cannot be carried out (the worker is on another host)."""
+        self.kills = [k for k in self.kills if k[:3] != (w[0], w[1], it)]
+        self.stalls = [k for k in self.stalls if k[:3] != (w[0], w[1], it)]
 
     def tick(self) -> None:
         now = time.monotonic()

@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import socket
 import sys
 import tempfile
 import time
@@ -331,10 +332,19 @@ class Coordinator:
     def handle(self, m: dict) -> None:
         w, kind = (m["r"], m["s"]), m["t"]
         if kind == "mid":
+            pid = None
             if w in self.procs and self.procs[w].exitcode is None:
-                if self.faults.mid(w, m["it"], self.procs[w].pid):
-                    t = max(row[0] for row in self.faults.log if row[2] == "kill")
-                    self.record.kills_at.append((t, w, m["it"]))
+                pid = self.procs[w].pid
+            elif self.external and m.get("pid"):  # a torchrun'd worker: signal it if it
+                if m.get("host") == socket.gethostname():  # runs on this host
+                    pid = m["pid"]
+                elif self.faults.due(w, m["it"]):
+                    self.event(f"cannot signal worker {wkey(w)} on host {m.get('host')} from "
+                               f"{socket.gethostname()}: fault at iteration {m['it']} skipped")
+                    self.faults.drop(w, m["it"])
+            if pid is not None and self.faults.mid(w, m["it"], pid):
+                t = max(row[0] for row in self.faults.log if row[2] == "kill")
+                self.record.kills_at.append((t, w, m["it"]))
             if m.get("wait"):
                 self.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
         elif kind == "done":

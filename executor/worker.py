@@ -6,11 +6,8 @@ machines; either way it needs only the coordinator's store address and its ident
   --replica R --stage S   or env RANK (rank = replica * S + stage, DESIGN section 2)
 Everything else (model config, job spec, iterations, paths, and with --service the
 service's URL, job id and token) is read from the store.
-Multi-machine:  recycle train ... --external --store-port 29400   on the coordinator host,
-then on every machine
-  RECYCLE_STORE=HOST:29400 torchrun --nnodes N --nproc-per-node K --node-rank i \
-      --max-restarts 3 -m executor.worker
-(torchrun's restart of a dead worker becomes a rejoin: its incarnation counter is > 1).
+Multi-machine: under torchrun use `-m executor.torchrun` (executor/torchrun.py: the
+commands, and how torchrun's restarts map onto failures and rejoins).
 """
 from __future__ import annotations
 
@@ -31,7 +28,7 @@ from executor.rendezvous import StorePlanSource
 from planner.job import JobSpec
 
 
-def main(argv=None) -> int:
+def main(argv=None, world_size: int | None = None) -> int:
     ap = argparse.ArgumentParser(prog="executor.worker")
     ap.add_argument("--store", default=os.environ.get("RECYCLE_STORE"))
     ap.add_argument("--replica", type=int)
@@ -44,7 +41,12 @@ def main(argv=None) -> int:
     store = connect_store(host, int(port), timeout_s=60)
     conf = json.loads(store.get("config"))
     job = JobSpec.model_validate(conf["job"])
+    if world_size is not None and world_size != job.replicas * job.stages:
+        raise SystemExit(f"executor.worker: WORLD_SIZE {world_size} but the job has "
+                         f"{job.replicas}x{job.stages} = {job.replicas * job.stages} workers")
     if args.replica is None:
+        if "RANK" not in os.environ:
+            raise SystemExit("executor.worker: pass --replica and --stage, or run under torchrun")
         args.replica, args.stage = divmod(int(os.environ["RANK"]), job.stages)
     me = (args.replica, args.stage)
     timeout = float(conf["timeout"])

@@ -1,0 +1,83 @@
+"""Two torchrun "nodes" on loopback sharing one rendezvous, a SIGKILLed worker, exact.
+
+`recycle train --external` hosts the coordinator; two `torchrun --nnodes 2 --node-rank i`
+launches (static rendezvous on one master port) start `-m executor.torchrun`, node i
+holding replica i (`--nproc-per-node S`). `--kill 1:1@1` SIGKILLs worker 1:1 mid-iteration
+1; node 1's elastic agent stops its other worker and restarts both (incarnation 2), they
+load their stages' state from node 0's workers and rejoin. Losses and parameters must be
+the one-process reference's.
+"""
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from executor.model import ModelConfig
+from executor.reference import Summary, compare, train_reference
+
+pytestmark = pytest.mark.hard_timeout(170)
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
+D, S, M, ITERS = 2, 2, 2, 4
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
+    store_port, master_port = free_port(), free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT, RECYCLE_STORE=f"127.0.0.1:{store_port}",
+               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    summary = tmp_path / "summary.json"
+    coord_cmd = [sys.executable, "-m", "recycle.cli", "train", "--external",
+                 "--store-port", str(store_port), "-d", str(D), "-s", str(S), "-m", str(M),
+                 "--iterations", str(ITERS), "--kill", "1:1@1", "--timeout", "4",
+                 "--summary", str(summary), "--run-dir", str(tmp_path / "run"),
+                 "--vocab", "32", "--seq-len", "8", "--d-model", "16", "--heads", "2",
+                 "--layers", "2", "--micro-batch-size", "2"]
+    procs, logs = [], []
+    try:
+        clog = open(tmp_path / "coordinator.log", "w")
+        logs.append(clog)
+        coord = subprocess.Popen(coord_cmd, cwd=ROOT, env=env, stdout=clog,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(coord)
+        for node in range(2):
+            log = open(tmp_path / f"node{node}.log", "w")
+            logs.append(log)
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+                 "--nproc-per-node", str(S), "--node-rank", str(node),
+                 "--master-addr", "127.0.0.1", "--master-port", str(master_port),
+                 "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "executor.torchrun"],
+                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True))
+        rc = coord.wait(timeout=140)
+        for p in procs[1:]:
+            p.wait(timeout=20)
+        out = (tmp_path / "coordinator.log").read_text()
+        nodes = "".join((tmp_path / f"node{i}.log").read_text() for i in range(2))
+        assert rc == 0, out + nodes
+        assert [p.returncode for p in procs[1:]] == [0, 0], nodes
+        assert "SIGKILL worker 1:1 mid-iteration 1" in out
+        assert "worker 1:1 is back (incarnation 2)" in out, out
+        assert "worker 1:0 is back (incarnation 2)" in out, out  # stopped by its agent
+        assert "restart 1" in nodes  # torchrun's own restart counter
+        got = Summary.load(str(summary))
+        diffs = compare(got, train_reference(CFG, D, M, ITERS, S), 1e-5)
+        assert not diffs, "\n".join(diffs) + out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+        for f in logs:
+            f.close()
