@@ -183,7 +183,8 @@ class Agent:
         live = [w.key for w in plan.workers]
         self.world = World(self.store, plan.version, self.me, live, self.timeout_s,
                            self.device, self.local_workers, newer=lambda: self._next_plan(0),
-                           missing=self._missing)
+                           missing=self._missing,
+                           incarnations={tuple(w): plan.incarnation(*w) for w in live})
         info = self.world.allgather_ints([self.done, int(self.fresh)])
         holders = [done for done, fresh in info.values() if not fresh]
         if not holders:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import io
 import os
+import threading
 import time
 from datetime import timedelta
 from typing import Callable, Optional, Sequence
@@ -90,8 +91,10 @@ class World:
     def __init__(self, store: dist.Store, version: int, me: Worker, live: Sequence[Worker],
                  timeout_s: float, device: torch.device = torch.device("cpu"),
                  local_workers: Optional[int] = None, newer: Optional[Callable] = None,
-                 missing: Optional[Callable[[list], None]] = None):
+                 missing: Optional[Callable[[list], None]] = None,
+                 incarnations: Optional[dict] = None, poll_waits: Optional[bool] = None):
         self.version, self.me = version, me
+        self._newer, self.incarnations = newer, incarnations
         self.workers = sorted(tuple(w) for w in live)
         self.rank_of = {w: i for i, w in enumerate(self.workers)}
         self.rank = self.rank_of[me]
@@ -100,6 +103,10 @@ class World:
         n_local = local_workers or len(self.workers)
         # NCCL only where each local rank owns a GPU; else gloo sees CPU copies.
         self.nccl = device.type == "cuda" and torch.cuda.device_count() >= n_local
+        # NCCL: a dead peer can leave a kernel waiting forever where gloo fails on the closed
+        # socket, so waits poll for completion, a deadline and a plan that drops a member
+        # (then the communicators are aborted, in close()). Tests run this path on gloo.
+        self.poll_waits = self.nccl if poll_waits is None else poll_waits
         self._pending: list[tuple[dist.Work, torch.Tensor, Worker]] = []
         if newer is not None:
             self._meet(store, newer, missing or (lambda ws: None))
@@ -123,8 +130,17 @@ class World:
             raise CommError(f"world v{version} rendezvous failed: {str(exc)[:200]}") from exc
 
     def _nccl(self, store: dist.Store, rank: int, size: int):
+        """One NCCL communicator, built now (not at the first collective) so that a failed
+        init is a CommError of this version. Every collective and the init carry the comm
+        timeout; errors are ours to handle (abort), never the watchdog's to kill the
+        process: TORCH_NCCL_ASYNC_ERROR_HANDLING=3 (skip clean-up)."""
+        os.environ.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "3")
         opts = dist.ProcessGroupNCCL.Options()
         opts._timeout = self.timeout
+        try:  # non-blocking init: a peer that dies during ncclCommInitRank is a timeout
+            opts.config.blocking = 0
+        except AttributeError:  # older NCCL bindings: init blocks (members met just before)
+            pass
         pg = dist.ProcessGroupNCCL(store, rank, size, opts)
         pg.eager_connect_single_device(self.device)
         return pg
@@ -193,6 +209,8 @@ class World:
             self._wait(work, f"send to {to}", to)
 
     def _wait(self, work, what: str, peer: Optional[Worker] = None) -> None:
+        if self.poll_waits:
+            return self._poll(work, what, peer)
         try:
             if not work.wait(timeout=self.timeout):
                 raise RuntimeError("timed out")
@@ -200,6 +218,38 @@ class World:
             raise
         except Exception as exc:
             raise CommError(f"v{self.version} {what}: {str(exc)[:200]}", peer) from exc
+
+    def _poll(self, work, what: str, peer: Optional[Worker], poll_s: float = 0.0005,
+              check_s: float = 0.2) -> None:
+        """Wait for `work` without blocking in it: fail at the deadline, or as soon as a
+        newer plan no longer has this world's members (one of them died: its work will
+        never complete). The caller's abort (close) frees the communicator."""
+        start = checked = time.monotonic()
+        limit = self.timeout.total_seconds()
+        try:
+            while not work.is_completed():
+                now = time.monotonic()
+                if now - start > limit:
+                    raise CommError(f"v{self.version} {what}: timed out after {limit:g} s", peer)
+                if self._newer is not None and now - checked >= check_s:
+                    checked = now
+                    plan = self._newer()
+                    if plan is not None and self._drops_member(plan):
+                        raise Superseded(plan)
+                time.sleep(poll_s)
+            work.wait()  # completed: raises if it completed with an error
+        except CommError:
+            raise
+        except Exception as exc:
+            raise CommError(f"v{self.version} {what}: {str(exc)[:200]}", peer) from exc
+
+    def _drops_member(self, plan) -> bool:
+        """The newer plan lists other workers, or another process for one of them."""
+        live = sorted(tuple(w.key) for w in plan.workers)
+        if live != self.workers:
+            return True
+        return (self.incarnations is not None
+                and any(plan.incarnation(*w) != self.incarnations.get(w, 1) for w in self.workers))
 
     # ---- collectives -----------------------------------------------------------------
     def allreduce_stage(self, flat: torch.Tensor) -> torch.Tensor:
@@ -249,8 +299,12 @@ class World:
 
     def close(self) -> None:
         """Leave the world; peers blocked on us get 'connection closed' at once. Dropping
-        the last reference is what closes gloo's sockets; NCCL needs its abort."""
+        the last reference is what closes gloo's sockets; NCCL needs its abort. gloo's
+        destructor waits for an operation still pending on a hung peer (up to the comm
+        timeout; its abort does not cut it short), so the groups are dropped on a
+        background thread: the worker moves on to the next version meanwhile."""
         self._pending.clear()
+        groups = []
         for name in ("stage_group", "data", "ctrl"):
             pg = getattr(self, name, None)
             setattr(self, name, None)
@@ -259,7 +313,12 @@ class World:
                     pg.abort()
                 except Exception:  # a broken group still releases its resources
                     pass
+            if pg is not None and all(pg is not g for g in groups):
+                groups.append(pg)
             del pg
+        if groups:
+            threading.Thread(target=groups.clear, name=f"close-v{self.version}",
+                             daemon=True).start()
 
 
 def local_workers_hint() -> Optional[int]:
