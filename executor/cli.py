@@ -124,15 +124,43 @@ def profile_cmd(
     stages: int = typer.Option(2, "--stages", "-s"),
     microbatches: int = typer.Option(4, "--microbatches", "-m"),
     device: str = typer.Option("cpu", help="cpu or cuda"),
+    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads while measuring (default: the workers' RECYCLE_THREADS, 1)"),
+    repeats: int = typer.Option(7, "--repeats", help="rounds per figure after a warm-up: the median is kept, the spread printed"),
+    memory_budget: Optional[int] = typer.Option(None, "--memory-budget", help="bytes per worker (default: the GPU's memory; on CPU this machine's memory / (D x S))"),
+    details: Optional[str] = typer.Option(None, "--details", help="write every stage's medians, spreads and bytes as JSON here"),
     d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
     seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
 ):
-    """Measure F/I/W/OPT of each stage and write a job spec for `recycle plan` / `train --job`."""
+    """Measure F/I/W/OPT and activation memory of each stage and write a job spec for
+    `recycle plan` / `train --job`."""
+    import json
+
+    from executor.comm import check_device
     from executor.profile import profile
 
-    cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
-    spec = profile(cfg, stages, replicas, microbatches, device=device)
-    with open(out, "w") as fh:
-        fh.write(spec.model_dump_json(indent=1))
-    typer.echo(f"wrote {out}: F={spec.cost.F} I={spec.cost.I} W={spec.cost.W} OPT={spec.cost.OPT}")
+    with user_errors("profile options"):
+        check_device(device)
+        if device == "auto":
+            device = "cpu"
+        if repeats < 1:
+            raise ValueError(f"--repeats must be at least 1, not {repeats}")
+        if threads is not None and threads < 1:
+            raise ValueError(f"--threads must be at least 1, not {threads}")
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
+        rows: list = []
+        spec = profile(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
+                       memory_budget=memory_budget, threads=threads, details=rows)
+        with open(out, "w") as fh:
+            fh.write(spec.model_dump_json(indent=1))
+        if details:
+            with open(details, "w") as fh:
+                json.dump(rows, fh, indent=1)
+    typer.echo(f"{'stage':>5} " + " ".join(f"{k + ' us':>10} {'spread':>6}" for k in ("F", "I", "W", "OPT"))
+               + f" {'act. bytes':>11}")
+    for s, r in enumerate(rows):
+        typer.echo(f"{s:>5} " + " ".join(f"{r[k]:>10.1f} {r['spread'][k]:>6.2f}" for k in ("F", "I", "W", "OPT"))
+                   + f" {r['activation_bytes']:>11,}")
+    typer.echo(f"wrote {out}: F={spec.cost.F} I={spec.cost.I} W={spec.cost.W} OPT={spec.cost.OPT} "
+               f"activation={spec.memory.activation} capacity={spec.memory.capacity} "
+               f"(median of {repeats}; spread = (max-min)/median)")

@@ -7,9 +7,18 @@ backward and what its weight-gradient store keeps from I to W (distinct storages
 parameters excluded), i.e. what the planner charges from F's start to W's end.
 Point-to-point delays and the all-reduce are estimates from bandwidths (one process
 cannot measure the network); pass the numbers of your cluster.
+
+Noise: on CPU the profile runs on the workers' thread count (RECYCLE_THREADS, default 1)
+and, with one thread, times by the thread's CPU time (as the workers' straggler clock
+does): wall time counted whatever else held the core, and swung 100x with machine load.
+Every figure is the median of `repeats` rounds after a warm-up; `spread` is
+(max - min) / median over those rounds, reported next to it. On CUDA: wall time after a
+synchronize. Memory is measured on every device: on CPU each worker's capacity is the
+machine's memory shared by the `replicas x stages` workers (or --memory-budget).
 """
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from typing import Optional
@@ -27,18 +36,37 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def clock_for(device: torch.device):
+    """The thread's CPU time on one CPU thread (blind to other processes' load), else wall."""
+    if device.type == "cpu" and torch.get_num_threads() == 1:
+        return time.thread_time
+    return time.perf_counter
+
+
 class _Timer:
     def __init__(self, device: torch.device):
         self.device = device
+        self.clock = clock_for(device)
 
     def __enter__(self):
         _sync(self.device)
-        self.t0 = time.perf_counter()
+        self.t0 = self.clock()
         return self
 
     def __exit__(self, *exc):
         _sync(self.device)
-        self.us = (time.perf_counter() - self.t0) * 1e6
+        self.us = (self.clock() - self.t0) * 1e6
+
+
+def machine_memory() -> int:
+    """Physical memory of this machine in bytes."""
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def spread(values: list) -> float:
+    """(max - min) / median: how much the rounds disagree."""
+    med = statistics.median(values)
+    return (max(values) - min(values)) / med if med > 0 else 0.0
 
 
 def _saved_bytes(fn, exclude: set[int]) -> int:
@@ -119,6 +147,8 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
                 v.clear()
     comp.reset()
     res = {k: statistics.median(v) for k, v in t.items()}
+    res["spread"] = {k: round(spread(v), 3) for k, v in t.items()}
+    res["rounds"] = repeats
     res.update(activation_bytes=max(act, store), saved_bytes=act, store_bytes=store,
                output_bytes=0 if last else grad.numel() * grad.element_size(),
                param_bytes=sum(p.numel() * p.element_size() for p in module.parameters()))
@@ -128,14 +158,23 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
 def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
             device: str = "cpu", repeats: int = 5, *, memory_budget: Optional[int] = None,
             intra_gbps: float = 50.0, cross_gbps: float = 12.5, latency_us: float = 5.0,
-            workload: Workload = DEFAULT_WORKLOAD, details: Optional[list] = None) -> JobSpec:
+            workload: Workload = DEFAULT_WORKLOAD, details: Optional[list] = None,
+            threads: Optional[int] = None) -> JobSpec:
     """A JobSpec with measured durations (us) and memory (bytes). memory_budget: bytes per
-    worker (default: the GPU's memory on CUDA, no memory limit on CPU); capacity is the
-    budget less parameters, gradients and AdamW's two moments (4x parameter bytes).
-    `details`, if given, receives each stage's measure_stage dict."""
+    worker (default: the GPU's memory on CUDA, this machine's memory / (replicas x stages)
+    on CPU); capacity is the budget less parameters, gradients and AdamW's two moments
+    (4x parameter bytes). threads: torch threads while measuring (default: the workers'
+    RECYCLE_THREADS, 1). `details`, if given, receives each stage's measure_stage dict."""
     us = lambda v: max(1, int(round(v)))
-    rows = [measure_stage(cfg, s, stages, device=device, repeats=repeats, workload=workload)
-            for s in range(stages)]
+    if threads is None:
+        threads = int(os.environ.get("RECYCLE_THREADS", "1"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        rows = [measure_stage(cfg, s, stages, device=device, repeats=repeats, workload=workload)
+                for s in range(stages)]
+    finally:
+        torch.set_num_threads(before)
     if details is not None:
         details.extend(rows)
     ring = 2 * (replicas - 1) / replicas  # bytes each peer sends in a ring all-reduce
@@ -144,8 +183,11 @@ def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
     out_bytes = max(r["output_bytes"] for r in rows)
     p2p = P2P(intra=us(latency_us + out_bytes / (intra_gbps * 1e3)),
               cross=us(latency_us + out_bytes / (cross_gbps * 1e3)))
-    if memory_budget is None and torch.device(device).type == "cuda":
-        memory_budget = torch.cuda.get_device_properties(torch.device(device)).total_memory
+    if memory_budget is None:
+        if torch.device(device).type == "cuda":
+            memory_budget = torch.cuda.get_device_properties(torch.device(device)).total_memory
+        else:  # the workers of the grid share this machine's memory
+            memory_budget = machine_memory() // max(1, replicas * stages)
     memory = None
     if memory_budget is not None:
         act = [max(1, r["activation_bytes"]) for r in rows]
