@@ -11,8 +11,8 @@ own tools (`dcp.load`, `format_utils.dcp_to_torch_save`), without this project.
 """
 from executor.checkpoint.manifest import (FORMAT, CheckpointError, Manifest, newest,
                                           read_checkpoint)
-from executor.checkpoint.stage_state import load_stage, save_stage
+from executor.checkpoint.stage_state import load_stage, save_stage, save_state, stage_state
 from executor.checkpoint.store import CheckpointStore
 
 __all__ = ["FORMAT", "CheckpointError", "CheckpointStore", "Manifest", "load_stage",
-           "newest", "read_checkpoint", "save_stage"]
+           "newest", "read_checkpoint", "save_stage", "save_state", "stage_state"]

@@ -16,6 +16,7 @@ from typing import Optional
 import torch
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.utils._pytree import tree_map_only
 
 
 def _quiet():
@@ -27,16 +28,25 @@ def _quiet():
     return ctx
 
 
-def save_stage(module: torch.nn.Module, opt: torch.optim.Optimizer, path: str) -> bool:
+def stage_state(module: torch.nn.Module, opt: torch.optim.Optimizer, copy: bool = True) -> dict:
+    """{"model", "optim"} as get_state_dict gives them; `copy` clones the tensors, so the
+    next step (which updates parameters and moments in place) may run during the save."""
+    msd, osd = get_state_dict(module, opt)
+    sd = {"model": msd, "optim": osd}
+    if copy:
+        sd = tree_map_only(torch.Tensor, lambda t: t.detach().clone(), sd)
+    return sd
+
+
+def save_state(sd: dict, path: str) -> bool:
     """Write `path` (a DCP directory); False if another writer got there first."""
     if os.path.isdir(path):
         return False
     tmp = f"{path}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    msd, osd = get_state_dict(module, opt)
     ctx = _quiet()
     try:
-        dcp.save({"model": msd, "optim": osd}, checkpoint_id=tmp, no_dist=True)
+        dcp.save(sd, checkpoint_id=tmp, no_dist=True)
     finally:
         ctx.__exit__(None, None, None)
     try:
@@ -45,6 +55,10 @@ def save_stage(module: torch.nn.Module, opt: torch.optim.Optimizer, path: str) -
         shutil.rmtree(tmp, ignore_errors=True)
         return False
     return True
+
+
+def save_stage(module: torch.nn.Module, opt: torch.optim.Optimizer, path: str) -> bool:
+    return save_state(stage_state(module, opt, copy=False), path)
 
 
 def load_stage(module: torch.nn.Module, opt: torch.optim.Optimizer, path: str,
