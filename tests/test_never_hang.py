@@ -110,14 +110,16 @@ def test_train_refuses_what_no_run_can_do(args, says):
 
 def test_resume_needs_iterations_past_the_checkpoint(tmp_path):
     """Cause 6: `--resume` of a checkpoint at iteration 3 with --iterations 4 hung forever."""
-    ck = tmp_path / "ck.pt"
-    torch.save({"format": "recycle.ckpt/v1", "replicas": 2, "stages": 2, "microbatches": 4,
-                "iteration": 3, "losses": [], "stage_states": []}, ck)
+    from executor.checkpoint import Manifest
+    from executor.model import ModelConfig
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    Manifest(2, 2, 4, ModelConfig().to_dict(), 3, [[0.0] * 8] * 4).save(str(ck))
     for n in ("3", "4"):
         r = _cli("train", "--resume", str(ck), "--iterations", n)
         assert r.returncode == 2 and "--iterations must be more than 4" in r.stderr, r.stderr
-    r = _cli("train", "--resume", str(tmp_path / "missing.pt"))
-    assert r.returncode == 2 and "no such file" in r.stderr
+    r = _cli("train", "--resume", str(tmp_path / "missing"))
+    assert r.returncode == 2 and "no checkpoint at" in r.stderr
 
 
 def _descendants(pid):

@@ -16,6 +16,8 @@ FORMAT = "recycle.ckpt/v2"
 MANIFEST = "recycle.json"
 # Model fields that may differ on resume (honoured); any other difference is refused.
 RESUMABLE = {"lr"}
+FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "weight_decay": "weight decay",
+         "betas": "Adam betas"}
 
 
 class CheckpointError(ValueError):
@@ -107,15 +109,15 @@ def read_checkpoint(path: str, job, cfg, iterations: int) -> tuple[str, Manifest
     for key in sorted(set(mine) | set(man.model)):
         if key in RESUMABLE or mine.get(key) == man.model.get(key):
             continue
-        flag = "--" + key.replace("_", "-")
+        flag = FLAGS.get(key, "--" + key.replace("_", "-"))
         raise CheckpointError(f"checkpoint {directory} was trained with {key}="
                               f"{man.model.get(key)!r}, this run asks {mine.get(key)!r} "
                               f"({flag}): resume with the checkpoint's model")
+    if man.iteration + 1 >= iterations:
+        raise CheckpointError(f"checkpoint {directory} already holds iterations 0..{man.iteration}:"
+                              f" --iterations must be more than {man.iteration + 1}")
     for s in range(man.stages):
         meta = os.path.join(man.part(directory, s), ".metadata")
         if not os.path.exists(meta):
             raise CheckpointError(f"checkpoint {directory} lacks stage {s}'s part ({meta})")
-    if man.iteration + 1 >= iterations:
-        raise CheckpointError(f"checkpoint {directory} already holds iterations 0..{man.iteration}:"
-                              f" --iterations must be more than {man.iteration + 1}")
     return directory, man
