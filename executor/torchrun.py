@@ -49,11 +49,16 @@ def main(argv=None) -> int:
     return worker.main(argv, world_size=env["WORLD_SIZE"])
 
 
-if __name__ == "__main__":
+def run() -> None:
     try:
-        sys.exit(main())
+        code = main()
     except SystemExit as exc:  # one line and exit 2 for a launch that cannot work
-        if isinstance(exc.code, str):
-            print(exc.code, file=sys.stderr)
-            sys.exit(2)
-        raise
+        if not isinstance(exc.code, str):
+            raise
+        print(exc.code, file=sys.stderr)
+        code = 2
+    worker.leave(code)
+
+
+if __name__ == "__main__":
+    run()

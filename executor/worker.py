@@ -106,5 +106,23 @@ def child(store: str, replica: int, stage: int, log_path: str,
     os._exit(code)
 
 
+def leave(code: int) -> None:
+    """Exit without the interpreter's teardown: a world's groups may still be closing on a
+    background thread (comm.py), and destroying them under a finalising interpreter aborts
+    the process (SIGABRT, 'terminate called without an active exception'), which torchrun
+    takes for a failure and restarts the node's workers. Checkpoint parts are written by
+    then (the agent joins its saver before returning)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        code = main()
+    except SystemExit as exc:
+        if not isinstance(exc.code, str):
+            raise
+        print(exc.code, file=sys.stderr)
+        code = 2
+    leave(code)
