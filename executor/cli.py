@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from planner.cli_errors import EXIT_NO_PLAN, user_errors
-from planner.timeline import Mode
+from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.solvers.timeline import Mode
 
 
 def register(app: typer.Typer) -> None:
@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr):
-    from executor.model import ModelConfig
+    from executor.compute.model import ModelConfig
     return ModelConfig(vocab=vocab, seq_len=seq_len, d_model=d_model, n_heads=heads,
                        n_layers=layers, micro_batch_size=micro_batch_size, seed=seed, lr=lr)
 
@@ -57,9 +57,9 @@ def train_cmd(
     """Train a small GPT on a DxS grid of worker processes, surviving injected failures."""
     from rich.console import Console
 
-    from executor.faults import check_faults, parse_slow
     from executor.checkpoint import read_checkpoint
-    from executor.launcher import parse_event, parse_stall, train
+    from executor.launch.faults import check_faults, parse_slow
+    from executor.launch.launcher import parse_event, parse_stall, train
     from planner.job import JobSpec
 
     console = Console(stderr=True)
@@ -76,7 +76,7 @@ def train_cmd(
         spec = JobSpec.load(job) if job else None
         watch = None
         if service:  # workers poll, heartbeat and report to the service themselves
-            from executor.service_source import ServiceWatch
+            from executor.sources.service_source import ServiceWatch
             if not (job_id and token):
                 raise ValueError("--service needs --job-id and --token")
             watch = ServiceWatch(service, job_id, token, timeout_s=max(30.0, timeout))
@@ -85,7 +85,7 @@ def train_cmd(
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
         check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows)
         if not external:  # torchrun'd workers check their own hosts
-            from executor.comm import check_device
+            from executor.runtime.comm import check_device
             check_device(device)
         if checkpoint_every < 1:
             raise ValueError(f"--checkpoint-every must be at least 1, not {checkpoint_every}")
@@ -95,7 +95,7 @@ def train_cmd(
                 console.print(f"resuming {where} with --lr {cfg.lr:g} (it trained with "
                               f"{man.model.get('lr')!r})")
     if reference:
-        from executor.reference import train_reference
+        from executor.compute.reference import train_reference
         result = train_reference(cfg, replicas, microbatches, iterations, stages)
         for i, loss in enumerate(result.losses):
             console.print(f"iter {i:>4}  loss {loss:.5f}  (reference)")
@@ -132,12 +132,9 @@ def profile_cmd(
     seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
 ):
-    """Measure F/I/W/OPT and activation memory of each stage and write a job spec for
-    `recycle plan` / `train --job`."""
-    import json
-
-    from executor.comm import check_device
-    from executor.profile import profile
+    from executor.checkpoint import read_checkpoint
+    from executor.launch.faults import check_faults, parse_slow
+    from executor.launch.launcher import parse_event, parse_stall, train
 
     with user_errors("profile options"):
         check_device(device)

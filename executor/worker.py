@@ -19,12 +19,12 @@ from datetime import timedelta
 
 import torch
 
-from executor.agent import Agent
 from executor.checkpoint import Manifest
-from executor.comm import connect_store, local_workers_hint, pick_device
-from executor.faults import fault_iterations
-from executor.model import ModelConfig
-from executor.rendezvous import StorePlanSource
+from executor.runtime.agent import Agent
+from executor.runtime.comm import connect_store, local_workers_hint, pick_device
+from executor.launch.faults import fault_iterations
+from executor.compute.model import ModelConfig
+from executor.runtime.rendezvous import StorePlanSource
 from planner.job import JobSpec
 
 
@@ -61,7 +61,7 @@ def main(argv=None, world_size: int | None = None) -> int:
     # The plan source gets its own connection: the heartbeat thread uses it concurrently.
     conn = connect_store(host, int(port), timeout_s=timeout)
     if conf.get("service"):  # plans, heartbeats, suspects and rejoin over HTTP
-        from executor.service_source import ServiceWorkerSource
+        from executor.sources.service_source import ServiceWorkerSource
         token = os.environ.get("RECYCLE_TOKEN")  # never in the store: it is unauthenticated
         if not token:
             raise SystemExit("executor.worker: the job uses a plan service; set RECYCLE_TOKEN "
@@ -108,7 +108,7 @@ def child(store: str, replica: int, stage: int, log_path: str,
 
 def leave(code: int) -> None:
     """Exit without the interpreter's teardown: a world's groups may still be closing on a
-    background thread (comm.py), and destroying them under a finalising interpreter aborts
+    background thread (runtime/comm.py), and destroying them under a finalising interpreter aborts
     the process (SIGABRT, 'terminate called without an active exception'), which torchrun
     takes for a failure and restarts the node's workers. Checkpoint parts are written by
     then (the agent joins its saver before returning)."""

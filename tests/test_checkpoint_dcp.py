@@ -15,9 +15,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from executor.model import DEFAULT_WORKLOAD as WL
-from executor.model import ModelConfig
-from executor.reference import checksum, compare, train_reference
+from executor.compute.model import DEFAULT_WORKLOAD as WL
+from executor.compute.model import ModelConfig
+from executor.compute.reference import checksum, compare, train_reference
 from test_executor_runtime import CFG, M, TOL, assert_exact, logs, reference, run
 
 pytestmark = pytest.mark.hard_timeout(150)
@@ -116,7 +116,7 @@ def test_periodic_checkpoints_and_resume_honours_lr(periodic, tmp_path):
         assert sorted(os.listdir(periodic / n)) == ["recycle.json", "stage0", "stage1"]
     # Continue from iteration 1's checkpoint with another --lr: it is honoured.
     cfg = ModelConfig(**{**CFG.to_dict(), "betas": CFG.betas, "lr": 1e-2})
-    from executor.launcher import train
+    from executor.launch.launcher import train
     from rich.console import Console
     import io
     res = train(cfg, 2, 2, M, 4, resume=str(periodic / "iter000001"), run_dir=str(tmp_path),

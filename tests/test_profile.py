@@ -6,8 +6,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from executor.model import ModelConfig, Workload, lm_loss
-from executor.profile import profile
+from executor.compute.model import ModelConfig, Workload, lm_loss
+from executor.compute.profile import profile
 from planner.job import JobSpec
 
 CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)

@@ -35,11 +35,11 @@ import torch
 
 from executor.checkpoint import load_stage, save_state, stage_state
 from executor.checkpoint.manifest import iteration_dir
-from executor.comm import BWD, FWD, CommError, Superseded, World
-from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
-from executor.plan_source import TrainingHalted
-from executor.reference import checksum
-from executor.stage import StageCompute
+from executor.runtime.comm import BWD, FWD, CommError, Superseded, World
+from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.sources.plan_source import TrainingHalted
+from executor.compute.reference import checksum
+from executor.compute.stage import StageCompute
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan
 
