@@ -132,9 +132,12 @@ def profile_cmd(
     seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
 ):
-    from executor.checkpoint import read_checkpoint
-    from executor.launch.faults import check_faults, parse_slow
-    from executor.launch.launcher import parse_event, parse_stall, train
+    """Measure F/I/W/OPT and activation memory of each stage and write a job spec for
+    `recycle plan` / `train --job`."""
+    import json
+
+    from executor.compute.profile import profile
+    from executor.runtime.comm import check_device
 
     with user_errors("profile options"):
         check_device(device)
