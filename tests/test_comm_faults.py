@@ -137,3 +137,17 @@ def test_hung_peer_declared_failed_is_left_at_once_by_a_polled_wait(op):
     assert results[0]["err"] == "Superseded", results
     assert results[0]["took"] < 0.3 + 0.5 + 2.0, results  # the newer plan, not the timeout
     assert results[0]["sum"] == results[1]["sum"] == [3.0] * 4
+
+
+@pytest.mark.gpu
+@pytest.mark.hard_timeout(240)
+def test_cuda_training_with_a_kill_matches_the_reference(tmp_path):
+    """On a GPU machine: the workers compute on CUDA (NCCL where each local worker has its
+    own GPU, gloo with CPU copies where they share one), a SIGKILL mid-iteration, and the
+    result still equals the CPU reference (CUDA kernels round differently: 1e-4)."""
+    from test_executor_runtime import CFG, M, logs, run
+    from executor.compute.reference import compare, train_reference
+    res = run(tmp_path, 2, 2, 3, kills=[(1, 1, 1)], device="cuda")
+    assert res.summary is not None, f"{res.halted}\n{res.output}\n{logs(tmp_path)}"
+    assert not compare(res.summary, train_reference(CFG, 2, M, 3, 2), 1e-4)
+    assert "on cuda:" in logs(tmp_path) and "on cpu" not in logs(tmp_path)

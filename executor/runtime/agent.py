@@ -115,7 +115,7 @@ class Agent:
 
     # ---- main loop --------------------------------------------------------------------
     def run(self) -> int:
-        self.log(f"started (incarnation {self.inc})")
+        self.log(f"started (incarnation {self.inc}) on {self.device}")
         threading.Thread(target=self._heartbeats, daemon=True).start()
         plan: Optional[Plan] = None
         try:
