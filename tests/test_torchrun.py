@@ -73,6 +73,8 @@ def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
         node0 = (tmp_path / "node0.log").read_text()
         assert "restart 1" in nodes and "restart 1" not in node0, nodes  # torchrun's counter:
         # node 1 restarted once; node 0 never (its workers also exit cleanly at the end)
+        last = tmp_path / "run" / "checkpoints" / f"iter{ITERS - 1:06d}"
+        assert (last / "recycle.json").exists() and (last / "stage1" / ".metadata").exists()
         got = Summary.load(str(summary))
         diffs = compare(got, train_reference(CFG, D, M, ITERS, S), 1e-5)
         assert not diffs, "\n".join(diffs) + out

@@ -258,7 +258,7 @@ class Coordinator:
                 if self.complete():
                     self.publish(final=True)
                     self.reap(self.timeout * 2)
-                    self.checkpoints.collect(self.losses_upto)  # the last iteration's parts
+                    self.final_checkpoint()
                     summary = self.summary()
                     return TrainResult(summary, versions=len(summary.plans),
                                        run_dir=self.run_dir, events=self.events,
@@ -420,6 +420,14 @@ class Coordinator:
         self.console.print(f"[red bold]training halted:[/] {reason}; {where}")
         return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
                            run_dir=self.run_dir, events=self.events)
+
+    def final_checkpoint(self) -> None:
+        """The last iteration's checkpoint: local workers have exited (their parts are
+        written); torchrun'd ones may still be writing, so wait for them a little."""
+        end = time.monotonic() + (2 * self.timeout if self.external else 0)
+        while (self.checkpoints.collect(self.losses_upto) != self.iterations - 1
+               and time.monotonic() < end):
+            time.sleep(0.1)
 
     def losses_upto(self, i: int) -> Optional[list]:
         """Losses of iterations 0..i for a checkpoint's manifest, None while any is missing."""
