@@ -89,6 +89,13 @@ def train_cmd(
             check_device(device)
         if checkpoint_every < 1:
             raise ValueError(f"--checkpoint-every must be at least 1, not {checkpoint_every}")
+        if checkpoint_dir:  # checked now, not after training has started
+            import os
+            if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
+                raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not a directory")
+            os.makedirs(checkpoint_dir, exist_ok=True)
+            if not os.access(checkpoint_dir, os.W_OK | os.X_OK):
+                raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
         if resume:
             where, man = read_checkpoint(resume, spec, cfg, iterations)
             if man.model.get("lr") != cfg.lr:

@@ -149,6 +149,7 @@ def _cli(*args):
     ("another seed", ["--seed", "5", "--resume", "@ck"], "seed=0, this run asks 5"),
     ("too few iterations", ["--iterations", "2", "--resume", "@ck"], "--iterations must be more than 4"),
     ("checkpoint every 0", ["--checkpoint-every", "0"], "--checkpoint-every must be at least 1"),
+    ("checkpoint dir a file", ["--checkpoint-dir", "@file"], "is not a directory"),
     ("cuda where none", ["--device", "cuda"], "no CUDA device on this machine"),
     ("unknown device", ["--device", "tpu"], "--device must be auto, cpu or cuda"),
 ])
