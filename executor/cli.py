@@ -109,9 +109,6 @@ def train_cmd(
         if summary:
             result.save(summary)
         return
-    if external:
-        console.print("[bold]coordinator[/] waiting for workers: RECYCLE_STORE=<this host>:"
-                      f"{store_port or '?'} torchrun ... -m executor.torchrun")
     result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_dir=checkpoint_dir, ckpt_every=checkpoint_every, run_dir=run_dir, external=external,

@@ -9,6 +9,7 @@ the one-process reference's.
 """
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -33,12 +34,11 @@ def free_port() -> int:
 
 
 def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
-    store_port, master_port = free_port(), free_port()
-    env = dict(os.environ, PYTHONPATH=ROOT, RECYCLE_STORE=f"127.0.0.1:{store_port}",
-               OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    master_port = free_port()
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     summary = tmp_path / "summary.json"
     coord_cmd = [sys.executable, "-m", "recycle.cli", "train", "--external",
-                 "--store-port", str(store_port), "-d", str(D), "-s", str(S), "-m", str(M),
+                 "--store-port", "0", "-d", str(D), "-s", str(S), "-m", str(M),
                  "--iterations", str(ITERS), "--kill", "1:1@1", "--timeout", "4",
                  "--summary", str(summary), "--run-dir", str(tmp_path / "run"),
                  "--vocab", "32", "--seq-len", "8", "--d-model", "16", "--heads", "2",
@@ -50,6 +50,16 @@ def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
         coord = subprocess.Popen(coord_cmd, cwd=ROOT, env=env, stdout=clog,
                                  stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(coord)
+        store_port, t0 = None, time.monotonic()  # the port the coordinator bound
+        while store_port is None and coord.poll() is None and time.monotonic() - t0 < 60:
+            found = re.search(r"RECYCLE_STORE=<this host>:(\d+)",
+                              (tmp_path / "coordinator.log").read_text())
+            if found:
+                store_port = int(found[1])
+            else:
+                time.sleep(0.1)
+        assert store_port, (tmp_path / "coordinator.log").read_text()
+        env["RECYCLE_STORE"] = f"127.0.0.1:{store_port}"
         for node in range(2):
             log = open(tmp_path / f"node{node}.log", "w")
             logs.append(log)

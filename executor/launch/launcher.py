@@ -103,6 +103,10 @@ class Coordinator:
         # Loopback unless torchrun'd workers on other machines must reach it: the store has
         # no authentication, so it never holds a secret (the service token travels apart).
         self.store = host_store("0.0.0.0" if external else "127.0.0.1", store_port, timeout)
+        if external:  # the port actually bound (--store-port 0 picks a free one)
+            self.console.print(f"coordinator waiting for workers: RECYCLE_STORE=<this host>:"
+                               f"{self.store.port} torchrun ... -m executor.torchrun",
+                               soft_wrap=True)
         self.store.set("config", json.dumps({
             "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
             "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
