@@ -24,7 +24,11 @@ class CheckpointStore:
         """Write manifests for iterations now complete; newest complete iteration.
         `losses_upto(i)` gives the losses of iterations 0..i, or None if some are missing."""
         D, S, M = self.grid
-        for name in sorted(os.listdir(self.root)):
+        try:
+            names = sorted(os.listdir(self.root))
+        except OSError:  # removed or unreadable meanwhile: no checkpoint, training goes on
+            return None
+        for name in names:
             if not (name.startswith("iter") and name[4:].isdigit()):
                 continue
             d = os.path.join(self.root, name)
