@@ -21,7 +21,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("plan")(plan_cmd)
     app.command("precompute")(precompute_cmd)
     app.command("validate")(validate_cmd)
-    app.command("simulate")(simulate_cmd)
+    from planner.simulation.cli import register as register_simulation
+    register_simulation(app)
     bench.command("planner")(bench_planner_cmd)
 
 
@@ -161,35 +162,3 @@ def bench_planner_cmd(
                       time_limit=time_limit, cpsat_max_actions=cpsat_max_actions,
                       console=console)
 
-
-def simulate_cmd(
-    spec: str = typer.Argument(..., help="job spec JSON"),
-    hours: float = typer.Option(24.0, help="length of the simulated run"),
-    mtbf_hours: float = typer.Option(168.0, help="mean time between failures of one worker"),
-    repair_hours: float = typer.Option(1.0, help="time to repair a failed worker"),
-    seed: int = typer.Option(0, help="trace seed"),
-    unit_s: float = typer.Option(1e-3, help="seconds per time unit of the spec"),
-    checkpoint_minutes: float = typer.Option(10.0, help="checkpoint interval"),
-    restart_minutes: float = typer.Option(1.0, help="restart time after a full stop"),
-):
-    """Compare recovery policies on a random failure trace (same trace for each)."""
-    from planner.backends import solve
-    from planner.simulate import random_trace, simulate
-
-    with user_errors("job spec"):
-        job = JobSpec.load(spec)
-        if min(hours, mtbf_hours, repair_hours, unit_s, checkpoint_minutes) <= 0:
-            raise ValueError("durations must be positive")
-    duration = hours * 3600
-    trace = random_trace(job, duration, mtbf_hours * 3600, repair_hours * 3600, seed)
-    outcomes = simulate(job, trace, duration, lambda f: solve(job, f, "greedy").metrics.period,
-                        unit_s, checkpoint_minutes * 60, restart_minutes * 60)
-    ideal = job.num_microbatches / (solve(job, [], "greedy").metrics.period * unit_s) * duration
-    fails = sum(1 for e in trace if e.kind == "fail")
-    console.print(f"{fails} failures over {hours:g} h on {job.replicas}x{job.stages} workers "
-                  f"(MTBF {mtbf_hours:g} h per worker, repair {repair_hours:g} h)")
-    table = Table("policy", "micro-batches", "of failure-free", "stalled (h)", "rolled-back iterations")
-    for o in outcomes:
-        table.add_row(o.policy, f"{o.microbatches:.0f}", f"{o.microbatches / ideal:.1%}",
-                      f"{o.stalled_s / 3600:.2f}", str(o.lost_iterations))
-    console.print(table)
