@@ -27,8 +27,9 @@ def rows(result: Result) -> list[dict]:
             "lost_samples": o.lost * spm,
             "failures": o.failures,
             "restarts": o.restarts,
-            "recycle_ratio": (ref / o.microbatches if o.microbatches > 0 else float("inf"))
-            if ref is not None else None,
+            # None where undefined: no ReCycle run, or a policy that kept nothing
+            "recycle_ratio": ref / o.microbatches if ref is not None and o.microbatches > 0
+            else None,
         })
     return out
 

@@ -281,7 +281,7 @@ def fixed_interval_trace(placement: Placement, duration_s: float, every_s: float
             if t + repair_s < duration_s:
                 out.append(NodeEvent(t + repair_s, "add", f"node{k}"))
         t += every_s
-    out.sort(key=lambda e: (e.time, e.kind == "remove"))  # a repair before a new failure
+    out.sort(key=lambda e: e.time)  # stable: each node's events stay in causal order
     return _from_nodes(out, placement, duration_s, f"one failure every {_fmt_s(every_s)}")
 
 
@@ -307,7 +307,7 @@ def exponential_trace(placement: Placement, duration_s: float, mtbf_gpu_s: float
             if t + repair_s < duration_s:
                 out.append(NodeEvent(t + repair_s, "add", f"node{k}"))
             t += repair_s + rng.expovariate(1 / mean)
-    out.sort(key=lambda e: (e.time, e.kind == "remove"))
+    out.sort(key=lambda e: e.time)  # stable: causal order per node
     return _from_nodes(out, placement, duration_s,
                        f"exponential, MTBF {_fmt_s(mtbf_gpu_s)} per GPU, repair {_fmt_s(repair_s)}")
 
@@ -345,7 +345,7 @@ def spot_like_trace(placement: Placement, duration_s: float, seed: int = 0,
                 out.append(NodeEvent(back, "add", new))
                 pending.append((back, new))
         t += 60 + rng.expovariate(1 / burst_every_s)
-    out.sort(key=lambda e: (e.time, e.kind == "remove"))
+    out.sort(key=lambda e: e.time)  # stable: causal order per node
     trace = spot_trace(out, placement, "synthetic spot trace")
     trace.end = duration_s
     return trace
