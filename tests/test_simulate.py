@@ -138,3 +138,19 @@ def test_adjacent_failures_restart_bamboo_without_that_pipeline():
     last = o.segments[-1]
     first = o.segments[0]
     assert last[2] == pytest.approx(first[2] / 2)
+
+
+def test_the_simulators_period_is_the_greedy_plans():
+    from planner.simulation.costs import RecyclePeriods, plan_period
+
+    job = JobSpec.uniform(3, 4, 4)
+    for failed in ([], [(0, 1)], [(0, 1), (2, 1)], [(1, 0), (1, 3), (2, 2)]):
+        assert plan_period(job, failed) == solve(job, failed, "greedy").metrics.period
+    # planned ahead in processes or as they come: the same periods
+    sets = [frozenset(), frozenset({(0, 1)}), frozenset({(0, 1), (2, 1)}),
+            frozenset({(1, 0), (1, 3)}), frozenset({(2, 2)})]
+    ahead = RecyclePeriods(job, U)
+    ahead.prefetch(sets, jobs=2)
+    assert ahead.planned == 5
+    assert [ahead(f) for f in sets] == [RecyclePeriods(job, U)(f) for f in sets]
+    assert ahead.planned == 5  # all served from what was planned ahead

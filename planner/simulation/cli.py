@@ -75,6 +75,8 @@ def simulate_cmd(
     html_out: Optional[str] = typer.Option(None, "--html", help="write the same plot as HTML"),
     markdown_out: Optional[str] = typer.Option(None, "--markdown", help="append the table (markdown)"),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="progress bar on stderr"),
+    jobs: int = typer.Option(min(4, os.cpu_count() or 1), "--jobs", "-j",
+                             help="processes that plan the trace's failed sets ahead"),
 ):
     """Compare recovery policies (ReCycle and its peers) on the same failure trace."""
     from planner.simulation.policies import POLICIES, Params
@@ -102,6 +104,8 @@ def simulate_cmd(
             _finite("--oobleck-reconfig-seconds", oobleck_reconfig_seconds, strict=False)
         if spares < 0 or oobleck_min_stages < 0:
             raise ValueError("--spares and --oobleck-min-stages must be >= 0")
+        if not 1 <= jobs <= 256:
+            raise ValueError("--jobs must be between 1 and 256")
         unknown = [p for p in policies if p not in POLICIES]
         if unknown:
             raise ValueError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
@@ -136,7 +140,7 @@ def simulate_cmd(
                                  "already in its own format")
         write_spot(write_trace, tr.node_events)
     result = _run(job, model, tr, duration, unit_s, params, policies or list(POLICIES),
-                  checkpoint_minutes * 60, checkpoint_seconds, db, progress)
+                  checkpoint_minutes * 60, checkpoint_seconds, db, progress, jobs)
     command = "recycle simulate " + " ".join(sys.argv[2:]) if len(sys.argv) > 2 else ""
     from planner.simulation import report
 
@@ -204,7 +208,7 @@ def _trace(path, fmt, every, spot, hours, mtbf_hours, repair_hours, seed, where)
 
 
 def _run(job, model, trace, duration, unit_s, params, policies, ckpt_every, ckpt_cost, db,
-         progress):
+         progress, jobs):
     from rich.progress import Progress
 
     from planner.simulation.compare import simulate
@@ -220,7 +224,7 @@ def _run(job, model, trace, duration, unit_s, params, policies, ckpt_every, ckpt
     with Progress(console=err, transient=True, disable=not progress) as bar:
         task = bar.add_task("simulating", total=total)
         return simulate(job, trace, duration, unit_s, params, policies, ckpt_every, ckpt_cost,
-                        model, cache, tick=lambda: bar.advance(task))
+                        model, cache, tick=lambda: bar.advance(task), jobs=jobs)
 
 
 def _print(result, report) -> None:

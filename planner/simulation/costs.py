@@ -136,19 +136,59 @@ class RecyclePeriods:
         key = (canon.key, None if job.speed is None else str(canon.job(job).speed))
         if key not in self._memo:
             cjob, cfailed = canon.job(job), list(canon.failed)
-            plan = self.cache.get(cjob, cfailed) if self.cache is not None else None
-            if plan is None:
-                plan = solve(cjob, cfailed, self.solver, canonical=False)
-                self.planned += 1
-                if self.cache is not None:
-                    self.cache.put(plan)
-            self._memo[key] = plan.metrics.period * self.unit_s
+            if self.cache is None and self.solver == "greedy":
+                period = plan_period(cjob, cfailed)
+            else:
+                plan = self.cache.get(cjob, cfailed) if self.cache is not None else None
+                if plan is None:
+                    plan = solve(cjob, cfailed, self.solver, canonical=False)
+                    if self.cache is not None:
+                        self.cache.put(plan)
+                period = plan.metrics.period
+            self.planned += 1
+            self._memo[key] = period * self.unit_s
         return self._memo[key]
+
+    def prefetch(self, sets: list[frozenset], jobs: int) -> None:
+        """Plan `sets` (no speeds) on `jobs` processes ahead of the walk through the trace:
+        the periods are independent, and planning is nearly all of a simulation's time."""
+        todo, seen = [], set()
+        for failed in sets:
+            canon = canonicalize(self.job, failed)
+            key = (canon.key, None)
+            if key not in self._memo and key not in seen:
+                seen.add(key)
+                todo.append((key, list(canon.failed)))
+        if jobs <= 1 or len(todo) < 4 or self.cache is not None or self.solver != "greedy":
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
+                                          else "spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+            periods = pool.map(plan_period, [self.job] * len(todo), [f for _, f in todo],
+                               chunksize=max(1, len(todo) // (4 * jobs)))
+            for (key, _), period in zip(todo, periods):
+                self._memo[key] = period * self.unit_s
+                self.planned += 1
+
+
+def plan_period(job: JobSpec, failed: list[Worker]) -> int:
+    """The period of the greedy back-end's plan for `failed` (as `solve(job, failed,
+    "greedy", canonical=False)` reports it) without building the plan: the best of its
+    ranked timelines, measured as add_opt + replay would (planner/policies.py)."""
+    from planner.failures import check_plannable, normalize
+    from planner.greedy import ranked_schedules
+    from planner.timeline import Mode
+
+    failed = normalize(job, failed)
+    check_plannable(job, failed)
+    return ranked_schedules(job, failed, Mode())[0][0]
 
 
 def greedy_period(job: JobSpec) -> int:
-    from planner.backends import solve
-    return solve(job, [], "greedy").metrics.period
+    return plan_period(job, [])
 
 
 def dead_workers(failed: frozenset) -> dict[int, set[int]]:

@@ -258,8 +258,8 @@ class Oobleck(Policy):
     (k from the smallest depth that holds the model to S) with the global batch spread to
     equalise their iteration times; each failure and each rejoin costs a reconfiguration;
     a failure also loses the iteration in flight. The rate of a configuration is the
-    planner's period of its templates; it never exceeds the failure-free rate (a better
-    configuration would have been the user's grid). Halts when fewer workers than the
+    planner's period of its templates, relative to the best configuration of the whole
+    grid (that one trains at the failure-free rate). Halts when fewer workers than the
     shallowest template are left, or when one event takes every copy of a stage."""
     name = "oobleck"
 
@@ -274,8 +274,10 @@ class Oobleck(Policy):
             kmin = next((k for k in range(1, S + 1) if ctx.pipelines.line(k) is not None), S)
         self.kmin = max(1, min(kmin, S))
         self._rate: dict[int, tuple[float, float]] = {}
-        full = self._config_time(ctx.job.replicas * S)
-        self.full_T = full
+        # Oobleck's own best use of the whole grid: its rate with n workers is measured
+        # against it, so that a template family more efficient than the user's D x S grid
+        # (shallower pipelines, fewer bubbles) does not read as gaining from a failure.
+        self.full_T = self._config_time(ctx.job.replicas * S)
 
     def _config_time(self, n: int) -> Optional[float]:
         """Least iteration time of D*M micro-batches over n workers: p pipelines of about
