@@ -154,3 +154,17 @@ def test_the_simulators_period_is_the_greedy_plans():
     assert ahead.planned == 5
     assert [ahead(f) for f in sets] == [RecyclePeriods(job, U)(f) for f in sets]
     assert ahead.planned == 5  # all served from what was planned ahead
+
+
+def test_a_straggler_is_re_planned_by_recycle_and_slows_the_synchronous_policies():
+    job = JobSpec.uniform(2, 2, 4)
+    trace = [Event(100.0, "speed", ((0, 1),), 0.5)]
+    _, out = run(job, trace, 200.0, Params(swift_log_overhead=0.0))
+    r0 = job.num_microbatches / P(job)
+    slow = job.model_copy(update={"speed": [[1.0, 0.5], [1.0, 1.0]]})
+    rs = job.num_microbatches / P(slow)
+    assert r0 / 2 < rs < r0  # its peer takes some of its micro-batches
+    assert out["recycle"].microbatches == pytest.approx(100 * r0 + 100 * rs)
+    assert out["recycle"].lost == 0 and out["recycle"].stalled_s == 0
+    for name in ("checkpoint-restart", "drop-replica", "oobleck"):
+        assert out[name].microbatches == pytest.approx(100 * r0 + 100 * r0 / 2), name

@@ -154,3 +154,24 @@ def test_oversized_specs_are_refused_before_planning(tmp_path):
     path = write(tmp_path, "wide.json", json.dumps(spec))
     r = recycle("simulate", path, "--no-progress")
     assert r.returncode == 2 and "exceeds the simulator's limit" in r.stderr, r.stderr
+
+
+def test_a_node_holding_a_whole_stage_halts_recycle_and_swift_replays_it(tmp_path):
+    from planner.job import JobSpec
+    from planner.simulation.compare import simulate
+    from planner.simulation.policies import Params
+
+    job = JobSpec.uniform(2, 2, 4)
+    where = Placement(2, 2, 2, "replicas")  # node 1 holds stage 1 of both replicas
+    path = write(tmp_path, "spot.csv", "0,add,node0\n0,add,node1\n100000,remove,node1\n"
+                 "200000,add,node9\n")
+    tr = read_trace(path, where)
+    assert [(e.kind, e.workers) for e in tr.events] == [
+        ("fail", ((0, 1), (1, 1))), ("recover", ((0, 1), (1, 1)))]
+    res = simulate(job, tr, 500.0, 1e-3, Params(swift_log_overhead=0.0),
+                   checkpoint_every_s=150.0)
+    out = {o.policy: o for o in res.outcomes}
+    assert out["recycle"].restarts == 1 and out["recycle"].lost >= 99 * res.base_rate
+    assert any("replayed" in n for n in out["swift-replay"].notes)
+    assert out["swift-replay"].microbatches > out["recycle"].microbatches
+    assert out["bamboo"].restarts == 0  # each pipeline's stage 0 takes stage 1 over
