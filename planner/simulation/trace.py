@@ -148,7 +148,7 @@ def read_spot(path: str) -> list[NodeEvent]:
     for no, text in _lines(path):
         m = _SPOT.match(text)
         if not m:
-            raise TraceError(f"{path} line {no}: expected t_ms,add|remove,nodeN, got {text[:60]!r}")
+            raise TraceError(f"{path} line {no}: expected t_ms,add|remove,nodeN, got {ascii(text[:50])}")
         t = float(m.group(1)) / 1000.0
         if t < 0 or t < last:
             raise TraceError(f"{path} line {no}: time {m.group(1)} ms is "
@@ -210,7 +210,7 @@ def read_failstop(path: str, replicas: int, stages: int) -> Trace:
         m = _FAILSTOP.match(text)
         if not m:
             raise TraceError(f"{path} line {no}: expected t_s,fail|recover,R:S or "
-                             f"t_s,speed,R:S,FACTOR, got {text[:60]!r}")
+                             f"t_s,speed,R:S,FACTOR, got {ascii(text[:50])}")
         t, kind = float(m.group(1)), m.group(2)
         d, s, extra = int(m.group(3)), int(m.group(4)), m.group(5)
         if not math.isfinite(t) or t < 0 or t < last:
