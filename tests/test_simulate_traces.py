@@ -140,11 +140,14 @@ def test_bad_simulate_input_is_one_line_and_exit_2(spec, args, words):
 
 
 def test_oversized_specs_are_refused_before_planning(tmp_path):
-    # 4.4M stages in a 50 MB spec: refused by its size, without reading it
+    # a spec of 1.2M stages (10 MB; the had 4.4M in 50 MB): refused by its size,
+    # without reading it (it used to be parsed, then planned until memory ran out)
     big = tmp_path / "big.json"
+    n = 1_200_000
+    row = "[" + "1," * (n - 1) + "1]"
     with open(big, "w") as fh:
-        fh.write('{"replicas": 1, "stages": 4400000, "microbatches": 1, "cost": {"F": [')
-        fh.write("1," * (9 * 2**20 // 2) + "1]}}")
+        fh.write(f'{{"replicas": 1, "stages": {n}, "microbatches": 1, "cost": {{'
+                 + ", ".join(f'"{k}": {row}' for k in ("F", "I", "W", "OPT")) + "}}")
     r = recycle("simulate", str(big), "--no-progress")
     assert r.returncode == 2 and "MB" in r.stderr and len(r.stderr.strip().splitlines()) == 1
     # a small file whose grid is over the simulator's limit
@@ -175,3 +178,19 @@ def test_a_node_holding_a_whole_stage_halts_recycle_and_swift_replays_it(tmp_pat
     assert any("replayed" in n for n in out["swift-replay"].notes)
     assert out["swift-replay"].microbatches > out["recycle"].microbatches
     assert out["bamboo"].restarts == 0  # each pipeline's stage 0 takes stage 1 over
+
+
+def test_simulate_reads_and_fills_a_plan_cache(spec, tmp_path):
+    import sqlite3
+
+    db = tmp_path / "plans.sqlite"
+    trace = write(tmp_path, "fs.csv", "100,fail,1:2\n200,fail,3:0\n300,recover,1:2\n")
+    r = recycle("simulate", spec, "--trace", trace, "--hours", "0.1", "--db", str(db), "--json",
+                "-p", "recycle")
+    assert r.returncode == 0, r.stderr
+    kept = json.loads(r.stdout)["policies"][0]["kept"]
+    with sqlite3.connect(db) as con:  # the failure-free set and three failed sets
+        assert con.execute("SELECT COUNT(*) FROM plans").fetchone()[0] == 4
+    again = recycle("simulate", spec, "--trace", trace, "--hours", "0.1", "--db", str(db),
+                    "--json", "-p", "recycle")
+    assert json.loads(again.stdout)["policies"][0]["kept"] == kept
