@@ -105,9 +105,10 @@ def test_malformed_trace_line_is_one_line_with_its_number(spec, tmp_path, name, 
 
 def test_simulate_a_trace_file_with_json_png_and_html(spec, tmp_path):
     trace = write(tmp_path, "fs.csv", "3600,fail,1:2\n5400,speed,0:0,0.5\n7200,recover,1:2\n")
-    png, page = tmp_path / "t.png", tmp_path / "t.html"
+    png, page, md = tmp_path / "t.png", tmp_path / "t.html", tmp_path / "t.md"
     r = recycle("simulate", spec, "--trace", trace, "--json", "--png", str(png),
-                "--html", str(page), "-p", "recycle", "-p", "bamboo", "-p", "drop-replica")
+                "--html", str(page), "--markdown", str(md),
+                "-p", "recycle", "-p", "bamboo", "-p", "drop-replica")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["trace"]["failures"] == 1 and out["trace"]["hours"] == 2.0
@@ -117,6 +118,7 @@ def test_simulate_a_trace_file_with_json_png_and_html(spec, tmp_path):
     assert rows["recycle"]["kept"] > rows["drop-replica"]["kept"] > rows["bamboo"]["kept"]
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "<svg" in page.read_text() and "drop-replica" in page.read_text()
+    assert "| bamboo |" in md.read_text() and "--trace" in md.read_text()
 
 
 @pytest.mark.parametrize("args,words", [

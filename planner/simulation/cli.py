@@ -113,8 +113,8 @@ def simulate_cmd(
             raise ValueError("give at most one of --trace, --every, --spot")
         if trace is None and trace_format != "auto":
             raise ValueError("--trace-format applies to --trace")
+        from planner.simulation.report import check_writable
         for path in (write_trace, png, html_out, markdown_out):
-            from planner.simulation.report import check_writable
             check_writable(path)
         job, model = _load_job(spec, preset, replicas, stages, microbatches, gpu_tflops,
                                gpu_memory_gb)
@@ -150,7 +150,7 @@ def simulate_cmd(
         report.write_html(result, html_out)
     if markdown_out:
         with open(markdown_out, "a") as fh:
-            fh.write(f"\n### {report._title(result)}\n\n`{command}`\n\n{report.markdown(result)}\n")
+            fh.write(f"\n### {report.heading(result)}\n\n`{command}`\n\n{report.markdown(result)}\n")
     if as_json:
         typer.echo(report.to_json(result, command))
         return

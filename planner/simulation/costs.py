@@ -190,18 +190,3 @@ def plan_period(job: JobSpec, failed: list[Worker]) -> int:
 def greedy_period(job: JobSpec) -> int:
     return plan_period(job, [])
 
-
-def dead_workers(failed: frozenset) -> dict[int, set[int]]:
-    by_replica: dict[int, set[int]] = {}
-    for d, s in failed:
-        by_replica.setdefault(d, set()).add(s)
-    return by_replica
-
-
-def failed_replicas(failed: frozenset) -> set[int]:
-    return {d for d, _ in failed}
-
-
-Workers = frozenset  # of Worker
-__all__ = ["Unit", "Model", "Pipelines", "RecyclePeriods", "group", "pipeline_job",
-           "greedy_period", "dead_workers", "failed_replicas", "Worker"]

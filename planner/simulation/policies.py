@@ -185,13 +185,6 @@ class CheckpointRestart(Policy):
         return Decision(d.rate, d.iter_s, lose="checkpoint", stall_s=p.detect_s + p.restart_s,
                         note="restart on spares" if d.rate > 0 else "waiting for repair")
 
-    def _restart(self, failed, speed, note="restarted from checkpoint"):
-        d = self.steady(failed, speed)
-        if d.rate <= 0:
-            return None
-        self.halted = False
-        return Decision(d.rate, d.iter_s, stall_s=self.ctx.params.restart_s, note=note)
-
 
 class DropReplica(Policy):
     """torchft-style: a replica with any failed worker leaves and the global batch shrinks

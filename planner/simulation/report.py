@@ -94,7 +94,7 @@ def write_png(result: Result, path: str, title: str = "") -> None:
     ax.set_xlabel("hours")
     ax.set_ylabel("throughput, % of failure-free")
     ax.set_ylim(0, 105)
-    ax.set_title(title or _title(result), fontsize=10)
+    ax.set_title(title or heading(result), fontsize=10)
     ax.legend(fontsize=8, ncol=4, loc="lower left")
     ax.grid(alpha=0.3)
     fig.tight_layout()
@@ -102,7 +102,7 @@ def write_png(result: Result, path: str, title: str = "") -> None:
     plt.close(fig)
 
 
-def _title(result: Result) -> str:
+def heading(result: Result) -> str:
     j = result.job
     return (f"{result.model.name}, {j.replicas}x{j.stages} grid: {result.trace.source} "
             f"({result.trace.failures} failures)")
@@ -146,7 +146,7 @@ def write_html(result: Result, path: str, title: str = "") -> None:
     table.append("</table>")
     doc = (f"<!doctype html><html><head><meta charset='utf-8'><title>recycle simulate</title>"
            f"<style>body{{font-family:sans-serif}}td,th{{padding:2px 10px;text-align:right}}"
-           f"</style></head><body><h3>{html.escape(title or _title(result))}</h3>"
+           f"</style></head><body><h3>{html.escape(title or heading(result))}</h3>"
            f"<p>Throughput over time, % of the failure-free rate.</p>{''.join(parts)}"
            f"{''.join(table)}</body></html>")
     with open(path, "w") as fh:
