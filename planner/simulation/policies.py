@@ -120,6 +120,11 @@ class SwiftReplay(Recycle):
         self.backlog = 0.0  # micro-batches trained since the last checkpoint, at the halt
         self.lost_stages: set[int] = set()
 
+    def _dead(self, failed) -> set[int]:
+        D = self.ctx.job.replicas
+        return {s for s in range(self.ctx.job.stages)
+                if sum(1 for d in range(D) if (d, s) in failed) == D}
+
     def steady(self, failed, speed):
         d = super().steady(failed, speed)
         keep = 1.0 - self.ctx.params.swift_log_overhead
@@ -128,9 +133,8 @@ class SwiftReplay(Recycle):
     def on_event(self, kind, workers, before, after, speed, run):
         ctx, p = self.ctx, self.ctx.params
         if self.halted:
-            s = dead_stage(ctx.job, after)
-            if s is not None:
-                self.lost_stages.add(s)
+            if dead_stage(ctx.job, after) is not None:
+                self.lost_stages |= self._dead(after)
                 return None
             if kind != "recover":
                 return None
@@ -152,7 +156,7 @@ class SwiftReplay(Recycle):
         d = self.steady(after, speed)
         if d.rate <= 0:
             self.halted = True
-            self.lost_stages = {dead_stage(ctx.job, after)}
+            self.lost_stages = self._dead(after)
             self.backlog = run.since_ckpt
             return Decision(0.0, lose="inflight", note="stage lost, replay pending")
         if kind == "fail":
