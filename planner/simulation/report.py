@@ -117,7 +117,7 @@ def write_html(result: Result, path: str, title: str = "") -> None:
     def xy(h, y):
         return L + (W - L - 10) * h / T, (H - B) - (H - B - 10) * min(1.05, y) / 1.05
 
-    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" '
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H + 16}" '
              f'font-family="sans-serif" font-size="11">',
              f'<rect x="{L}" y="10" width="{W - L - 10}" height="{H - B - 10}" fill="none" '
              f'stroke="#999"/>']
@@ -133,7 +133,7 @@ def write_html(result: Result, path: str, title: str = "") -> None:
         pts = " ".join("%.1f,%.1f" % xy(h, y) for h, y in zip(hours, ys))
         parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.4" '
                      f'points="{pts}"><title>{html.escape(name)}</title></polyline>')
-        parts.append(f'<text x="{L + 10 + 105 * k}" y="{H - 0}" fill="{color}">'
+        parts.append(f'<text x="{L + 10 + 105 * k}" y="{H + 10}" fill="{color}">'
                      f'&#9632; {html.escape(name)}</text>')
     parts.append("</svg>")
     table = ["<table><tr><th>policy</th><th>kept</th><th>samples</th><th>stalled (h)</th>"
