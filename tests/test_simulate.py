@@ -5,11 +5,11 @@ Periods come from the planner (the simulator's input); everything a policy does 
 """
 import pytest
 
-from planner.backends import solve
 from planner.job import JobSpec
 from planner.simulation.compare import simulate
 from planner.simulation.policies import POLICIES, Params
 from planner.simulation.trace import Event, Trace
+from planner.solvers.backends import solve
 
 U = 1e-3  # seconds per spec unit
 

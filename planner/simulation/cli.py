@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli_errors import user_errors
+from planner.commands.cli_errors import user_errors
 
 console = Console()
 

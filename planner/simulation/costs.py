@@ -124,7 +124,7 @@ class RecyclePeriods:
         self.planned = 0  # plans made (not served from memory)
 
     def __call__(self, failed: frozenset, speed: Optional[dict] = None) -> float:
-        from planner.backends import solve
+        from planner.solvers.backends import solve
         from planner.speeds import quantize
 
         job = self.job
@@ -179,8 +179,8 @@ def plan_period(job: JobSpec, failed: list[Worker]) -> int:
     "greedy", canonical=False)` reports it) without building the plan: the best of its
     ranked timelines, measured as add_opt + replay would (planner/policies.py)."""
     from planner.failures import check_plannable, normalize
-    from planner.greedy import ranked_schedules
-    from planner.timeline import Mode
+    from planner.solvers.greedy import ranked_schedules
+    from planner.solvers.timeline import Mode
 
     failed = normalize(job, failed)
     check_plannable(job, failed)

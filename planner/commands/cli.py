@@ -8,11 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
 from planner.failures import NoPlanError, parse_worker
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 console = Console()
 
@@ -45,7 +45,7 @@ def plan_cmd(
     csv: Optional[str] = typer.Option(None, help="write replica 0's pipeline as pipelining CSV"),
 ):
     """Plan one iteration for SPEC with the given workers failed."""
-    from planner.backends import SolveOptions, solve
+    from planner.solvers.backends import SolveOptions, solve
 
     with user_errors("job spec"):
         job = JobSpec.load(spec)
@@ -103,7 +103,7 @@ def precompute_cmd(
     """Fill the plan cache for every canonical failed set with up to k failures."""
     from rich.progress import Progress
 
-    from planner.backends import BACKENDS, SolveOptions
+    from planner.solvers.backends import BACKENDS, SolveOptions
     from planner.cache import PlanCache, precompute
 
     with user_errors("job spec"):
@@ -152,13 +152,12 @@ def bench_planner_cmd(
         if time_limit <= 0:
             raise ValueError("--time-limit must be positive")
     if speeds:
-        from planner.bench_speeds import run_speeds_bench
+        from planner.commands.bench_speeds import run_speeds_bench
         run_speeds_bench(out or "benchmarks/results/planner_speeds.md", time_limit, cpsat,
                          console=console)
         return
-    from planner.bench import run_planner_bench
+    from planner.commands.bench import run_planner_bench
 
     run_planner_bench(out or "benchmarks/results/planner.md", quick=quick,
                       time_limit=time_limit, cpsat_max_actions=cpsat_max_actions,
                       console=console)
-
