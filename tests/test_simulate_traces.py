@@ -196,3 +196,18 @@ def test_simulate_reads_and_fills_a_plan_cache(spec, tmp_path):
     again = recycle("simulate", spec, "--trace", trace, "--hours", "0.1", "--db", str(db),
                     "--json", "-p", "recycle")
     assert json.loads(again.stdout)["policies"][0]["kept"] == kept
+
+
+def test_write_trace_saves_the_synthetic_trace_that_was_simulated(spec, tmp_path):
+    out = tmp_path / "spot.csv"
+    r = recycle("simulate", spec, "--spot", "--hours", "24", "--seed", "2", "--write-trace",
+                str(out), "--json", "-p", "recycle", "-p", "drop-replica")
+    assert r.returncode == 0, r.stderr
+    failures = json.loads(r.stdout)["trace"]["failures"]
+    assert failures > 0
+    again = recycle("simulate", spec, "--trace", str(out), "--hours", "24", "--json",
+                    "-p", "recycle", "-p", "drop-replica")
+    assert again.returncode == 0, again.stderr
+    a, b = json.loads(r.stdout), json.loads(again.stdout)
+    assert b["trace"]["failures"] == failures
+    assert [p["samples"] for p in a["policies"]] == pytest.approx([p["samples"] for p in b["policies"]])
