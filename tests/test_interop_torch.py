@@ -136,3 +136,29 @@ def test_exported_plans_run_in_torch_runtime_like_schedule_1f1b(tmp_path):
             assert got["grads"] == ref["grads"], f"rank {rank}, {key}: gradients differ"
             assert got["losses"] == ref["losses"], f"rank {rank}, {key}: losses differ"
     assert len(json.loads((tmp_path / "rank1.json").read_text())["1f1b"]["losses"]) == M
+
+
+def test_committed_torch_orders_are_torchs_and_greedy_is_no_worse():
+    """benchmarks/torch_orders/*.csv (the planner benchmark's torch rows) are what this
+    torch's schedule classes order now; greedy's period is no worse than any of them that
+    fits in memory, on every benchmark case."""
+    import importlib.util
+
+    from planner.bench import TORCH_CASES
+    from planner.interop.csv_import import import_csv
+    from planner.validate import validate
+
+    spec = importlib.util.spec_from_file_location(
+        "torch_orders", os.path.join(os.path.dirname(HERE), "benchmarks", "torch_orders.py"))
+    orders = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(orders)
+    for S, M, slots in TORCH_CASES:
+        job = JobSpec.uniform(1, S, M, capacity=4 * slots)
+        greedy = solve(job, [], "greedy").metrics.period
+        for name in orders.SCHEDULES:
+            text = orders.torch_order(name, S, M)
+            with open(os.path.join(orders.OUT, f"{name}_S{S}_M{M}.csv")) as fh:
+                assert fh.read() == text, f"{name} S={S} M={M}: rerun benchmarks/torch_orders.py"
+            plan = import_csv(text, job)
+            if not validate(plan):
+                assert greedy <= plan.metrics.period, (name, S, M, slots)
