@@ -175,6 +175,9 @@ def test_import_csv_and_validate_commands(tmp_path):
     assert "carries its job" in one_line_error(recycle("validate", str(out), "--spec", str(spec)))
     csv.write_text("0F0,1F0\n")
     assert "runs stages 0, 1" in one_line_error(recycle("import-csv", str(csv), "--spec", str(spec)))
+    csv.write_bytes(b"0F0,\xb4\xff\n")
+    assert "not a text file" in one_line_error(recycle("import-csv", str(csv), "--spec", str(spec)))
+    assert "bad job spec" in one_line_error(recycle("import-csv", str(csv), "--spec", str(csv)))
     # GPipe's order holds all 8 micro-batches; a capacity of 4 makes it an invalid plan.
     tight = JobSpec.uniform(1, 2, 8, capacity=16)
     spec.write_text(tight.model_dump_json())

@@ -10,15 +10,20 @@ from planner.job import JobSpec
 
 
 def _read(path: str) -> str:
-    with open(path, newline="") as fh:
-        return fh.read()
+    with open(path, "rb") as fh:
+        data = fh.read()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise ValueError(f"{path} is not a text file (not UTF-8)") from None
 
 
 def _imported(path: str, spec: str, sync: bool):
     from planner.interop.csv_import import import_csv
 
-    with user_errors("pipelining CSV"):
+    with user_errors("job spec"):
         job = JobSpec.load(spec)
+    with user_errors("pipelining CSV"):
         return import_csv(_read(path), job, staggered=not sync)
 
 
@@ -62,8 +67,10 @@ def validate_if_csv(path: str, spec: Optional[str]) -> bool:
     from planner.interop.csv_import import looks_like_csv
     from planner.validate import validate
 
-    with user_errors("plan"):
+    try:
         text = _read(path)
+    except (OSError, ValueError):
+        return False  # not readable as text: the plan reader says why
     if not looks_like_csv(text):
         if spec:
             with user_errors("plan"):
