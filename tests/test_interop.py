@@ -177,7 +177,9 @@ def test_import_csv_and_validate_commands(tmp_path):
     assert "runs stages 0, 1" in one_line_error(recycle("import-csv", str(csv), "--spec", str(spec)))
     csv.write_bytes(b"0F0,\xb4\xff\n")
     assert "not a text file" in one_line_error(recycle("import-csv", str(csv), "--spec", str(spec)))
-    assert "bad job spec" in one_line_error(recycle("import-csv", str(csv), "--spec", str(csv)))
+    (tmp_path / "bad.json").write_text('{"replicas": 1')
+    assert "bad job spec" in one_line_error(
+        recycle("import-csv", str(csv), "--spec", str(tmp_path / "bad.json")))
     # GPipe's order holds all 8 micro-batches; a capacity of 4 makes it an invalid plan.
     tight = JobSpec.uniform(1, 2, 8, capacity=16)
     spec.write_text(tight.model_dump_json())
