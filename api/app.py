@@ -11,7 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from api import routes_jobs, routes_ops, routes_plans, routes_workers
+from api.routes import jobs as routes_jobs, ops as routes_ops, plans as routes_plans, workers as routes_workers
 from api.fastpath import FastPlans
 from api.heartbeats import Monitor
 from api.metrics import Metrics

@@ -11,7 +11,7 @@ first (api.app.App, before any middleware); this answers the common, well-formed
 with a valid token for that job (or the admin token), a known job and worker, and plain
 numbers in range. Anything else (no or bad token, bad or extra parameters, a halted job
 before the wait) goes on to FastAPI unchanged, so errors are exactly those of
-api/routes_plans.py; the answers here are byte for byte the ones those routes give.
+api/routes/plans.py; the answers here are byte for byte the ones those routes give.
 """
 from __future__ import annotations
 

@@ -24,14 +24,14 @@ from planner.cache import mode_key
 from planner.failures import Worker, canonical_sets
 from planner.plan import Plan
 from planner.procs import die_with_parent
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 log = logging.getLogger("recycle.api")
 IMPROVE, GREEDY, CPSAT = 0, 1, 2
 
 
 def cpsat_available() -> bool:
-    return importlib.util.find_spec("planner.cpsat") is not None
+    return importlib.util.find_spec("planner.solvers.cpsat") is not None
 
 
 def _child_init() -> None:
@@ -48,7 +48,7 @@ def _child_init() -> None:
 
 def _solve_child(spec_json: str, failed: list, solver: str, canonical: bool,
                  time_limit: float) -> tuple[str, float]:
-    from planner.backends import SolveOptions, solve
+    from planner.solvers.backends import SolveOptions, solve
     from planner.job import JobSpec
     t0 = time.perf_counter()
     plan = solve(JobSpec.model_validate_json(spec_json), failed, solver,

@@ -21,7 +21,7 @@ from api.models import EventIn, SpeedIn
 from api.security import hash_token, new_worker_token
 from api.store import Store
 from api.stragglers import SpeedError, quantize_speed
-from planner.backends import solve
+from planner.solvers.backends import solve
 from planner.cache import PlanCache
 from planner.failures import Worker, canonicalize, dead_stage, NoPlanError
 from planner.job import JobSpec

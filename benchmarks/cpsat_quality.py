@@ -10,10 +10,10 @@ import argparse
 import itertools
 import time
 
-from planner.cpsat import cpsat_plan
-from planner.greedy import greedy_plan
+from planner.solvers.cpsat import cpsat_plan
+from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 from planner.validate import check
 
 

@@ -1,11 +1,11 @@
 """`recycle bench executor`: ReCycle's runtime against torch.distributed.pipelining.
 
 One run, one model, one machine:
-  1. profile the model (executor.profile) for an S-stage split; the p2p delay is the
+  1. profile the model (executor.compute.profile) for an S-stage split; the p2p delay is the
      one-way gloo latency measured by the Schedule1F1B ranks (ping-pong on loopback);
   2. torch baselines on S processes: Schedule1F1B, and the zero-bubble schedules that
      need 2 stages per rank (ZBV, interleaved ZB) on the same model split in 2S chunks;
-  3. ReCycle's launcher (executor.launcher.Coordinator) on D=1 and on D=2 with 0, 1 and 2
+  3. ReCycle's launcher (executor.launch.launcher.Coordinator) on D=1 and on D=2 with 0, 1 and 2
      failed workers (failed from the start, so every measured iteration is steady state
      under that plan); planned period = the plan's metrics.period (us, from the profiled
      spec), realised = mean interval between a worker's consecutive optimizer steps
@@ -29,14 +29,14 @@ from rich.console import Console
 from benchmarks import timed_worker
 from benchmarks.executor_report import notes, write_report
 from benchmarks.pp_baseline import run_torch
-from executor import launcher
-from executor.launcher import Coordinator
-from executor.data import microbatch
-from executor.model import ModelConfig
-from executor.profile import profile
-from planner.backends import solve
+from executor.launch import launcher
+from executor.launch.launcher import Coordinator
+from executor.compute.data import microbatch
+from executor.compute.model import ModelConfig
+from executor.compute.profile import profile
+from planner.solvers.backends import solve
 from planner.job import JobSpec
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 Worker = tuple[int, int]
 

@@ -113,7 +113,7 @@ def notes(res: dict) -> list[str]:
         out.append(f"- Backward split cost: per micro-batch, I + W take {iw / 1e3:.1f} ms over all "
                    f"stages against {nat / 1e3:.1f} ms for autograd's own backward (what torch's "
                    f"schedules run), {100 * (iw / nat - 1):+.0f}%. ReCycle's plans pay this "
-                   "(executor/wgrad.py's deferred weight gradients) on every micro-batch, which "
+                   "(executor/compute/wgrad.py's deferred weight gradients) on every micro-batch, which "
                    "eats most of what filling 1F1B's bubbles gains at S=2 (bubble share of 1F1B "
                    f"= (S-1)/(M+S-1) = {(res['stages'] - 1) / (res['microbatches'] + res['stages'] - 1):.0%}). "
                    "The torch 1F1B row is planned with that native backward.")

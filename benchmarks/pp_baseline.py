@@ -1,7 +1,7 @@
 """Baselines from torch.distributed.pipelining on the same model, data and process count.
 
 One process per rank, gloo over loopback, one thread each. Each rank wraps the very
-stages ReCycle runs (executor.model.build_stage) as PipelineStage(s) and times whole
+stages ReCycle runs (executor.compute.model.build_stage) as PipelineStage(s) and times whole
 iterations (schedule.step + AdamW step): the interval between consecutive iteration ends,
 after `warmup` iterations. Micro-batches are generated before the timed loop. Schedules:
   1f1b  Schedule1F1B, one stage per rank (S ranks, S stages)
@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from executor.data import microbatch
-from executor.model import ModelConfig, build_stage, lm_loss, make_optimizer
+from executor.compute.data import microbatch
+from executor.compute.model import ModelConfig, build_stage, lm_loss, make_optimizer
 
 SCHEDULES = ("1f1b", "zbv", "izb")
 

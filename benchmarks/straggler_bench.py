@@ -29,11 +29,11 @@ import time
 import torch
 from rich.console import Console
 
-from executor.launcher import train
-from executor.model import ModelConfig
-from executor.profile import profile
-from planner.backends import solve
-from planner.greedy import greedy_plan
+from executor.launch.launcher import train
+from executor.compute.model import ModelConfig
+from executor.compute.profile import profile
+from planner.solvers.backends import solve
+from planner.solvers.greedy import greedy_plan
 from planner.routing import speed_routes
 from planner.speeds import with_speeds
 

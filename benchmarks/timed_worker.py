@@ -19,7 +19,9 @@ import time
 from torch.optim.optimizer import (register_optimizer_step_post_hook,
                                    register_optimizer_step_pre_hook)
 
-from executor import agent, comm, rendezvous, stage, worker
+from executor import worker
+from executor.compute import stage
+from executor.runtime import agent, comm, rendezvous
 
 # cumulative seconds per category, sent with every per-iteration "done" message:
 #   fiw: StageCompute F/I/W; opt: optimizer steps; recv/flush/allreduce: waiting in comm;

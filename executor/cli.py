@@ -8,8 +8,8 @@ from typing import List, Optional
 
 import typer
 
-from planner.cli_errors import EXIT_NO_PLAN, user_errors
-from planner.timeline import Mode
+from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.solvers.timeline import Mode
 
 
 def register(app: typer.Typer) -> None:
@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr):
-    from executor.model import ModelConfig
+    from executor.compute.model import ModelConfig
     return ModelConfig(vocab=vocab, seq_len=seq_len, d_model=d_model, n_heads=heads,
                        n_layers=layers, micro_batch_size=micro_batch_size, seed=seed, lr=lr)
 
@@ -55,8 +55,8 @@ def train_cmd(
     """Train a small GPT on a DxS grid of worker processes, surviving injected failures."""
     from rich.console import Console
 
-    from executor.faults import check_faults, parse_slow
-    from executor.launcher import parse_event, parse_stall, read_checkpoint, train
+    from executor.launch.faults import check_faults, parse_slow
+    from executor.launch.launcher import parse_event, parse_stall, read_checkpoint, train
     from planner.job import JobSpec
 
     console = Console(stderr=True)
@@ -73,7 +73,7 @@ def train_cmd(
         spec = JobSpec.load(job) if job else None
         watch = None
         if service:  # workers poll, heartbeat and report to the service themselves
-            from executor.service_source import ServiceWatch
+            from executor.sources.service_source import ServiceWatch
             if not (job_id and token):
                 raise ValueError("--service needs --job-id and --token")
             watch = ServiceWatch(service, job_id, token, timeout_s=max(30.0, timeout))
@@ -84,7 +84,7 @@ def train_cmd(
         if resume:
             read_checkpoint(resume, spec, iterations)
     if reference:
-        from executor.reference import train_reference
+        from executor.compute.reference import train_reference
         result = train_reference(cfg, replicas, microbatches, iterations, stages)
         for i, loss in enumerate(result.losses):
             console.print(f"iter {i:>4}  loss {loss:.5f}  (reference)")
@@ -118,7 +118,7 @@ def profile_cmd(
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
 ):
     """Measure F/I/W/OPT of each stage and write a job spec for `recycle plan` / `train --job`."""
-    from executor.profile import profile
+    from executor.compute.profile import profile
 
     cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
     spec = profile(cfg, stages, replicas, microbatches, device=device)

@@ -22,11 +22,11 @@ from datetime import timedelta
 
 import torch
 
-from executor.agent import Agent
-from executor.comm import connect_store, local_workers_hint, pick_device
-from executor.faults import fault_iterations
-from executor.model import ModelConfig
-from executor.rendezvous import StorePlanSource
+from executor.runtime.agent import Agent
+from executor.runtime.comm import connect_store, local_workers_hint, pick_device
+from executor.launch.faults import fault_iterations
+from executor.compute.model import ModelConfig
+from executor.runtime.rendezvous import StorePlanSource
 from planner.job import JobSpec
 
 
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     # The plan source gets its own connection: the heartbeat thread uses it concurrently.
     conn = connect_store(host, int(port), timeout_s=timeout)
     if conf.get("service"):  # plans, heartbeats, suspects and rejoin over HTTP
-        from executor.service_source import ServiceWorkerSource
+        from executor.sources.service_source import ServiceWorkerSource
         token = os.environ.get("RECYCLE_TOKEN")  # never in the store: it is unauthenticated
         if not token:
             raise SystemExit("executor.worker: the job uses a plan service; set RECYCLE_TOKEN "

@@ -21,11 +21,11 @@ import time
 from collections import OrderedDict
 from typing import Callable, Iterable, Optional
 
-from planner.backends import SolveOptions, map_plan, solve
+from planner.solvers.backends import SolveOptions, map_plan, solve
 from planner.failures import Canonical, canonical_sets, canonicalize
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (

@@ -17,7 +17,7 @@ app.add_typer(bench, name="bench")
 
 def _register_parts() -> None:
     """Each part adds its commands; a part missing from this build is simply left out."""
-    from planner.cli import register as planner_commands
+    from planner.commands.cli import register as planner_commands
     planner_commands(app, bench)
     parts = (("executor.cli", app), ("executor.bench_cli", bench), ("api.cli", app),
              ("recycle.demo", app),

@@ -27,10 +27,10 @@ def register(app: typer.Typer) -> None:
 
 
 def planner_demo(out_dir: str, time_limit: float) -> None:
-    from planner.backends import SolveOptions, solve
+    from planner.solvers.backends import SolveOptions, solve
     from planner.gantt import write_gantt
     from planner.job import JobSpec
-    from planner.timeline import Mode
+    from planner.solvers.timeline import Mode
 
     job = JobSpec.model_validate(EXAMPLE)
     console.rule("[bold]1. Planning: the DESIGN example job (4 replicas x 4 stages, 8 micro-batches each)")

@@ -61,10 +61,10 @@ def live_demo(out_dir: str, console: Console) -> bool:
     """Returns whether the run under failure matched the failure-free reference."""
     import torch
 
-    from executor.launcher import Coordinator
-    from executor.model import ModelConfig
-    from executor.reference import compare, train_reference
-    from executor.service_source import ServiceWatch
+    from executor.launch.launcher import Coordinator
+    from executor.compute.model import ModelConfig
+    from executor.compute.reference import compare, train_reference
+    from executor.sources.service_source import ServiceWatch
     from planner.job import JobSpec
 
     torch.set_num_threads(1)

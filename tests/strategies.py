@@ -2,7 +2,7 @@
 from hypothesis import strategies as st
 
 from planner.job import JobSpec
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 
 @st.composite

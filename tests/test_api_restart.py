@@ -7,7 +7,7 @@ import time
 import httpx
 
 from api_support import ProcServer, admin_headers, spec
-from executor.http_source import HttpPlanSource
+from executor.sources.http_source import HttpPlanSource
 
 
 def ev(event_id, kind, r, s):

@@ -8,8 +8,8 @@ import httpx
 import pytest
 
 from api_support import ADMIN, ThreadServer, admin_headers, register_job, spec, token_client
-from executor.http_source import HttpPlanSource
-from executor.plan_source import TrainingHalted
+from executor.sources.http_source import HttpPlanSource
+from executor.sources.plan_source import TrainingHalted
 from planner.validate import validate
 
 HB_TIMEOUT = 0.6
@@ -302,8 +302,8 @@ def test_admin_token_required_for_list_and_metrics_open(server):
 def test_service_watch_and_worker_source(admin, server):
     """`recycle train --service`: the coordinator follows the service's plans; a worker
     reports suspects and rejoins over HTTP, and ends when the coordinator's store says so."""
-    from executor.comm import connect_store
-    from executor.service_source import ServiceWatch, ServiceWorkerSource
+    from executor.runtime.comm import connect_store
+    from executor.sources.service_source import ServiceWatch, ServiceWorkerSource
     jid, token = register(admin, D=2, S=2, M=2)
     watch = ServiceWatch(server.url, jid, token, timeout_s=5)
     store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)

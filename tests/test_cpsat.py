@@ -6,10 +6,10 @@ from hypothesis import strategies as st
 
 from planner.bounds import lower_bound
 
-from planner.cpsat import cpsat_plan
-from planner.greedy import greedy_plan
+from planner.solvers.cpsat import cpsat_plan
+from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 from planner.validate import check, validate
 from tests.strategies import job_and_failures, small_jobs
 
@@ -77,7 +77,7 @@ def test_cpsat_through_solve_is_never_worse_than_greedy_on_the_asked_numbering()
     # Regression: solve() hands CP-SAT the canonical failed set; the greedy plan of the
     # canonical numbering was worse (322) than greedy on the numbering asked (315), and
     # CP-SAT, hinted only with the former, returned 322.
-    from planner.backends import SolveOptions, solve
+    from planner.solvers.backends import SolveOptions, solve
     from recycle.demo import EXAMPLE
     job = JobSpec.model_validate(EXAMPLE)
     failed = [(1, 2), (3, 0)]
@@ -101,10 +101,10 @@ def test_lns_plans_are_valid_reproducible_and_never_worse():
 
 
 def test_lns_steps_never_get_worse():
-    from planner.greedy import best_schedule
-    from planner.lns import evaluate, improve
+    from planner.solvers.greedy import best_schedule
+    from planner.solvers.lns import evaluate, improve
     from planner.routing import balanced_routes
-    from planner.schedmodel import build_actions, canonical_starts, starts_of, symmetry_chains
+    from planner.solvers.schedmodel import build_actions, canonical_starts, starts_of, symmetry_chains
     job, failed = JobSpec.uniform(2, 4, 6), [(0, 2)]
     routes = balanced_routes(job, failed)
     acts = build_actions(job, routes, Mode())

@@ -18,10 +18,10 @@ import pytest
 from rich.console import Console
 
 from api_support import ProcServer, admin_headers
-from executor.launcher import Coordinator
-from executor.model import ModelConfig
-from executor.reference import compare, train_reference
-from executor.service_source import ServiceWatch
+from executor.launch.launcher import Coordinator
+from executor.compute.model import ModelConfig
+from executor.compute.reference import compare, train_reference
+from executor.sources.service_source import ServiceWatch
 from planner.job import JobSpec
 
 pytestmark = pytest.mark.hard_timeout(150)  # the coordinator's deadline is 50 s

@@ -8,16 +8,16 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
-from executor.data import microbatch
-from executor.local import run_plan_locally
-from executor.model import (ModelConfig, Workload, build_full, build_stage, layer_range,
+from executor.compute.data import microbatch
+from executor.compute.local import run_plan_locally
+from executor.compute.model import (ModelConfig, Workload, build_full, build_stage, layer_range,
                             lm_loss)
-from executor.profile import profile
-from executor.reference import Summary, compare, train_reference
-from executor.stage import StageCompute
-from planner.backends import solve
+from executor.compute.profile import profile
+from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.stage import StageCompute
+from planner.solvers.backends import solve
 from planner.job import JobSpec
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 torch.set_num_threads(1)
 CFG = ModelConfig()

@@ -1,7 +1,7 @@
 """The multi-process runtime against the one-process reference (DESIGN section 7).
 
 Real worker processes, real gloo worlds, real SIGKILLs: every run must give the losses and
-final parameter checksums of executor.reference.train_reference on the same global
+final parameter checksums of executor.compute.reference.train_reference on the same global
 batches, within 1e-5, whatever failed on the way.
 """
 import glob
@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from executor.agent import Agent
-from executor.comm import connect_store
-from executor.launcher import parse_event, parse_stall, train
-from executor.model import ModelConfig
-from executor.reference import compare, train_reference
-from executor.rendezvous import Mailbox, StorePlanSource, publish_plan
-from planner.backends import solve
+from executor.runtime.agent import Agent
+from executor.runtime.comm import connect_store
+from executor.launch.launcher import parse_event, parse_stall, train
+from executor.compute.model import ModelConfig
+from executor.compute.reference import compare, train_reference
+from executor.runtime.rendezvous import Mailbox, StorePlanSource, publish_plan
+from planner.solvers.backends import solve
 from planner.job import JobSpec
 
 pytestmark = pytest.mark.hard_timeout(120)  # the launcher's deadline is 50 s
@@ -75,7 +75,7 @@ def test_one_worker_sigkilled_mid_iteration(tmp_path):
 
 def test_fused_backward_synchronous_plans_with_a_kill(tmp_path):
     """`recycle train --no-split --sync`: plans of B actions, same exactness."""
-    from planner.timeline import Mode
+    from planner.solvers.timeline import Mode
     res = run(tmp_path, 2, 2, 3, kills=[(1, 0, 1)], mode=Mode(split_backward=False, staggered=False))
     assert_exact(res, 2, 2, 3, tmp_path)
     assert "fused B, synchronous optimizer) at iteration 1" in logs(tmp_path)

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from planner.backends import solve
+from planner.solvers.backends import solve
 from planner.bounds import _fastest, _minmax, _busy_until_last_i, span_bound, stage_bounds
 from planner.job import Cost, JobSpec, Memory, P2P
 

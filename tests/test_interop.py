@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from planner.backends import solve
+from planner.solvers.backends import solve
 from planner.interop.csv_import import CsvImportError, import_csv, looks_like_csv
 from planner.interop.pipelining_csv import ExportError, export_csv
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 from planner.validate import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -212,7 +212,7 @@ def test_greedy_is_no_worse_than_torch_zb1p_under_tight_memory():
 
 
 def test_planner_bench_torch_rows():
-    from planner.bench import TORCH_CASES, _torch_lines, torch_order_rows
+    from planner.commands.bench import TORCH_CASES, _torch_lines, torch_order_rows
     rows = torch_order_rows(None)
     assert len(rows) == len(TORCH_CASES)
     for r in rows:

@@ -20,10 +20,10 @@ torch = pytest.importorskip("torch")
 from torch.distributed.pipelining.schedules import (  # noqa: E402
     _PipelineScheduleRuntime, _simulate_comms_compute)
 
-from planner.backends import SolveOptions, solve  # noqa: E402
+from planner.solvers.backends import SolveOptions, solve  # noqa: E402
 from planner.interop.pipelining_csv import export_csv  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
-from planner.timeline import Mode  # noqa: E402
+from planner.solvers.timeline import Mode  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -144,7 +144,7 @@ def test_committed_torch_orders_are_torchs_and_greedy_is_no_worse():
     fits in memory, on every benchmark case."""
     import importlib.util
 
-    from planner.bench import TORCH_CASES
+    from planner.commands.bench import TORCH_CASES
     from planner.interop.csv_import import import_csv
     from planner.validate import validate
 

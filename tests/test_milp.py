@@ -4,10 +4,10 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from planner.cpsat import cpsat_plan
-from planner.greedy import greedy_plan
+from planner.solvers.cpsat import cpsat_plan
+from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
-from planner.milp import milp_plan
+from planner.solvers.milp import milp_plan
 from planner.validate import check, validate
 from tests.strategies import small_jobs
 

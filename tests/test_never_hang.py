@@ -47,7 +47,7 @@ def test_killed_in_its_own_rejoin_iteration_does_not_stall(tmp_path):
 def _world_member(port, who, out):
     """Process A: a world whose rendezvous fails (its peer never comes), then the next
     version's world with that peer. Process B: only the second world."""
-    from executor.comm import CommError, World, connect_store
+    from executor.runtime.comm import CommError, World, connect_store
     store = connect_store("127.0.0.1", port, timeout_s=10)
     me, peer = ((0, 0), (1, 0)) if who == "A" else ((1, 0), (0, 0))
     try:
@@ -71,7 +71,7 @@ def _world_member(port, who, out):
 def test_world_forms_after_a_failed_rendezvous():
     """Cause 2: a failed rendezvous must not shift this process's store keys: the next
     version's world forms with a peer that never saw the failed one."""
-    from executor.comm import host_store
+    from executor.runtime.comm import host_store
     store = host_store("127.0.0.1", 0, 10)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
@@ -173,7 +173,7 @@ def test_sigkilled_coordinator_leaves_no_process(tmp_path):
 
 def test_store_listens_on_loopback_only(tmp_path):
     """Cause 8: the coordinator's unauthenticated store must not listen on every interface."""
-    from executor.launcher import Coordinator
+    from executor.launch.launcher import Coordinator
     from planner.job import JobSpec
     coord = Coordinator(CFG, JobSpec.uniform(2, 2, M), 2, run_dir=str(tmp_path))
     port = coord.store.port
@@ -192,8 +192,8 @@ def test_store_holds_no_service_token(tmp_path):
     import httpx
 
     from api_support import ThreadServer, admin_headers
-    from executor.launcher import Coordinator
-    from executor.service_source import ServiceWatch
+    from executor.launch.launcher import Coordinator
+    from executor.sources.service_source import ServiceWatch
     from planner.job import JobSpec
     with ThreadServer(tmp_path / "svc.db", precompute_failures=0) as srv:
         r = httpx.post(srv.url + "/v1/jobs", headers=admin_headers(),

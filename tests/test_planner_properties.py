@@ -3,11 +3,11 @@ import pytest
 from hypothesis import given, settings, HealthCheck
 from hypothesis import strategies as st
 
-from planner.backends import solve
+from planner.solvers.backends import solve
 from planner.bounds import lower_bound
 from planner.failures import NoPlanError, canonicalize
 from planner.routing import assignment, balanced_routes
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 from planner.validate import check, validate
 from tests.strategies import job_and_failures
 

@@ -9,16 +9,16 @@ from hypothesis import strategies as st
 
 from strategies import small_jobs
 
-from planner.backends import SolveOptions, solve
+from planner.solvers.backends import SolveOptions, solve
 from planner.bounds import lower_bound
 from planner.cache import PlanCache
-from planner.cpsat import cpsat_plan
+from planner.solvers.cpsat import cpsat_plan
 from planner.failures import canonicalize
-from planner.greedy import greedy_plan
+from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
-from planner.milp import milp_plan
+from planner.solvers.milp import milp_plan
 from planner.routing import assignment, balanced_routes, route_candidates, speed_routes
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 from planner.validate import check, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -281,7 +281,7 @@ def test_bound_balance_by_bisection_matches_the_greedy_balance(case, chain):
 def test_cpsat_shares_its_time_among_greedys_near_best_routings():
     # Which routing lets CP-SAT close the gap shows only in the solve, so it runs on each
     # routing within 1% of greedy's best (here two), half the time each, and keeps the best.
-    from planner.greedy import ranked_schedules
+    from planner.solvers.greedy import ranked_schedules
     job = with_speeds(JobSpec.uniform(3, 4, 4), {(1, 2): 0.7})
     ranked = ranked_schedules(job, [], Mode())
     close = [r for r in ranked[:2] if r[0] <= 1.01 * ranked[0][0]]

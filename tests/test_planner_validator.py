@@ -1,13 +1,13 @@
 """The validator catches each broken constraint; bounds, cache and exports behave."""
 import pytest
 
-from planner.backends import solve
+from planner.solvers.backends import solve
 from planner.cache import PlanCache, precompute
 from planner.failures import canonical_sets
 from planner.gantt import render_svg
 from planner.job import JobSpec
 from planner.plan import Action, Plan
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 from planner.validate import InvalidPlan, check, validate
 
 JOB = JobSpec.uniform(3, 3, 4)

@@ -1,7 +1,7 @@
 """Failure-trace simulator on hand-made traces whose answers can be worked out by hand."""
 import pytest
 
-from planner.backends import solve
+from planner.solvers.backends import solve
 from planner.job import JobSpec
 from planner.simulate import Event, random_trace, simulate
 

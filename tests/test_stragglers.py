@@ -67,9 +67,9 @@ def test_slow_worker_through_the_service(tmp_path):
     """The same numbers ride on the heartbeats (every 0.5 s: 80 short iterations give the
     detector its window): the service's detector re-plans."""
     from test_e2e_service import CFG as SCFG, SERVE, ProcServer, history
-    from executor.launcher import Coordinator
-    from executor.reference import compare, train_reference
-    from executor.service_source import ServiceWatch
+    from executor.launch.launcher import Coordinator
+    from executor.compute.reference import compare, train_reference
+    from executor.sources.service_source import ServiceWatch
     import httpx
     from api_support import admin_headers
     srv = ProcServer(tmp_path / "service.db", *SERVE).start()

@@ -5,7 +5,7 @@ from typing import Optional
 
 import typer
 
-from planner.cli_errors import EXIT_BAD_INPUT, user_errors
+from planner.commands.cli_errors import EXIT_BAD_INPUT, user_errors
 from planner.job import JobSpec
 
 
@@ -28,7 +28,7 @@ def _imported(path: str, spec: str, sync: bool):
 
 
 def _report(plan, errs) -> None:
-    from planner.cli import console
+    from planner.commands.cli import console
 
     if errs:
         for e in errs:

@@ -21,7 +21,7 @@ from collections import deque
 
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.timeline import Mode, add_opt, finish_plan
+from planner.solvers.timeline import Mode, add_opt, finish_plan
 
 _CELL = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
 COMPUTE = ("F", "I", "W", "B")

@@ -13,7 +13,7 @@ from typing import Optional
 
 import httpx
 
-from executor.plan_source import TrainingHalted
+from executor.sources.plan_source import TrainingHalted
 from planner.plan import Plan
 
 log = logging.getLogger("recycle.executor")

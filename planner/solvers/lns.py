@@ -37,7 +37,7 @@ from typing import Optional
 from ortools.sat.python import cp_model
 
 from planner.job import JobSpec
-from planner.schedmodel import Actions, slots_needed
+from planner.solvers.schedmodel import Actions, slots_needed
 
 # Deterministic seconds charged per model variable for building a neighbourhood model in
 # Python (about its wall cost on the reference machine, relative to CP-SAT's det. time).

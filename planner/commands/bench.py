@@ -15,10 +15,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Optional
 
-from planner.backends import SolveOptions, solve
+from planner.solvers.backends import SolveOptions, solve
 from planner.failures import Worker
 from planner.job import JobSpec
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 FULL, SPLIT_SYNC = Mode(True, True), Mode(True, False)
 
@@ -101,8 +101,8 @@ def single_failure_sweep(D=8, S=8, M=8, opts: Optional[SolveOptions] = None) -> 
     return out
 
 
-TORCH_ORDERS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                            "benchmarks", "torch_orders")
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCH_ORDERS = os.path.join(ROOT, "benchmarks", "torch_orders")
 TORCH_CASES = [(4, 8, 4), (4, 8, 10), (4, 16, 4), (8, 16, 8), (8, 16, 10)]  # (S, M, slots)
 TORCH_NAMES = ("1f1b", "gpipe", "zb1p")
 
@@ -146,7 +146,7 @@ def big_greedy_seconds(D=64, S=16, M=64) -> tuple[int, float]:
 def run_planner_bench(out: str, quick: bool = False, time_limit: float = 10.0,
                       cpsat_max_actions: int = 3500, console=None) -> list[Row]:
     try:
-        import planner.cpsat  # noqa: F401
+        import planner.solvers.cpsat  # noqa: F401
         have_cpsat = True
     except ImportError:
         have_cpsat = False
@@ -216,7 +216,7 @@ def _write(out, rows, sweep, n_big, t_big, time_limit, quick, wall, torch_rows=(
              f"Made by `{cmd}` on {platform.node() or 'this machine'} "
              f"({platform.processor() or platform.machine()}), {wall:.0f} s in all.",
              "Jobs: `JobSpec.uniform(D, S, M)` (F=10, I=10, W=8, OPT=5, p2p intra 1 / cross 2, "
-             "activation 4 of capacity 40). Failed sets: `planner.bench.failure_set`. "
+             "activation 4 of capacity 40). Failed sets: `planner.commands.bench.failure_set`. "
              "`bound` is the lower bound of the staggered period; each ratio is period / bound "
              "(1f1b's period is its makespan, synchronous optimizer). "
              "`kept` = period(no failure) / period(k failures) of the same variant.", "",

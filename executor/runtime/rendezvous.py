@@ -25,7 +25,7 @@ from typing import Iterator, Optional
 
 import torch.distributed as dist
 
-from executor.plan_source import TrainingHalted
+from executor.sources.plan_source import TrainingHalted
 from planner.plan import Plan
 
 Worker = tuple[int, int]

@@ -32,11 +32,11 @@ from typing import Optional
 
 import torch
 
-from executor.comm import BWD, FWD, CommError, Superseded, World
-from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
-from executor.plan_source import TrainingHalted
-from executor.reference import checksum
-from executor.stage import StageCompute
+from executor.runtime.comm import BWD, FWD, CommError, Superseded, World
+from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.sources.plan_source import TrainingHalted
+from executor.compute.reference import checksum
+from executor.compute.stage import StageCompute
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan
 

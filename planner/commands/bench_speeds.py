@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from planner.backends import SolveOptions, solve
-from planner.cpsat import cpsat_plan
-from planner.greedy import greedy_plan
+from planner.solvers.backends import SolveOptions, solve
+from planner.solvers.cpsat import cpsat_plan
+from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
 from planner.routing import speed_routes
 
@@ -50,7 +50,7 @@ def with_slow(job: JobSpec, cells: list[tuple[int, int]], factor: float) -> JobS
 
 
 def cases(path: str, dims):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     base = JobSpec.load(os.path.join(root, path)) if dims is None else JobSpec.uniform(*dims)
     name = path if dims is None else "uniform {}x{}x{}".format(*dims)
     s = base.stages // 2

@@ -20,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from executor import data
-from executor.wgrad import Embedding, LayerNorm, Linear, normal_
+from executor.compute import data
+from executor.compute.wgrad import Embedding, LayerNorm, Linear, normal_
 
 
 @dataclass(frozen=True)
@@ -160,7 +160,7 @@ class Workload:
     build_stage(cfg, stage, stages) must be deterministic (every replica builds the same
     parameters); loss_fn(last_stage_output, targets) returns the unscaled mean loss of a
     micro-batch; microbatch(cfg, iteration, g) -> (first-stage input, targets) must depend
-    only on its arguments. For deferred `W`, build models from executor.wgrad's layers;
+    only on its arguments. For deferred `W`, build models from executor.compute.wgrad's layers;
     other parameters get their gradients during `I`."""
     build_stage: StageFactory = build_stage
     loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss

@@ -8,11 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
 from planner.failures import NoPlanError, parse_worker
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 console = Console()
 
@@ -49,8 +49,8 @@ def plan_cmd(
                                               "writes (default: the first one that can be)"),
 ):
     """Plan one iteration for SPEC with the given workers failed."""
-    from planner.backends import SolveOptions, solve
     from planner.interop.pipelining_csv import check_target, export_csv
+    from planner.solvers.backends import SolveOptions, solve
 
     with user_errors("job spec"):
         if csv_replica is not None and not csv:
@@ -113,7 +113,7 @@ def precompute_cmd(
     """Fill the plan cache for every canonical failed set with up to k failures."""
     from rich.progress import Progress
 
-    from planner.backends import BACKENDS, SolveOptions
+    from planner.solvers.backends import BACKENDS, SolveOptions
     from planner.cache import PlanCache, precompute
 
     with user_errors("job spec"):
@@ -166,11 +166,11 @@ def bench_planner_cmd(
         if time_limit <= 0:
             raise ValueError("--time-limit must be positive")
     if speeds:
-        from planner.bench_speeds import run_speeds_bench
+        from planner.commands.bench_speeds import run_speeds_bench
         run_speeds_bench(out or "benchmarks/results/planner_speeds.md", time_limit, cpsat,
                          console=console)
         return
-    from planner.bench import run_planner_bench
+    from planner.commands.bench import run_planner_bench
 
     run_planner_bench(out or "benchmarks/results/planner.md", quick=quick,
                       time_limit=time_limit, cpsat_max_actions=cpsat_max_actions,
@@ -188,7 +188,7 @@ def simulate_cmd(
     restart_minutes: float = typer.Option(1.0, help="restart time after a full stop"),
 ):
     """Compare recovery policies on a random failure trace (same trace for each)."""
-    from planner.backends import solve
+    from planner.solvers.backends import solve
     from planner.simulate import random_trace, simulate
 
     with user_errors("job spec"):

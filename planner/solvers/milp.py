@@ -18,11 +18,11 @@ import pulp
 
 from planner.bounds import lower_bound
 from planner.failures import Worker, normalize
-from planner.greedy import list_schedule, routed_schedule
+from planner.solvers.greedy import list_schedule, routed_schedule
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.schedmodel import build_actions, period_horizon, slots_needed, timeline_of
-from planner.timeline import Mode, add_opt, finish_plan
+from planner.solvers.schedmodel import build_actions, period_horizon, slots_needed, timeline_of
+from planner.solvers.timeline import Mode, add_opt, finish_plan
 
 MAX_ACTIONS = 80
 

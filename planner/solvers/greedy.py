@@ -23,7 +23,7 @@ from planner.job import JobSpec
 from planner.plan import Plan
 from planner.policies import BASE, PORTFOLIO, PORTFOLIO_BUDGET, Policy, timeline_period
 from planner.routing import assignment, balanced_routes, route_candidates
-from planner.timeline import Mode, Timeline, add_opt, finish_plan
+from planner.solvers.timeline import Mode, Timeline, add_opt, finish_plan
 
 INF = 1 << 60
 

@@ -16,9 +16,9 @@ from typing import Optional
 
 import torch
 
-from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
-from executor.stage import StageCompute
-from executor.wgrad import store_bytes
+from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.compute.stage import StageCompute
+from executor.compute.wgrad import store_bytes
 from planner.job import Cost, JobSpec, Memory, P2P
 
 

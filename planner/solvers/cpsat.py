@@ -7,7 +7,7 @@ micro-batch symmetry fixed, and the analytic lower bound on the objective variab
 Period propagates badly as an objective, so staggered mode minimises makespan first and
 then period, hinted with the makespan plan. The result is never worse than the greedy hint.
 Above a few hundred actions the global solve gets a third of the time and our own
-large-neighbourhood search (planner/lns.py) the rest; failure-free jobs with identical
+large-neighbourhood search (planner/solvers/lns.py) the rest; failure-free jobs with identical
 workers are solved for one replica and copied (`_one_replica`).
 """
 from __future__ import annotations
@@ -19,14 +19,14 @@ from ortools.sat.python import cp_model
 
 from planner.bounds import lower_bound
 from planner.failures import Worker, normalize
-from planner.greedy import best_schedule, ranked_schedules, routed_schedule
+from planner.solvers.greedy import best_schedule, ranked_schedules, routed_schedule
 from planner.policies import timeline_period
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.routing import balanced_routes
-from planner.schedmodel import (Actions, build_actions, canonical_starts, period_horizon,
+from planner.solvers.schedmodel import (Actions, build_actions, canonical_starts, period_horizon,
                                 slots_needed, starts_of, symmetry_chains, timeline_of)
-from planner.timeline import Mode, Timeline, add_opt, finish_plan
+from planner.solvers.timeline import Mode, Timeline, add_opt, finish_plan
 
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE"}
 # `time_limit` is spent as deterministic time (reproducible plans) at this rate: on the
@@ -43,7 +43,7 @@ _DET_PER_S = 0.5
 _PERIOD_MAX_ACTIONS = 1000
 _WALL_CAP = 1.5
 # Above this many actions the global model gets `_LNS_GLOBAL` of the time and our own LNS
-# (planner/lns.py) the rest; it charges one deterministic unit per ~10 CPU seconds,
+# (planner/solvers/lns.py) the rest; it charges one deterministic unit per ~10 CPU seconds,
 # spread over `num_workers` threads.
 _LNS_MIN_ACTIONS = 300
 _LNS_GLOBAL = 0.35
@@ -161,7 +161,7 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
     status is CP-SAT's own proof (tests check the analytic bound against it). `hint`: a
     timeline (no OPTs) for these routes to start from when it beats the greedy portfolio,
     e.g. the greedy plan of another numbering of the same failed set. `lns`: improve the
-    plan with planner/lns.py after the global solve (default: above _LNS_MIN_ACTIONS)."""
+    plan with planner/solvers/lns.py after the global solve (default: above _LNS_MIN_ACTIONS)."""
     t0 = time.perf_counter()
     failed = normalize(job, failed)
     if not failed and routes is None and hint is None and job.speed is None and job.replicas > 1:
@@ -225,7 +225,7 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
         if not mode.staggered:
             bound = max(bound, _floor(solver.best_objective_bound))
     if lns and best.metrics.period > lb_period:
-        from planner.lns import improve
+        from planner.solvers.lns import improve
         from planner.validate import validate
         inc = canonical_starts(acts, chains, starts_of(acts, _as_timeline(best)))
         out = improve(job, acts, chains, inc, mode.staggered,

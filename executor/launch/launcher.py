@@ -1,6 +1,6 @@
 """`train`: one process per (replica, stage) and the in-process coordinator.
 
-The coordinator hosts the TCPStore, plans with planner.backends.solve and publishes
+The coordinator hosts the TCPStore, plans with planner.solvers.backends.solve and publishes
 versioned plans into the store (rendezvous.py). Failure detection, in order of speed:
   1. the worker's process exits (poll of the child; a SIGKILL shows up within a loop tick);
   2. a peer's comm op fails ('connection closed' or a timeout) and it reports a suspect:
@@ -43,20 +43,20 @@ from typing import Optional, Sequence
 import torch
 from rich.console import Console
 
-from executor.comm import host_store
-from executor.faults import Injector, parse_event, parse_stall  # noqa: F401 (re-exported)
-from executor.model import ModelConfig
-from executor.reference import Summary
-from executor.run_record import RunRecord
+from executor.runtime.comm import host_store
+from executor.launch.faults import Injector, parse_event, parse_stall  # noqa: F401 (re-exported)
+from executor.compute.model import ModelConfig
+from executor.compute.reference import Summary
+from executor.launch.run_record import RunRecord
 from executor.worker import child as worker_child
-from executor.rendezvous import Mailbox, publish_plan, read_int, set_counter, wkey
-from planner.backends import solve
+from executor.runtime.rendezvous import Mailbox, publish_plan, read_int, set_counter, wkey
+from planner.solvers.backends import solve
 from planner.failures import NoPlanError
 from planner.job import JobSpec
 from planner.speeds import SpeedDetector, with_speeds
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 Worker = tuple[int, int]
 
 

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor
 
 if TYPE_CHECKING:  # no runtime import: model.py imports this module
-    from executor.model import ModelConfig
+    from executor.compute.model import ModelConfig
 
 BRANCHING = 3
 _MASK = (1 << 63) - 1

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 
 
 @dataclass

@@ -17,8 +17,8 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
-from executor.model import lm_loss
-from executor.wgrad import deferring, run_store
+from executor.compute.model import lm_loss
+from executor.compute.wgrad import deferring, run_store
 
 
 class StageCompute:

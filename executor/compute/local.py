@@ -24,12 +24,12 @@ from typing import Mapping, Optional, Sequence, Union
 import torch
 from torch import nn
 
-from executor.model import DEFAULT_WORKLOAD, ModelConfig, Workload
-from executor.reference import Summary, checksum, snapshot
-from executor.stage import StageCompute
-from planner.backends import solve
+from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.compute.reference import Summary, checksum, snapshot
+from executor.compute.stage import StageCompute
+from planner.solvers.backends import solve
 from planner.plan import Plan
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 Key = tuple[int, int]  # (replica, stage)
 Event = Union[Plan, Sequence[Sequence[int]]]

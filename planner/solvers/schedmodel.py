@@ -14,7 +14,7 @@ from typing import Optional
 
 from planner.failures import Worker
 from planner.job import JobSpec
-from planner.timeline import Mode, Timeline
+from planner.solvers.timeline import Mode, Timeline
 
 
 @dataclass

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Optional
 from planner.failures import Canonical, Worker, canonicalize, check_plannable, normalize
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan, make_action
-from planner.timeline import Mode
+from planner.solvers.timeline import Mode
 
 
 @dataclass(frozen=True)
@@ -22,17 +22,17 @@ class SolveOptions:
 
 
 def _greedy(job, failed, mode, opts):
-    from planner.greedy import greedy_plan
+    from planner.solvers.greedy import greedy_plan
     return greedy_plan(job, failed, mode)
 
 
 def _1f1b(job, failed, mode, opts):
-    from planner.greedy import one_f_one_b_plan
+    from planner.solvers.greedy import one_f_one_b_plan
     return one_f_one_b_plan(job, failed)
 
 
 def _cpsat(job, failed, mode, opts, start: Optional[Plan] = None):
-    from planner.cpsat import cpsat_plan
+    from planner.solvers.cpsat import cpsat_plan
     hint = routes = None
     if start is not None:  # a plan for these failures to improve on (same numbering)
         routes = start.routes
@@ -43,7 +43,7 @@ def _cpsat(job, failed, mode, opts, start: Optional[Plan] = None):
 
 
 def _milp(job, failed, mode, opts):
-    from planner.milp import milp_plan
+    from planner.solvers.milp import milp_plan
     return milp_plan(job, failed, mode, time_limit=opts.time_limit)
 
 

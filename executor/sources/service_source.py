@@ -19,9 +19,9 @@ from typing import Optional
 import httpx
 import torch.distributed as dist
 
-from executor.http_source import HttpPlanSource
-from executor.plan_source import TrainingHalted
-from executor.rendezvous import StorePlanSource, Worker
+from executor.sources.http_source import HttpPlanSource
+from executor.sources.plan_source import TrainingHalted
+from executor.runtime.rendezvous import StorePlanSource, Worker
 from planner.plan import Plan
 
 log = logging.getLogger("recycle.executor")
