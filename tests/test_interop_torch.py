@@ -21,9 +21,11 @@ from torch.distributed.pipelining.schedules import (  # noqa: E402
     _PipelineScheduleRuntime, _simulate_comms_compute)
 
 from planner.solvers.backends import SolveOptions, solve  # noqa: E402
+from planner.interop.csv_import import import_csv  # noqa: E402
 from planner.interop.pipelining_csv import export_csv  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
 from planner.solvers.timeline import Mode  # noqa: E402
+from planner.validate import validate  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -44,6 +46,7 @@ def torch_lowered(csv_text: str, S: int, M: int, tmp_path, defer: bool) -> dict:
     sched = _PipelineScheduleRuntime([StubStage(S, 0)], M, loss_fn=lambda out, tgt: out,
                                      defer_pp_recv=defer)
     sched._load_csv(str(path))  # torch's validation and lowering; raises on a bad schedule
+    sched._dump_csv(str(tmp_path / f"comms_{defer}.csv"), "compute_comms")
     lowered = sched.pipeline_order_with_comms
     # torch's own simulator (which knows compute and p2p, not FSDP's UNSHARD, RESHARD,
     # REDUCE_GRAD) raises if the lowered schedule deadlocks.
@@ -84,6 +87,12 @@ def test_every_backend_export_loads_in_torch(tmp_path, name, job, failed, solver
         for s in range(S - 1):
             assert ops_of(lowered[s], s, "SEND_F") == ops_of(lowered[s + 1], s + 1, "RECV_F")
             assert ops_of(lowered[s + 1], s + 1, "SEND_B") == ops_of(lowered[s], s, "RECV_B")
+        # torch's own compute+comms dump imports back to the same plan as our CSV.
+        one = job.model_copy(update={"replicas": 1, "speed": None})
+        ours = import_csv(text, one, staggered=mode.staggered)
+        theirs = import_csv((tmp_path / f"comms_{defer}.csv").read_text(), one,
+                            staggered=mode.staggered)
+        assert theirs.workers == ours.workers and validate(ours) == []
 
 
 def test_milp_plan_needs_the_relabeling():
