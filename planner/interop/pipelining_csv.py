@@ -30,11 +30,15 @@ class ExportError(ValueError):
     """The plan cannot be said in the CSV format (one line: why)."""
 
 
-def _why_not(plan: Plan, replica: int) -> Optional[str]:
+def _workers(plan: Plan) -> dict:
+    return {w.key: w for w in plan.workers}  # plan.worker() scans: O(S^2) over a pipeline
+
+
+def _why_not(plan: Plan, replica: int, workers: dict) -> Optional[str]:
     job = plan.job
     M = job.microbatches
     for s in range(job.stages):
-        w = plan.worker(replica, s)
+        w = workers.get((replica, s))
         if w is None:
             return f"worker {replica}:{s} has failed"
         foreign = sorted({a.microbatch for a in w.actions
@@ -52,17 +56,18 @@ def _why_not(plan: Plan, replica: int) -> Optional[str]:
 def exportable_replica(plan: Plan, replica: Optional[int] = None) -> int:
     """`replica` if it can be exported, else raise; None: the first replica that can."""
     D = plan.job.replicas
+    workers = _workers(plan)
     if replica is not None:
         if not 0 <= replica < D:
             raise ExportError(f"--csv-replica {replica} is outside 0..{D - 1}")
-        why = _why_not(plan, replica)
+        why = _why_not(plan, replica, workers)
         if why:
             raise ExportError(f"replica {replica} cannot be exported as a pipelining CSV: {why} "
                               f"(the format holds one pipeline running only its own micro-batches)")
         return replica
     reasons = []
     for d in range(D):
-        why = _why_not(plan, d)
+        why = _why_not(plan, d, workers)
         if why is None:
             return d
         reasons.append(f"replica {d}: {why}")
@@ -77,7 +82,8 @@ def pipeline_rows(plan: Plan, replica: int) -> list[list[str]]:
     job = plan.job
     S, M = job.stages, job.microbatches
     back = "I" if plan.solver.split_backward else "B"
-    seqs = [[(a.op, a.microbatch - replica * M) for a in plan.worker(replica, s).actions
+    workers = _workers(plan)
+    seqs = [[(a.op, a.microbatch - replica * M) for a in workers[(replica, s)].actions
              if a.op != "OPT"] for s in range(S)]  # OPT: the step is outside the schedule
     last = seqs[S - 1]
     label = {m: k for k, m in enumerate(m for op, m in last if op == "F")}
