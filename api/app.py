@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api import page
 from api.routes import jobs as routes_jobs, ops as routes_ops, plans as routes_plans, workers as routes_workers
 from api.fastpath import FastPlans
 from api.heartbeats import Monitor
@@ -157,6 +158,7 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
     app.state.config = cfg
     for r in (routes_jobs, routes_plans, routes_workers, routes_ops):
         app.include_router(r.router)
+    page.register(app)  # the live cluster page: /, /jobs/{id}, /v1/page/...
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
     default_openapi = app.openapi
 
