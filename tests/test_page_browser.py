@@ -49,6 +49,7 @@ def test_page_in_chromium(tmp_path):
             login_box_and_job_list(server, browser, admin)
             shows_a_failure_live(server, browser, admin)
             a_64x16_grid_fits_the_window(server, browser, admin)
+            a_halted_job_shows_its_reason(server, browser, admin)
             assert console_errors(browser) == []
     finally:
         server.stop()
@@ -72,6 +73,8 @@ def shows_a_failure_live(server, browser, admin):
              "plan version 0")
     assert "token" not in browser.current_url  # taken out of the URL bar at once
     assert cell_state(browser, 0, 0) == "live" and cell_state(browser, 3, 3) == "waiting"
+    wait_for(lambda: js(browser, "return document.body.dataset.planVersion") == "0", 5,
+             "the Gantt chart of v0")
     assert js(browser, "return document.querySelectorAll('#gantt rect').length") > 16 * 3
 
     # a failure posted now is on the page within a second, without a reload
@@ -126,6 +129,19 @@ def a_64x16_grid_fits_the_window(server, browser, admin):
     width = js(browser, "return document.getElementById('grid').getBoundingClientRect().width")
     assert width <= 1300  # every replica visible side by side, no horizontal scrolling
     assert console_errors(browser) == []
+
+
+def a_halted_job_shows_its_reason(server, browser, admin):
+    job, _ = register_job(admin, D=2, S=2, M=2)
+    browser.get(f"{server.url}/jobs/{job}")
+    wait_for(lambda: js(browser, "return document.body.dataset.version") == "0", 5, "v0")
+    for d in range(2):
+        admin.post(f"/v1/jobs/{job}/events", json={"event_id": f"h-{d}", "kind": "failure",
+                                                   "replica": d, "stage": 1})
+    wait_for(lambda: js(browser, "return document.body.dataset.state") == "halted", 2.0,
+             "the halt")
+    reason = js(browser, "return document.getElementById('reason').textContent")
+    assert "restore from checkpoint" in reason, reason
 
 
 def test_page_data_needs_the_admin_token(tmp_path):

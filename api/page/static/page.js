@@ -131,12 +131,15 @@ async function render(v) {
   renderCards(v);
   renderGrid(v);
   renderTables(v);
-  if (v.version !== ui.planVersion) {
+  if (v.version !== ui.planVersion || (v.state === "halted") !== (ui.plan === null)) {
     ui.planVersion = v.version;
-    try {
-      ui.plan = await (await api(`/v1/jobs/${encodeURIComponent(v.id)}/plan`)).json();
-    } catch (e) {
-      ui.plan = null;  // halted: no plan in force
+    ui.plan = null;  // a halted job has no plan in force (its /plan answers 410)
+    if (v.state !== "halted") {
+      try {
+        ui.plan = await (await api(`/v1/jobs/${encodeURIComponent(v.id)}/plan`)).json();
+      } catch (e) {
+        ui.plan = null;
+      }
     }
     renderGantt();
   }
@@ -270,6 +273,7 @@ function renderGantt() {
       }
     }
   });
+  document.body.dataset.planVersion = plan.version;
   svg.setAttribute("width", left + width + 10);
   svg.setAttribute("height", top + rows.length * rh + 4);
   svg.innerHTML = parts.join("");
