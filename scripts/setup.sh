@@ -22,4 +22,4 @@ if [ ${#need[@]} -gt 0 ]; then
     "${need[@]}" >/dev/null
 fi
 .venv/bin/pip install -q -e ".[dev,postgres]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import planner, torch, ortools, fastapi; print('setup ok: torch', torch.__version__)"
+.venv/bin/python -c "import planner, torch, ortools, fastapi, selenium, psycopg; print('setup ok: torch', torch.__version__)"

@@ -43,6 +43,52 @@ def up(url: str) -> bool:
         return False
 
 
+def _drive(store) -> list:
+    """The same calls on any store; every answer, with wall-clock times masked."""
+    plan = {"version": 0, "json": '{"v": 0}', "failed_key": "-", "solver": "greedy",
+            "period": 100, "cause": "registered"}
+    store.create_job("j", '{"spec": 1}', "sh", "th", 2, plan, ["greedy", "cpsat"], 1.5)
+    store.create_job("k", '{"spec": 2}', "sh2", "th2", 1, plan, ["greedy"], 2.5)
+    ev = {"event_id": "e1", "kind": "failure", "replica": 1, "stage": 0, "source": "worker",
+          "body_json": '{"b": 1}'}
+    store.arm_many([("j", 1, 0), ("j", 0, 0), ("j", 0, 0)])
+    store.apply_event("j", ev, {"ok": 1}, "running", None, [[1, 0]],
+                      {**plan, "version": 1, "failed_key": "1:0", "cause": "failure:worker"})
+    speed = {**ev, "event_id": "s1", "kind": "speed", "source": "operator",
+             "body_json": '{"speed": 0.5}'}
+    store.apply_events("j", [(speed, {"ok": 2})], "running", None, [[1, 0]], None)
+    store.set_precompute("j", state="running", done=3, total=9, error="x")
+    store.add_plan("j", {**plan, "version": 2, "cause": "precomputed:cpsat", "period": 90})
+    store.set_state("k", "finished")
+
+    def rows(rs):
+        return [tuple(v if not isinstance(v, float) or v < 1e6 else "t" for v in r) for r in rs]
+    return [rows(store.jobs()), rows([store.event("j", "e1")]), store.event("j", "nope"),
+            rows(store.events("j")), rows(store.speed_events("j")),
+            rows([store.latest_plan("j")]), rows([store.plan("j", 1)]), store.plan("j", 7),
+            rows(store.plan_history("j")), rows([store.precompute("j")]),
+            sorted(store.armed("j")), store.armed("k"),
+            {t: rows(v) for t, v in store.snapshot().items()},
+            dict(store.latest_plan("j"))["cause"]]
+
+
+def test_postgres_store_answers_as_the_sqlite_one(pg, tmp_path):
+    from api.store import Store
+    from api.store_pg import PgStore
+    lite = Store(str(tmp_path / "s.db"))
+    pgs = PgStore(pg.url)
+    try:
+        assert pgs.try_activate()
+        assert _drive(pgs) == _drive(lite)
+        with pytest.raises(Exception):  # a constraint still holds (one version per number)
+            pgs.add_plan("j", {"version": 2, "json": "{}", "failed_key": "-",
+                               "solver": "g", "period": 1, "cause": "dup"})
+        assert len(pgs.plan_history("j")) == 3  # and the failed transaction left nothing
+    finally:
+        lite.close()
+        pgs.close()
+
+
 @pytest.mark.hard_timeout(120)
 def test_standby_takes_over_on_postgres(pg):
     import psycopg
