@@ -7,6 +7,7 @@ rejoining one, against a real `recycle serve` and Debian's headless chromium.
 from __future__ import annotations
 
 import argparse
+import base64
 import sys
 import tempfile
 import time
@@ -21,7 +22,7 @@ from browser_support import chromium, console_errors  # noqa: E402
 
 
 def stage_job(admin: httpx.Client, url: str, D: int, S: int, M: int, failed, fenced, slow,
-              rejoining, max_failures: int) -> str:
+              rejoining, max_failures: int):
     r = admin.post(f"/v1/jobs?max_failures={max_failures}", json=spec(D=D, S=S, M=M))
     r.raise_for_status()
     job, token = r.json()["id"], r.json()["token"]
@@ -50,10 +51,20 @@ def stage_job(admin: httpx.Client, url: str, D: int, S: int, M: int, failed, fen
         n += 1
         worker.post(f"/v1/jobs/{job}/events", json={"event_id": f"shot-{n}", "kind": "recovery",
                                                     "replica": d, "stage": s}).raise_for_status()
-    return job
+    skip = {*failed, *fenced, *rejoining}
+
+    def beat() -> None:  # fresh heartbeats just before a screenshot, as a live fleet sends
+        for d in range(D):
+            for s in range(S):
+                if (d, s) not in skip:
+                    worker.post(f"/v1/jobs/{job}/heartbeats",
+                                json={"replica": d, "stage": s, "iteration": 1})
+    return job, beat
 
 
-def shoot(browser, url: str, job: str, out: Path, width: int) -> None:
+def shoot(browser, url: str, staged, out: Path, width: int) -> None:
+    job, beat = staged
+    beat()
     browser.set_window_size(width, 1000)
     browser.get(f"{url}/jobs/{job}#token={ADMIN}")
     t0 = time.monotonic()
@@ -62,10 +73,12 @@ def shoot(browser, url: str, job: str, out: Path, width: int) -> None:
             raise TimeoutError("page did not render")
         time.sleep(0.05)
     time.sleep(1.5)  # one more push: heartbeat ages, the Gantt chart
-    height = browser.execute_script("return document.documentElement.scrollHeight")
-    browser.set_window_size(width, height + 20)
-    time.sleep(0.5)
-    browser.save_screenshot(str(out))
+    # the whole page, not only the window: Chromium's DevTools protocol
+    size = browser.execute_cdp_cmd("Page.getLayoutMetrics", {})["cssContentSize"]
+    shot = browser.execute_cdp_cmd("Page.captureScreenshot", {
+        "format": "png", "captureBeyondViewport": True,
+        "clip": {"x": 0, "y": 0, "width": size["width"], "height": size["height"], "scale": 1}})
+    out.write_bytes(base64.b64decode(shot["data"]))
     errors = console_errors(browser)
     if errors:
         raise RuntimeError(f"console errors: {errors}")

@@ -180,6 +180,7 @@ function renderCards(v) {
 
 function picked(v) {
   if (ui.picked) return ui.picked;
+  if (v.replicas * v.stages <= 32) return [...Array(v.replicas).keys()];  // small: all
   const out = [];
   v.states.forEach((row, d) => { if (row.some((s) => s !== "live" && s !== "waiting") && out.length < 3) out.push(d); });
   if (!out.includes(0)) out.unshift(0);
@@ -211,7 +212,7 @@ function renderGrid(v) {
         parts.push(`<rect class="age" x="${x + 2}" y="${y + ch - 4}" width="${Math.max(1, (cw - 4) * frac)}" height="2"/>`);
       }
       if (big) {
-        const label = st === "slow" ? "x" + v.speeds[d][s] : age == null ? st.slice(0, 4) : age.toFixed(1) + "s";
+        const label = st === "slow" ? "x" + v.speeds[d][s] : st !== "live" ? st : age.toFixed(1) + "s";
         parts.push(`<text class="in" x="${x + cw / 2}" y="${y + ch / 2 + 3}" text-anchor="middle">${esc(label)}</text>`);
       }
     }
