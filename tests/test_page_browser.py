@@ -155,7 +155,8 @@ def page_data_needs_the_admin_token(server, admin):
     shell = httpx.get(server.url + f"/jobs/{job}")
     assert shell.status_code == 200 and job not in shell.text  # the shell holds no data
     assert "default-src 'self'" in shell.headers["content-security-policy"]
-    for path in (f"/v1/page/jobs/{job}/view", f"/v1/page/jobs/{job}/live", "/v1/page/jobs"):
+    for path in (f"/v1/page/jobs/{job}/view", f"/v1/page/jobs/{job}/live",
+                 f"/v1/page/jobs/{job}/plan", "/v1/page/jobs"):
         for headers, code in (({}, 401), ({"Authorization": "Bearer nope"}, 401),
                               ({"Authorization": f"Bearer {token}"}, 403)):
             r = httpx.get(server.url + path, headers=headers, timeout=5)

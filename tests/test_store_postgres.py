@@ -6,6 +6,7 @@ one line and exit code 2."""
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 import time
@@ -34,6 +35,22 @@ def launch(server: ProcServer) -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     server.proc = subprocess.Popen(server.cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                                    stderr=subprocess.PIPE)
+
+
+def log_until(server: ProcServer, text: str, timeout: float) -> str:
+    """The server's stderr so far, read until `text` shows up (AssertionError if not)."""
+    buf = server.__dict__.setdefault("log", bytearray())
+    fd, end = server.proc.stderr.fileno(), time.monotonic() + timeout
+    while text.encode() not in buf:
+        left = end - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"no {text!r} in the log within {timeout} s: {bytes(buf)!r}")
+        if select.select([fd], [], [], min(left, 0.2))[0]:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                raise AssertionError(f"log ended without {text!r}: {bytes(buf)!r}")
+            buf.extend(chunk)
+    return buf.decode()
 
 
 def up(url: str) -> bool:
@@ -105,7 +122,8 @@ def test_standby_takes_over_on_postgres(pg):
         assert r.status_code == 200 and r.json()["plan_version"] == 1, r.text
 
         launch(standby)
-        time.sleep(1.5)
+        log_until(standby, "standby: another service holds", 30)
+        time.sleep(0.5)
         assert standby.proc.poll() is None and not up(standby.url)  # standing by
 
         active.kill()
@@ -135,16 +153,15 @@ def test_standby_takes_over_on_postgres(pg):
         # a second standby stops at once when told to (it has not started serving)
         third = ProcServer(pg.url, *ARGS)
         launch(third)
-        time.sleep(1.5)
+        log_until(third, "standby: another service holds", 30)
         assert third.proc.poll() is None and not up(third.url)
         third.proc.terminate()
         third.proc.wait(10)
-        assert "standby: another service holds" in third.proc.stderr.read().decode()
 
         # the database goes away: the service stops rather than serve what it cannot persist
         pg.stop("immediate")
+        log_until(standby, "lost the PostgreSQL connection", 15)
         standby.proc.wait(15)
-        assert "lost the PostgreSQL connection" in standby.proc.stderr.read().decode()
     finally:
         active.stop()
         standby.stop()

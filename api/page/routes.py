@@ -77,6 +77,15 @@ async def view(job_id: str, request: Request):
     return job_view(svc, job, history(svc.store, job.id))
 
 
+@data.get("/jobs/{job_id}/plan", openapi_extra=ADMIN)
+async def plan(job_id: str, request: Request):
+    """The plan in force, or the last one of a halted job: unlike /v1/jobs/{id}/plan this
+    never answers 410, so a halt racing the page's fetch is not an error in the browser."""
+    job = request.app.state.service.job(job_id)
+    return Response(job.plan_bytes, media_type="application/json",
+                    headers={"Cache-Control": "no-store"})
+
+
 @data.get("/jobs/{job_id}/live", openapi_extra=ADMIN)
 async def live(job_id: str, request: Request):
     svc = request.app.state.service

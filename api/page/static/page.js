@@ -136,7 +136,7 @@ async function render(v) {
     ui.plan = null;  // a halted job has no plan in force (its /plan answers 410)
     if (v.state !== "halted") {
       try {
-        ui.plan = await (await api(`/v1/jobs/${encodeURIComponent(v.id)}/plan`)).json();
+        ui.plan = await (await api(`/v1/page/jobs/${encodeURIComponent(v.id)}/plan`)).json();
       } catch (e) {
         ui.plan = null;
       }
