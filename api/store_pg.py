@@ -24,7 +24,7 @@ import logging
 import re
 import threading
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, Optional
+from typing import Callable, Iterator, Optional
 
 from api.store import SCHEMA, Store
 from planner.cache import SCHEMA as CACHE_SCHEMA
