@@ -21,6 +21,8 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("plan")(plan_cmd)
     app.command("precompute")(precompute_cmd)
     app.command("validate")(validate_cmd)
+    from planner.interop.commands import import_csv_cmd
+    app.command("import-csv")(import_csv_cmd)
     from planner.simulation.cli import register as register_simulation
     register_simulation(app)
     bench.command("planner")(bench_planner_cmd)
@@ -42,12 +44,20 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     out: Optional[str] = typer.Option(None, help="write the plan JSON here"),
     gantt: Optional[str] = typer.Option(None, help="write a Gantt chart (.html or .svg)"),
-    csv: Optional[str] = typer.Option(None, help="write replica 0's pipeline as pipelining CSV"),
+    csv: Optional[str] = typer.Option(None, help="write one replica's pipeline as "
+                                      "torch.distributed.pipelining CSV"),
+    csv_replica: Optional[int] = typer.Option(None, "--csv-replica", help="the replica --csv "
+                                              "writes (default: the first one that can be)"),
 ):
     """Plan one iteration for SPEC with the given workers failed."""
+    from planner.interop.pipelining_csv import check_target, export_csv
     from planner.solvers.backends import SolveOptions, solve
 
     with user_errors("job spec"):
+        if csv_replica is not None and not csv:
+            raise ValueError("--csv-replica needs --csv")
+        if csv:
+            check_target(csv)
         job = JobSpec.load(spec)
         failed = [parse_worker(f) for f in fail]
         try:
@@ -59,14 +69,15 @@ def plan_cmd(
             else:
                 console.print(f"[bold red]{exc}[/]")
             raise typer.Exit(EXIT_NO_PLAN)
+        csv_text = export_csv(plan, csv_replica) if csv else None  # refused: nothing written
     if out:
         plan.save(out)
     if gantt:
         from planner.gantt import write_gantt
         write_gantt(plan, gantt)
     if csv:
-        with open(csv, "w") as fh:
-            fh.write(plan.to_pipelining_csv(0))
+        with user_errors("--csv"), open(csv, "w", newline="") as fh:
+            fh.write(csv_text)
     if as_json:
         typer.echo(plan.to_json(indent=1))
     else:
@@ -123,10 +134,14 @@ def precompute_cmd(
     console.print(f"{n} canonical failed sets cached in {db} ({cache.count(job)} plans for this job)")
 
 
-def validate_cmd(path: str = typer.Argument(..., help="plan JSON")):
+def validate_cmd(path: str = typer.Argument(..., help="plan JSON, or a pipelining CSV with --spec"),
+                 spec: Optional[str] = typer.Option(None, "--spec", help="job spec of a CSV")):
     """Check a plan against every constraint and replay its metrics."""
+    from planner.interop.commands import validate_if_csv
     from planner.validate import replay_metrics, validate
 
+    if validate_if_csv(path, spec):
+        return
     with user_errors("plan"):
         plan = Plan.load(path)
     errs = validate(plan)
