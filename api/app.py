@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api import page
 from api.routes import jobs as routes_jobs, ops as routes_ops, plans as routes_plans, workers as routes_workers
 from api.fastpath import FastPlans
 from api.heartbeats import Monitor
@@ -18,8 +19,7 @@ from api.metrics import Metrics
 from api.precompute import BackgroundSolver, Precomputer
 from api.security import Auth
 from api.service import ApiError, Service, ServiceConfig
-from api.store import Store
-from planner.cache import PlanCache
+from api.store_pg import open_cache, open_store
 
 log = logging.getLogger("recycle.api")
 VERSION = "0.1.0"
@@ -119,7 +119,8 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
                heartbeat_timeout_s: float = 10.0, precompute_failures: int = 2,
                *, cache_path: Optional[str] = None, config: Optional[ServiceConfig] = None,
                **overrides) -> FastAPI:
-    """The service on SQLite file `db_path` (the plan cache shares it unless `cache_path`).
+    """The service on SQLite file `db_path`, or on PostgreSQL at a postgresql:// URL
+    (api/store_pg.py); the plan cache shares it unless `cache_path`.
     `overrides` set any ServiceConfig field (solvers, cpsat_time_limit_s, max_wait_s...)."""
     cfg = config or ServiceConfig(heartbeat_timeout_s=heartbeat_timeout_s,
                                   precompute_failures=precompute_failures, **overrides)
@@ -129,8 +130,8 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        store = Store(db_path)
-        cache = PlanCache(cache_path or db_path)
+        store = await open_store(db_path, app)  # a PostgreSQL standby waits here
+        cache = open_cache(cache_path or db_path, app)
         svc = Service(store, cache, cfg, app.state.metrics)
         svc.load()
         bg = BackgroundSolver(cfg.solver_workers)
@@ -157,6 +158,7 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
     app.state.config = cfg
     for r in (routes_jobs, routes_plans, routes_workers, routes_ops):
         app.include_router(r.router)
+    page.register(app)  # the live cluster page: /, /jobs/{id}, /v1/page/...
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
     default_openapi = app.openapi
 

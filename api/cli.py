@@ -23,10 +23,13 @@ class Server:
                     svc.release_waiters()
                 await super().shutdown(sockets)
 
-        return _Server(uvicorn.Config(app, **config))
+        server = _Server(uvicorn.Config(app, **config))
+        app.state.server = server  # lets startup (a standby waiting) and the store stop it
+        return server
 
 
-def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (created if absent)"),
+def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (created if absent), "
+                                 "or a postgresql:// URL (docs/operators.md: a standby)"),
           host: str = typer.Option("127.0.0.1", "--host"),
           port: int = typer.Option(8000, "--port"),
           admin_token: Optional[str] = typer.Option(
@@ -55,7 +58,12 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
 
     logging.basicConfig(level=log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    app = create_app(os.path.abspath(db), admin_token, heartbeat_timeout, max_failures,
+    from api.store_pg import check_reachable, is_postgres
+    if is_postgres(db) and (why := check_reachable(db)) is not None:
+        typer.echo(f"error: --db: cannot reach PostgreSQL: {why}", err=True)
+        raise typer.Exit(2)
+    db = db if is_postgres(db) else os.path.abspath(db)
+    app = create_app(db, admin_token, heartbeat_timeout, max_failures,
                      solvers=tuple(s.strip() for s in solvers.split(",") if s.strip()),
                      cpsat_time_limit_s=cpsat_time_limit, solver_workers=solver_workers,
                      suspect_grace_s=suspect_grace, speed_window=speed_window)

@@ -1,8 +1,9 @@
-"""The one plan type every part shares (DESIGN section 5), with JSON and CSV writers.
+"""The one plan type every part shares (DESIGN section 5), with its JSON reader and writer.
 
 A plan is data: routes plus, per live worker, the ordered timed actions it runs. Passes
-over it (validation, metrics, mapping through a replica permutation, CSV export) are small
-pure functions, in the spirit of torch.distributed.pipelining's schedule IR.
+over it (validation, metrics, mapping through a replica permutation, CSV export in
+planner/interop/) are small pure functions, in the spirit of torch.distributed.pipelining's
+schedule IR.
 """
 from __future__ import annotations
 
@@ -134,25 +135,3 @@ class Plan(BaseModel):
     def load(cls, path: str) -> "Plan":
         with open(path) as fh:
             return cls.from_json(fh.read())
-
-    def to_pipelining_csv(self, replica: int = 0) -> str:
-        """One replica's pipeline as torch.distributed.pipelining CSV: one row per rank
-        (stage), actions `{stage}{op}{microbatch}` with the replica-local micro-batch index.
-        Re-routed work is not part of a single pipeline, so only a failure-free replica can
-        be exported faithfully; other replicas' micro-batches run here are skipped."""
-        M = self.job.microbatches
-        rows = []
-        for s in range(self.job.stages):
-            w = self.worker(replica, s)
-            if w is None:
-                rows.append("")
-                continue
-            cells = []
-            for a in w.actions:
-                if a.op == "OPT":
-                    continue  # pipelining schedules end at the backward; the step is outside
-                if self.job.owner(a.microbatch) != replica:
-                    continue
-                cells.append(f"{s}{a.op}{a.microbatch % M}")
-            rows.append(",".join(cells))
-        return "\n".join(rows) + "\n"

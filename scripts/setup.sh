@@ -9,5 +9,17 @@ PY=${PYTHON:-python3}
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q torch==2.13.0
 fi
-.venv/bin/pip install -q -e ".[dev]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import planner, torch, ortools, fastapi; print('setup ok: torch', torch.__version__)"
+# Debian packages the tests use: a real headless browser for the live page
+# (tests/test_page_browser.py) and a real PostgreSQL server (tests/test_store_postgres.py).
+# Skipped in a second when already there.
+need=()
+command -v chromium >/dev/null || need+=(chromium)
+command -v chromedriver >/dev/null || [ -x /usr/lib/chromium/chromedriver ] || need+=(chromium-driver)
+ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
+  $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
+    "${need[@]}" >/dev/null
+fi
+.venv/bin/pip install -q -e ".[dev,postgres]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import planner, torch, ortools, fastapi, selenium, psycopg; print('setup ok: torch', torch.__version__)"

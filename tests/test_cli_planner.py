@@ -30,13 +30,13 @@ def spec(tmp_path):
     return str(path)
 
 
-def test_plan_json_gantt_and_csv(spec, tmp_path):
-    gantt, csv = tmp_path / "g.html", tmp_path / "p.csv"
-    r = recycle("plan", spec, "--fail", "1:2", "--json", "--gantt", str(gantt), "--csv", str(csv))
+def test_plan_json_and_gantt(spec, tmp_path):
+    gantt = tmp_path / "g.html"  # CSV export: tests/test_interop.py
+    r = recycle("plan", spec, "--fail", "1:2", "--json", "--gantt", str(gantt))
     assert r.returncode == 0, r.stderr
     plan = Plan.from_json(r.stdout)
     assert validate(plan) == [] and plan.failed == [(1, 2)]
-    assert "<svg" in gantt.read_text() and csv.read_text().startswith("0F0")
+    assert "<svg" in gantt.read_text()
 
 
 def test_plan_table(spec):

@@ -110,11 +110,8 @@ def test_cache_returns_plans_mapped_to_the_asked_replicas(tmp_path):
     assert reopened.get(JOB, [(2, 0)]).metrics.period == best.metrics.period
 
 
-def test_pipelining_csv_and_gantt():
+def test_gantt():  # CSV export: tests/test_interop.py
     p = _plan()
-    rows = p.to_pipelining_csv(0).strip().split("\n")
-    assert len(rows) == JOB.stages
-    assert rows[0].startswith("0F0,") and "0W3" in rows[0]
     svg = render_svg(p)
     assert svg.count("replica ") >= JOB.replicas * JOB.stages
     assert "FAILED" in svg and 'fill="url(#hatch)"' in svg  # re-routed micro-batches marked

@@ -1,55 +1,170 @@
-"""Failure-trace simulator on hand-made traces whose answers can be worked out by hand."""
+"""The failure-trace simulator's policies on traces small enough to work out by hand.
+
+Periods come from the planner (the simulator's input); everything a policy does with them
+(what it loses, how long it stalls, its rate in each state) is worked out here.
+"""
 import pytest
 
-from planner.solvers.backends import solve
 from planner.job import JobSpec
-from planner.simulate import Event, random_trace, simulate
+from planner.simulation.compare import simulate
+from planner.simulation.policies import POLICIES, Params
+from planner.simulation.trace import Event, Trace
+from planner.solvers.backends import solve
 
-JOB = JobSpec.uniform(2, 2, 4)
-DM = JOB.num_microbatches
-
-
-def period(failed):
-    return solve(JOB, failed, "greedy").metrics.period
+U = 1e-3  # seconds per spec unit
 
 
-def run(trace, duration):
-    return {o.policy: o for o in simulate(JOB, trace, duration, period, unit_s=1e-3,
-                                          checkpoint_every_s=100.0, restart_s=10.0)}
+def P(job, failed=()):
+    return solve(job, list(failed), "greedy", canonical=True).metrics.period * U
 
 
-def test_no_failures_every_policy_runs_at_full_rate():
-    rate = DM / (period([]) * 1e-3)
-    for o in run([], 50.0).values():
-        assert o.microbatches == pytest.approx(rate * 50.0)
+def run(job, events, duration, params, every=250.0):
+    result = simulate(job, Trace(events), duration, U, params, checkpoint_every_s=every)
+    return result, {o.policy: o for o in result.outcomes}
 
 
-def test_one_failure_and_repair():
-    trace = [Event(20.0, "fail", (1, 0)), Event(30.0, "recover", (1, 0))]
-    out = run(trace, 50.0)
-    full, slow = DM / (period([]) * 1e-3), DM / (period([(1, 0)]) * 1e-3)
-    # ReCycle: full rate, the failed set's rate for 10 s, full again; one iteration lost.
-    assert out["recycle"].microbatches == pytest.approx(full * 40 + slow * 10 - DM)
-    # Checkpoint-restart: stops 20..30, loses the 20 s since the checkpoint, restarts 10 s.
-    assert out["checkpoint"].microbatches == pytest.approx(full * 10)
-    assert out["checkpoint"].stalled_s == pytest.approx(10.0)
-    # Elastic: half the replicas for 10 s.
-    # (the iteration in flight, with both replicas in it, is lost)
-    assert out["drop-replica"].microbatches == pytest.approx(full * 40 + full / 2 * 10 - DM)
-    assert out["recycle"].microbatches > out["drop-replica"].microbatches > out["checkpoint"].microbatches
+PARAMS = Params(detect_s=5, restart_s=60, spares=1, rejoin_s=10, oobleck_reconfig_s=7,
+                oobleck_min_stages=2, bamboo_failover_s=3, swift_log_overhead=0.0)
 
 
-def test_losing_a_whole_stage_halts_recycle_too():
-    trace = [Event(10.0, "fail", (0, 1)), Event(12.0, "fail", (1, 1)),
-             Event(20.0, "recover", (1, 1)), Event(25.0, "recover", (0, 1))]
-    out = run(trace, 40.0)
-    assert out["recycle"].stalled_s == pytest.approx(8.0)
-    assert any("restarted from checkpoint at 20s" in n for n in out["recycle"].notes)
+def test_no_failures_every_policy_but_bamboo_trains_at_the_failure_free_rate():
+    job = JobSpec.uniform(4, 4, 8)
+    result, out = run(job, [], 3600.0, Params(swift_log_overhead=0.0))
+    rate = job.num_microbatches / P(job)
+    assert result.base_rate == pytest.approx(rate)
+    for name in POLICIES:
+        if name != "bamboo":
+            assert out[name].microbatches == pytest.approx(rate * 3600), name
+            assert out[name].stalled_s == 0 and out[name].lost == 0
+    assert out["bamboo"].microbatches < 0.9 * rate * 3600  # redundant forwards, always on
+    # SWIFT's logging is its steady-state cost
+    _, out = run(job, [], 3600.0, Params(swift_log_overhead=0.05))
+    assert out["swift-replay"].microbatches == pytest.approx(0.95 * rate * 3600)
 
 
-def test_random_trace_is_seeded_and_alternates():
-    a = random_trace(JOB, 1e6, 1e5, 1e3, seed=4)
-    assert a == random_trace(JOB, 1e6, 1e5, 1e3, seed=4) and a != random_trace(JOB, 1e6, 1e5, 1e3, seed=5)
-    for w in {e.worker for e in a}:
-        kinds = [e.kind for e in a if e.worker == w]
-        assert all(k1 != k2 for k1, k2 in zip(kinds, kinds[1:]))
+def test_two_failures_one_recovery_each_policy_by_hand():
+    """D=3, S=2, M=4: 0:1 fails at 100 s, 1:1 at 200 s, 0:1 is back at 300 s; 400 s."""
+    job = JobSpec.uniform(3, 2, 4)
+    DM, M = job.num_microbatches, job.microbatches
+    trace = [Event(100.0, "fail", ((0, 1),)), Event(200.0, "fail", ((1, 1),)),
+             Event(300.0, "recover", ((0, 1),))]
+    _, out = run(job, trace, 400.0, PARAMS)
+    P0, P1, P2 = P(job), P(job, [(0, 1)]), P(job, [(0, 1), (1, 1)])
+    r0, r1, r2 = DM / P0, DM / P1, DM / P2
+
+    # ReCycle: the iteration in flight is lost at each failure, 5 s to detect, then the
+    # plan for the failed set; the rejoin is free. {1:1} is {0:1} renumbered.
+    l1, l2 = (100 % P0) * r0, ((200 - 105) % P1) * r1
+    o = out["recycle"]
+    assert o.microbatches == pytest.approx(100 * r0 - l1 + 95 * r1 - l2 + 95 * r2 + 100 * r1)
+    assert o.lost == pytest.approx(l1 + l2) and o.stalled_s == pytest.approx(10)
+    assert out["swift-replay"].microbatches == pytest.approx(o.microbatches)  # no stage lost
+
+    # Checkpoint-restart with one spare: the first failure restarts on the spare (all work
+    # since the start lost, 5 + 60 s), the second stops the job (35 s of work lost) until
+    # the repair, then a 60 s restart.
+    o = out["checkpoint-restart"]
+    assert o.microbatches == pytest.approx(40 * r0)
+    assert o.lost == pytest.approx(135 * r0) and o.stalled_s == pytest.approx(225)
+    assert o.restarts == 2
+
+    # Replica-dropping policies: 3, 2, 1, then 2 replicas of M micro-batches per P0.
+    d1, d2 = (100 % P0) * r0, ((200 - 105) % P0) * 2 / 3 * r0
+    o = out["drop-replica"]  # torchft: the rejoining replica heals while the others train
+    assert o.microbatches == pytest.approx(100 * r0 - d1 + 95 * 2 / 3 * r0 - d2
+                                           + 95 / 3 * r0 + 100 * 2 / 3 * r0)
+    o = out["rollback"]  # everyone waits 10 s for the rejoin
+    assert o.microbatches == pytest.approx(100 * r0 - d1 + 95 * 2 / 3 * r0 - d2
+                                           + 95 / 3 * r0 + 90 * 2 / 3 * r0)
+    assert o.stalled_s == pytest.approx(20)
+    o = out["lossy-forward"]  # only the failed replica's share of the iteration is lost
+    assert o.lost == pytest.approx(d1 / 3 + d2 / 2)
+    assert o.microbatches == pytest.approx(100 * r0 - d1 / 3 + 95 * 2 / 3 * r0 - d2 / 2
+                                           + 95 / 3 * r0 + 90 * 2 / 3 * r0)
+
+    # Oobleck, templates of 2 stages only: 5 or 4 live workers make 2 pipelines of 6
+    # micro-batches (one worker idle), against 3 of 4 without failures. A template runs m
+    # micro-batches in a + b*m, fitted on one pipeline's periods at M and 2M.
+    pipe = JobSpec.uniform(1, 2, 4)
+    p4, p8 = P(pipe), P(pipe.model_copy(update={"microbatches": 8}))
+    a, b = 2 * p4 - p8, (p8 - p4) / 4
+    ro = r0 * (a + 4 * b) / (a + 6 * b)
+    o1, o2 = (100 % P0) * r0, ((200 - 112) % (DM / ro)) * ro
+    o = out["oobleck"]  # 5 s detection + 7 s reconfiguration per failure, 7 s per rejoin
+    assert o.microbatches == pytest.approx(100 * r0 - o1 + 88 * ro - o2 + 88 * ro + 93 * ro)
+    assert o.stalled_s == pytest.approx(31)
+
+    # Bamboo: each stage also runs its successor's forward; a failed stage is run by its
+    # predecessor (a one-stage pipeline of both stages), the slowest pipeline sets the
+    # pace; no work lost, 5 + 3 s per failure, 3 s per rejoin.
+    norm = P0 / p4
+    T_rc = P(JobSpec.uniform(1, 2, 4, F=20)) * norm
+    T_one = P(JobSpec.uniform(1, 1, 4, F=20, I=20, W=16, OPT=10, activation=8)) * norm
+    slow = max(T_rc, T_one)
+    o = out["bamboo"]
+    assert o.microbatches == pytest.approx(100 * 3 * M / T_rc + (92 + 92 + 97) * 3 * M / slow)
+    assert o.lost == 0 and o.stalled_s == pytest.approx(19)
+
+
+def test_a_lost_stage_restores_recycle_and_replays_swift():
+    """One pipeline (D=1, S=2): its stage 1 fails at 100 s and is back at 200 s; 500 s."""
+    job = JobSpec.uniform(1, 2, 4)
+    trace = [Event(100.0, "fail", ((0, 1),)), Event(200.0, "recover", ((0, 1),))]
+    _, out = run(job, trace, 500.0, PARAMS, every=150.0)
+    P0 = P(job)
+    r0 = job.num_microbatches / P0
+    o = out["recycle"]  # global restore: 100 s of work lost, restart 60 s
+    assert o.microbatches == pytest.approx(240 * r0) and o.restarts == 1
+    assert o.stalled_s == pytest.approx(160)
+    # SWIFT: stage 1 alone replays the 100 s of logged iterations: each is its 4 F+I+W.
+    replay = 100 / P0 * 4 * 28 * U
+    assert replay < 100
+    o = out["swift-replay"]
+    assert o.microbatches == pytest.approx(100 * r0 - (100 % P0) * r0 + (240 - replay) * r0)
+    assert o.restarts == 0
+    assert any("replayed" in n for n in o.notes)
+    # ... and Bamboo's predecessor takes the stage over: it never stops
+    assert out["bamboo"].restarts == 0 and out["bamboo"].stalled_s == pytest.approx(5 + 3 + 3)
+
+
+def test_adjacent_failures_restart_bamboo_without_that_pipeline():
+    job = JobSpec.uniform(2, 4, 4)
+    trace = [Event(100.0, "fail", ((0, 1),)), Event(150.0, "fail", ((0, 2),))]
+    _, out = run(job, trace, 300.0, PARAMS, every=1000.0)
+    o = out["bamboo"]
+    assert o.restarts == 1 and any("adjacent" in n for n in o.notes)
+    assert o.stalled_s == pytest.approx(5 + 3 + 5 + 60)
+    # after the restart one pipeline of two trains: half the micro-batches per iteration
+    last = o.segments[-1]
+    first = o.segments[0]
+    assert last[2] == pytest.approx(first[2] / 2)
+
+
+def test_the_simulators_period_is_the_greedy_plans():
+    from planner.simulation.costs import RecyclePeriods, plan_period
+
+    job = JobSpec.uniform(3, 4, 4)
+    for failed in ([], [(0, 1)], [(0, 1), (2, 1)], [(1, 0), (1, 3), (2, 2)]):
+        assert plan_period(job, failed) == solve(job, failed, "greedy").metrics.period
+    # planned ahead in processes or as they come: the same periods
+    sets = [frozenset(), frozenset({(0, 1)}), frozenset({(0, 1), (2, 1)}),
+            frozenset({(1, 0), (1, 3)}), frozenset({(2, 2)})]
+    ahead = RecyclePeriods(job, U)
+    ahead.prefetch(sets, jobs=2)
+    assert ahead.planned == 5
+    assert [ahead(f) for f in sets] == [RecyclePeriods(job, U)(f) for f in sets]
+    assert ahead.planned == 5  # all served from what was planned ahead
+
+
+def test_a_straggler_is_re_planned_by_recycle_and_slows_the_synchronous_policies():
+    job = JobSpec.uniform(2, 2, 4)
+    trace = [Event(100.0, "speed", ((0, 1),), 0.5)]
+    _, out = run(job, trace, 200.0, Params(swift_log_overhead=0.0))
+    r0 = job.num_microbatches / P(job)
+    slow = job.model_copy(update={"speed": [[1.0, 0.5], [1.0, 1.0]]})
+    rs = job.num_microbatches / P(slow)
+    assert r0 / 2 < rs < r0  # its peer takes some of its micro-batches
+    assert out["recycle"].microbatches == pytest.approx(100 * r0 + 100 * rs)
+    assert out["recycle"].lost == 0 and out["recycle"].stalled_s == 0
+    for name in ("checkpoint-restart", "drop-replica", "oobleck"):
+        assert out[name].microbatches == pytest.approx(100 * r0 + 100 * r0 / 2), name

@@ -9,6 +9,7 @@ each variant against its own failure-free period:
 from __future__ import annotations
 
 import json
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass
@@ -100,6 +101,41 @@ def single_failure_sweep(D=8, S=8, M=8, opts: Optional[SolveOptions] = None) -> 
     return out
 
 
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TORCH_ORDERS = os.path.join(ROOT, "benchmarks", "torch_orders")
+TORCH_CASES = [(4, 8, 4), (4, 8, 10), (4, 16, 4), (8, 16, 8), (8, 16, 10)]  # (S, M, slots)
+TORCH_NAMES = ("1f1b", "gpipe", "zb1p")
+
+
+def torch_order_rows(opts: Optional[SolveOptions], cases=TORCH_CASES) -> list[dict]:
+    """torch.distributed.pipelining's own orders (benchmarks/torch_orders/*.csv, made by
+    benchmarks/torch_orders.py), imported and timed with our cost model, next to greedy,
+    CP-SAT and the bound on the same job (D=1, uniform costs, `slots` micro-batches of
+    memory). An order that does not fit the memory is reported as such."""
+    from planner.interop.csv_import import import_csv
+    from planner.validate import validate
+
+    rows = []
+    for S, M, slots in cases:
+        job = JobSpec.uniform(1, S, M, capacity=4 * slots)
+        row = {"S": S, "M": M, "slots": slots}
+        for name in TORCH_NAMES:
+            path = os.path.join(TORCH_ORDERS, f"{name}_S{S}_M{M}.csv")
+            if not os.path.exists(path):
+                row[name] = None
+                continue
+            with open(path, newline="") as fh:
+                plan = import_csv(fh.read(), job)
+            errs = validate(plan)
+            row[name] = plan.metrics.period if not errs else (
+                "over memory" if errs[0].startswith("(6)") else errs[0])
+        greedy = solve(job, [], "greedy", FULL)
+        row["greedy"], row["bound"] = greedy.metrics.period, greedy.metrics.lower_bound
+        row["cpsat"] = solve(job, [], "cpsat", FULL, opts).metrics.period if opts else None
+        rows.append(row)
+    return rows
+
+
 def big_greedy_seconds(D=64, S=16, M=64) -> tuple[int, float]:
     job = JobSpec.uniform(D, S, M)
     t = time.perf_counter()
@@ -128,8 +164,11 @@ def run_planner_bench(out: str, quick: bool = False, time_limit: float = 10.0,
                     if console:
                         console.print(_md_row(row))
     sweep = single_failure_sweep(opts=opts if have_cpsat else None) if not quick else []
+    torch_rows = torch_order_rows(opts if have_cpsat else None,
+                                  TORCH_CASES[:1] if quick else TORCH_CASES)
     n_big, t_big = big_greedy_seconds() if not quick else (0, 0.0)
-    _write(out, rows, sweep, n_big, t_big, time_limit, quick, time.perf_counter() - started)
+    _write(out, rows, sweep, n_big, t_big, time_limit, quick, time.perf_counter() - started,
+           torch_rows)
     if console:
         console.print(f"wrote {out}")
     return rows
@@ -152,7 +191,26 @@ def _md_row(r: Row) -> str:
             f"{f'{r.kept_cpsat:.3f}' if r.kept_cpsat else '-'} |")
 
 
-def _write(out, rows, sweep, n_big, t_big, time_limit, quick, wall):
+def _torch_lines(torch_rows) -> list[str]:
+    def cell(v, bound):
+        return "-" if v is None else (_ratio(v, bound) + f" ({v})" if isinstance(v, int) else v)
+    lines = ["", "## torch.distributed.pipelining's orders, timed with this cost model", "",
+             "One pipeline (D=1), uniform costs as above, `slots` micro-batches of memory per "
+             "worker. Orders: torch's Schedule1F1B and ScheduleGPipe (fused backward B) and "
+             "ScheduleInterleavedZeroBubble with one stage per rank (ZB1P, I/W split), as "
+             "`benchmarks/torch_orders.py` wrote them from torch 2.13.0; each is imported with "
+             "`recycle import-csv` semantics (each rank's order as soon as possible, staggered "
+             "optimizer). Each cell is period / bound (period).", "",
+             "| S | M | slots | bound | torch 1F1B | torch GPipe | torch ZB1P | greedy | cpsat |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in torch_rows:
+        b = r["bound"]
+        lines.append(f"| {r['S']} | {r['M']} | {r['slots']} | {b} | "
+                     + " | ".join(cell(r[k], b) for k in (*TORCH_NAMES, "greedy", "cpsat")) + " |")
+    return lines
+
+
+def _write(out, rows, sweep, n_big, t_big, time_limit, quick, wall, torch_rows=()):
     cmd = "recycle bench planner" + (" --quick" if quick else "") + f" --time-limit {time_limit:g}"
     lines = ["# Planner benchmark", "",
              f"Made by `{cmd}` on {platform.node() or 'this machine'} "
@@ -174,6 +232,8 @@ def _write(out, rows, sweep, n_big, t_big, time_limit, quick, wall):
         for s in sweep:
             lines.append(f"| {s['variant']} | {s['kept_min']:.3f} | {s['kept_mean']:.3f} | "
                          f"{' '.join(f'{x:.3f}' for x in s['kept_per_stage'])} |")
+    if torch_rows:
+        lines += _torch_lines(torch_rows)
     if n_big:
         lines += ["", f"Greedy at D=64, S=16, M=64, one failure: {n_big} actions planned in "
                   f"{t_big:.2f} s (plan object and metrics included)."]
@@ -181,4 +241,5 @@ def _write(out, rows, sweep, n_big, t_big, time_limit, quick, wall):
         fh.write("\n".join(lines) + "\n")
     with open(out.rsplit(".", 1)[0] + ".json", "w") as fh:
         json.dump({"rows": [asdict(r) for r in rows], "single_failure_sweep": sweep,
+                   "torch_orders": list(torch_rows),
                    "big_greedy": {"actions": n_big, "seconds": t_big}}, fh, indent=1)

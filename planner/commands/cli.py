@@ -21,7 +21,10 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("plan")(plan_cmd)
     app.command("precompute")(precompute_cmd)
     app.command("validate")(validate_cmd)
-    app.command("simulate")(simulate_cmd)
+    from planner.interop.commands import import_csv_cmd
+    app.command("import-csv")(import_csv_cmd)
+    from planner.simulation.cli import register as register_simulation
+    register_simulation(app)
     bench.command("planner")(bench_planner_cmd)
 
 
@@ -41,12 +44,20 @@ def plan_cmd(
     as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
     out: Optional[str] = typer.Option(None, help="write the plan JSON here"),
     gantt: Optional[str] = typer.Option(None, help="write a Gantt chart (.html or .svg)"),
-    csv: Optional[str] = typer.Option(None, help="write replica 0's pipeline as pipelining CSV"),
+    csv: Optional[str] = typer.Option(None, help="write one replica's pipeline as "
+                                      "torch.distributed.pipelining CSV"),
+    csv_replica: Optional[int] = typer.Option(None, "--csv-replica", help="the replica --csv "
+                                              "writes (default: the first one that can be)"),
 ):
     """Plan one iteration for SPEC with the given workers failed."""
+    from planner.interop.pipelining_csv import check_target, export_csv
     from planner.solvers.backends import SolveOptions, solve
 
     with user_errors("job spec"):
+        if csv_replica is not None and not csv:
+            raise ValueError("--csv-replica needs --csv")
+        if csv:
+            check_target(csv)
         job = JobSpec.load(spec)
         failed = [parse_worker(f) for f in fail]
         try:
@@ -58,14 +69,15 @@ def plan_cmd(
             else:
                 console.print(f"[bold red]{exc}[/]")
             raise typer.Exit(EXIT_NO_PLAN)
+        csv_text = export_csv(plan, csv_replica) if csv else None  # refused: nothing written
     if out:
         plan.save(out)
     if gantt:
         from planner.gantt import write_gantt
         write_gantt(plan, gantt)
     if csv:
-        with open(csv, "w") as fh:
-            fh.write(plan.to_pipelining_csv(0))
+        with user_errors("--csv"), open(csv, "w", newline="") as fh:
+            fh.write(csv_text)
     if as_json:
         typer.echo(plan.to_json(indent=1))
     else:
@@ -122,10 +134,14 @@ def precompute_cmd(
     console.print(f"{n} canonical failed sets cached in {db} ({cache.count(job)} plans for this job)")
 
 
-def validate_cmd(path: str = typer.Argument(..., help="plan JSON")):
+def validate_cmd(path: str = typer.Argument(..., help="plan JSON, or a pipelining CSV with --spec"),
+                 spec: Optional[str] = typer.Option(None, "--spec", help="job spec of a CSV")):
     """Check a plan against every constraint and replay its metrics."""
+    from planner.interop.commands import validate_if_csv
     from planner.validate import replay_metrics, validate
 
+    if validate_if_csv(path, spec):
+        return
     with user_errors("plan"):
         plan = Plan.load(path)
     errs = validate(plan)
@@ -160,36 +176,3 @@ def bench_planner_cmd(
     run_planner_bench(out or "benchmarks/results/planner.md", quick=quick,
                       time_limit=time_limit, cpsat_max_actions=cpsat_max_actions,
                       console=console)
-
-
-def simulate_cmd(
-    spec: str = typer.Argument(..., help="job spec JSON"),
-    hours: float = typer.Option(24.0, help="length of the simulated run"),
-    mtbf_hours: float = typer.Option(168.0, help="mean time between failures of one worker"),
-    repair_hours: float = typer.Option(1.0, help="time to repair a failed worker"),
-    seed: int = typer.Option(0, help="trace seed"),
-    unit_s: float = typer.Option(1e-3, help="seconds per time unit of the spec"),
-    checkpoint_minutes: float = typer.Option(10.0, help="checkpoint interval"),
-    restart_minutes: float = typer.Option(1.0, help="restart time after a full stop"),
-):
-    """Compare recovery policies on a random failure trace (same trace for each)."""
-    from planner.solvers.backends import solve
-    from planner.simulate import random_trace, simulate
-
-    with user_errors("job spec"):
-        job = JobSpec.load(spec)
-        if min(hours, mtbf_hours, repair_hours, unit_s, checkpoint_minutes) <= 0:
-            raise ValueError("durations must be positive")
-    duration = hours * 3600
-    trace = random_trace(job, duration, mtbf_hours * 3600, repair_hours * 3600, seed)
-    outcomes = simulate(job, trace, duration, lambda f: solve(job, f, "greedy").metrics.period,
-                        unit_s, checkpoint_minutes * 60, restart_minutes * 60)
-    ideal = job.num_microbatches / (solve(job, [], "greedy").metrics.period * unit_s) * duration
-    fails = sum(1 for e in trace if e.kind == "fail")
-    console.print(f"{fails} failures over {hours:g} h on {job.replicas}x{job.stages} workers "
-                  f"(MTBF {mtbf_hours:g} h per worker, repair {repair_hours:g} h)")
-    table = Table("policy", "micro-batches", "of failure-free", "stalled (h)", "rolled-back iterations")
-    for o in outcomes:
-        table.add_row(o.policy, f"{o.microbatches:.0f}", f"{o.microbatches / ideal:.1%}",
-                      f"{o.stalled_s / 3600:.2f}", str(o.lost_iterations))
-    console.print(table)

@@ -49,7 +49,7 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
     caps = policy.caps(job)
     fcap = [INF if caps is None else caps[s] for _, s in keys]
     f_first = [policy.f_before_i(s) for _, s in keys]
-    wblock, fit, by_m = policy.wblock, policy.fit, policy.fkey == "m"
+    wblock, fit, fit_f, by_m = policy.wblock, policy.fit, policy.fit_f, policy.fkey == "m"
     # Among equally ready F's, a micro-batch's index within its own replica decides:
     # adopted micro-batches then reach the rest of their pipeline at that pipeline's pace.
     M = job.microbatches
@@ -96,7 +96,8 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
             op = back
         elif ok_f:
             op = "F"
-        elif qW[w] and not (fit and qi and qi[0][0] < t + dur_w[w]):
+        elif qW[w] and not (fit and qi and qi[0][0] < t + dur_w[w]) and not (
+                fit_f and room and fwd[w] < fcap[w] and qf and qf[0][0] < t + dur_w[w]):
             op = "W"
         else:
             continue  # nothing ready: an arrival will wake this worker

@@ -1,0 +1,192 @@
+"""Throughput of each configuration a policy can be in, from the planner's cost model.
+
+Every figure here is a period in seconds, measured by the same planner on the same spec:
+  - ReCycle: the period of the plan for the failed set (`RecyclePeriods`: the greedy
+    back-end on the canonical failed set, cached per set, optionally read from and written
+    to the planner's SQLite plan cache), with the worker speeds when a trace carries them;
+  - one pipeline of k stages (`Pipelines`): the spec's units (its stages, or a preset's
+    layers) grouped into k contiguous stages of balanced F+I+W, planned as a one-replica
+    job. Oobleck's templates and Bamboo's pipelines (with redundant forwards, with a stage
+    taken over by its predecessor) are such pipelines.
+All periods are measured with the same scheduling mode, so ratios between policies show
+what each policy does with its workers, not a difference in schedule quality.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from planner.failures import Worker, canonicalize
+from planner.job import Cost, JobSpec, Memory, P2P
+
+
+@dataclass(frozen=True)
+class Unit:
+    """A slice of the model that one stage holds whole: F/I/W/OPT in spec units, its
+    activation memory per micro-batch and its parameter (+ optimizer state) memory."""
+    F: int
+    I: int  # noqa: E741
+    W: int
+    OPT: int
+    activation: int = 0
+    params: int = 0
+
+
+@dataclass(frozen=True)
+class Model:
+    """What the simulator knows about the job beyond its spec: the units the stages are
+    made of, a worker's memory, samples per micro-batch."""
+    units: tuple[Unit, ...]
+    capacity: Optional[int]  # per worker, in the spec's memory unit (None: no limit)
+    samples_per_microbatch: int = 1
+    name: str = "spec"
+
+    @classmethod
+    def of_spec(cls, job: JobSpec) -> "Model":
+        mem = job.memory
+        units = tuple(Unit(job.cost.F[s], job.cost.I[s], job.cost.W[s], job.cost.OPT[s],
+                           mem.activation[s] if mem else 0) for s in range(job.stages))
+        return cls(units, min(mem.capacity) if mem else None)
+
+
+def group(units: tuple[Unit, ...], k: int) -> list[list[Unit]]:
+    """`units` in k contiguous groups of about equal F+I+W (each non-empty)."""
+    n = len(units)
+    k = min(k, n)
+    work = [u.F + u.I + u.W for u in units]
+    total = sum(work) or 1
+    out, acc, start = [], 0, 0
+    for i in range(n):
+        acc += work[i]
+        left_groups = k - len(out) - 1
+        # cut after unit i when its share is reached, keeping a unit for every later group
+        if left_groups > 0 and (acc >= total * (len(out) + 1) / k or n - i - 1 == left_groups):
+            out.append(list(units[start:i + 1]))
+            start = i + 1
+    out.append(list(units[start:]))
+    return out
+
+
+def pipeline_job(model: Model, groups: list[list[Unit]], microbatches: int, p2p: P2P,
+                 extra_F: Optional[list[int]] = None) -> Optional[JobSpec]:
+    """One replica whose stage j runs `groups[j]`; None if a stage cannot hold its
+    parameters and one micro-batch."""
+    S = len(groups)
+    sums = {op: [sum(getattr(u, op) for u in g) for g in groups] for op in ("F", "I", "W", "OPT")}
+    if extra_F:
+        sums["F"] = [f + x for f, x in zip(sums["F"], extra_F)]
+    memory = None
+    if model.capacity is not None:
+        act = [sum(u.activation for u in g) for g in groups]
+        cap = [model.capacity - sum(u.params for u in g) for g in groups]
+        if any(c < max(a, 1) for a, c in zip(act, cap)):
+            return None
+        memory = Memory(activation=act, capacity=cap)
+    return JobSpec(replicas=1, stages=S, microbatches=microbatches,
+                   cost=Cost(**sums), p2p=p2p, memory=memory)
+
+
+class Pipelines:
+    """Periods (seconds) of single pipelines built from the model's units, memoised."""
+
+    def __init__(self, job: JobSpec, model: Model, unit_s: float,
+                 plan_period: Callable[[JobSpec], int]):
+        self.job, self.model, self.unit_s = job, model, unit_s
+        self._period = plan_period
+        self._lines: dict[int, Optional[tuple[float, float]]] = {}
+        self._memo: dict[tuple, Optional[float]] = {}
+
+    def period(self, groups: list[list[Unit]], microbatches: int,
+               extra_F: Optional[list[int]] = None) -> Optional[float]:
+        key = (tuple(map(tuple, groups)), microbatches, tuple(extra_F or ()))
+        if key not in self._memo:
+            pj = pipeline_job(self.model, groups, microbatches, self.job.p2p, extra_F)
+            self._memo[key] = None if pj is None else self._period(pj) * self.unit_s
+        return self._memo[key]
+
+    def line(self, k: int) -> Optional[tuple[float, float]]:
+        """(a, b): a k-stage template runs m micro-batches in about a + b*m seconds
+        (fitted at M and 2M); None if k stages cannot hold the model."""
+        if k not in self._lines:
+            M = self.job.microbatches
+            g = group(self.model.units, k)
+            p1, p2 = self.period(g, M), self.period(g, 2 * M)
+            self._lines[k] = None if p1 is None or p2 is None else (2 * p1 - p2, (p2 - p1) / M)
+        return self._lines[k]
+
+
+class RecyclePeriods:
+    """ReCycle's period (seconds) for a failed set, from a plan for its canonical form."""
+
+    def __init__(self, job: JobSpec, unit_s: float, cache=None, solver: str = "greedy"):
+        self.job, self.unit_s, self.cache, self.solver = job, unit_s, cache, solver
+        self._memo: dict[tuple, float] = {}
+        self.planned = 0  # plans made (not served from memory)
+
+    def __call__(self, failed: frozenset, speed: Optional[dict] = None) -> float:
+        from planner.solvers.backends import solve
+        from planner.speeds import quantize
+
+        job = self.job
+        if speed:
+            grid = [[quantize(speed.get((d, s), 1.0), top=100.0) for s in range(job.stages)]
+                    for d in range(job.replicas)]
+            job = job.model_copy(update={"speed": grid})
+        canon = canonicalize(job, failed)
+        key = (canon.key, None if job.speed is None else str(canon.job(job).speed))
+        if key not in self._memo:
+            cjob, cfailed = canon.job(job), list(canon.failed)
+            if self.cache is None and self.solver == "greedy":
+                period = plan_period(cjob, cfailed)
+            else:
+                plan = self.cache.get(cjob, cfailed) if self.cache is not None else None
+                if plan is None:
+                    plan = solve(cjob, cfailed, self.solver, canonical=False)
+                    if self.cache is not None:
+                        self.cache.put(plan)
+                period = plan.metrics.period
+            self.planned += 1
+            self._memo[key] = period * self.unit_s
+        return self._memo[key]
+
+    def prefetch(self, sets: list[frozenset], jobs: int) -> None:
+        """Plan `sets` (no speeds) on `jobs` processes ahead of the walk through the trace:
+        the periods are independent, and planning is nearly all of a simulation's time."""
+        todo, seen = [], set()
+        for failed in sets:
+            canon = canonicalize(self.job, failed)
+            key = (canon.key, None)
+            if key not in self._memo and key not in seen:
+                seen.add(key)
+                todo.append((key, list(canon.failed)))
+        if jobs <= 1 or len(todo) < 4 or self.cache is not None or self.solver != "greedy":
+            return
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor
+
+        ctx = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods()
+                                          else "spawn")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(todo)), mp_context=ctx) as pool:
+            periods = pool.map(plan_period, [self.job] * len(todo), [f for _, f in todo],
+                               chunksize=max(1, len(todo) // (4 * jobs)))
+            for (key, _), period in zip(todo, periods):
+                self._memo[key] = period * self.unit_s
+                self.planned += 1
+
+
+def plan_period(job: JobSpec, failed: list[Worker]) -> int:
+    """The period of the greedy back-end's plan for `failed` (as `solve(job, failed,
+    "greedy", canonical=False)` reports it) without building the plan: the best of its
+    ranked timelines, measured as add_opt + replay would (planner/policies.py)."""
+    from planner.failures import check_plannable, normalize
+    from planner.solvers.greedy import ranked_schedules
+    from planner.solvers.timeline import Mode
+
+    failed = normalize(job, failed)
+    check_plannable(job, failed)
+    return ranked_schedules(job, failed, Mode())[0][0]
+
+
+def greedy_period(job: JobSpec) -> int:
+    return plan_period(job, [])
+

@@ -1,0 +1,157 @@
+"""The simulation loop: walk a trace's events and integrate what each policy trains.
+
+Between events a policy trains at a constant rate (micro-batches per second). At each
+batch of events (same time, same kind) the policy answers with a `Decision`: its new rate,
+the seconds nobody trains before that rate starts (detection, reconfiguration, restart),
+and what work is lost:
+  "inflight"    the iteration in flight: the time since the last iteration boundary
+                (iterations start `iter_s` apart from the moment the rate began) times the
+                rate (mini-batch rollback);
+  "fraction"    that share of the iteration in flight (lossy forward: the failed
+                replicas' micro-batches of that iteration are skipped);
+  "checkpoint"  everything since the last checkpoint (a global restore).
+Checkpoints are taken every `checkpoint_every_s` seconds of training and stall everyone
+`checkpoint_cost_s`; the clock stops while a policy is halted and restarts at a restore.
+A checkpoint due at the very time of an event is taken after it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Optional
+
+from planner.simulation.trace import Event
+
+
+@dataclass(frozen=True)
+class Decision:
+    rate: float  # micro-batches per second once running again (0: halted)
+    iter_s: float = 0.0  # iteration length at that rate
+    lose: str = "none"  # none | inflight | fraction | checkpoint
+    fraction: float = 0.0
+    stall_s: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class Outcome:
+    policy: str
+    microbatches: float = 0.0  # trained and kept
+    lost: float = 0.0  # micro-batches trained and then thrown away (or skipped: lossy)
+    stalled_s: float = 0.0  # seconds with nobody training
+    failures: int = 0  # failure batches that touched the policy's workers
+    restarts: int = 0  # restores from a checkpoint
+    segments: list = field(default_factory=list)  # (t0, t1, rate) while training
+    notes: list[str] = field(default_factory=list)
+
+
+class Run:
+    """One policy's bookkeeping over one trace."""
+
+    def __init__(self, name: str, first: Decision, checkpoint_every_s: float,
+                 checkpoint_cost_s: float):
+        self.out = Outcome(name)
+        self.t = 0.0
+        self.rate, self.iter_s = first.rate, first.iter_s
+        self.resume_at = 0.0
+        self.since_ckpt = 0.0
+        self.ckpt_clock = 0.0
+        self.every, self.cost = checkpoint_every_s, checkpoint_cost_s
+
+    def _train(self, a: float, b: float) -> None:
+        n = self.rate * (b - a)
+        self.out.microbatches += n
+        self.since_ckpt += n
+        self.ckpt_clock += b - a
+        segs = self.out.segments
+        if segs and segs[-1][1] == a and segs[-1][2] == self.rate:
+            segs[-1] = (segs[-1][0], b, self.rate)
+        else:
+            segs.append((a, b, self.rate))
+
+    def advance(self, t: float) -> None:
+        cur = self.t
+        while cur < t:
+            if self.rate <= 0:
+                self.out.stalled_s += t - cur
+                cur = t
+            elif cur < self.resume_at:
+                upto = min(t, self.resume_at)
+                self.out.stalled_s += upto - cur
+                cur = upto
+            elif self.every > 0 and cur + (self.every - self.ckpt_clock) < t:
+                due = cur + (self.every - self.ckpt_clock)
+                self._train(cur, due)
+                self.since_ckpt, self.ckpt_clock = 0.0, 0.0
+                self.resume_at = due + self.cost
+                cur = due
+            else:
+                self._train(cur, t)
+                cur = t
+        self.t = max(self.t, t)
+
+    def apply(self, t: float, d: Optional[Decision]) -> None:
+        if d is None:
+            return
+        in_flight = 0.0
+        if self.rate > 0 and t >= self.resume_at and self.iter_s > 0:
+            in_flight = ((t - self.resume_at) % self.iter_s) * self.rate
+        lost = {"none": 0.0, "inflight": in_flight, "fraction": in_flight * d.fraction,
+                "checkpoint": self.since_ckpt}[d.lose]
+        lost = min(lost, self.out.microbatches)
+        self.out.microbatches -= lost
+        self.out.lost += lost
+        if d.lose == "checkpoint":
+            self.since_ckpt, self.ckpt_clock = 0.0, 0.0
+            self.out.restarts += 1
+        else:
+            self.since_ckpt = max(0.0, self.since_ckpt - lost)
+        if d.note:
+            self.out.notes.append(f"{d.note} at {t:.0f}s")
+        self.rate, self.iter_s = d.rate, d.iter_s
+        self.resume_at = t + d.stall_s
+
+
+def batches(events: list[Event]) -> list[tuple[float, str, list[Event]]]:
+    """Consecutive events of one time and one kind, applied together."""
+    out: list[tuple[float, str, list[Event]]] = []
+    for e in events:
+        if out and out[-1][0] == e.time and out[-1][1] == e.kind:
+            out[-1][2].append(e)
+        else:
+            out.append((e.time, e.kind, [e]))
+    return out
+
+
+def run_policy(policy, events: list[Event], initial_failed: frozenset, duration_s: float,
+               checkpoint_every_s: float, checkpoint_cost_s: float,
+               tick: Optional[Callable[[], None]] = None) -> Outcome:
+    failed = set(initial_failed)
+    speed: dict = {}
+    run = Run(policy.name, policy.start(frozenset(failed), speed), checkpoint_every_s,
+              checkpoint_cost_s)
+    for t, kind, group in batches(events):
+        if t >= duration_s:
+            break
+        run.advance(t)
+        workers = {w for e in group for w in e.workers}
+        before = frozenset(failed)
+        if kind == "fail":
+            workers -= failed
+            failed |= workers
+        elif kind == "recover":
+            workers &= failed
+            failed -= workers
+        else:
+            for e in group:
+                for w in e.workers:
+                    speed[w] = e.speed
+        if workers or kind == "speed":
+            decision = policy.on_event(kind, frozenset(workers), before, frozenset(failed),
+                                       dict(speed), run)
+            if decision is not None and kind == "fail":
+                run.out.failures += 1
+            run.apply(t, decision)
+        if tick:
+            tick()
+    run.advance(duration_s)
+    return run.out
