@@ -24,9 +24,9 @@ def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr):
 
 
 def train_cmd(
-    replicas: int = typer.Option(2, "--replicas", "-d", help="data-parallel replicas D"),
-    stages: int = typer.Option(2, "--stages", "-s", help="pipeline stages S"),
-    microbatches: int = typer.Option(4, "--microbatches", "-m", help="micro-batches per replica M"),
+    replicas: Optional[int] = typer.Option(None, "--replicas", "-d", help="data-parallel replicas D [default: 2, or the --job's]"),
+    stages: Optional[int] = typer.Option(None, "--stages", "-s", help="pipeline stages S [default: 2, or the --job's]"),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="micro-batches per replica M [default: 4, or the --job's]"),
     iterations: int = typer.Option(5, help="training iterations (one global batch each)"),
     kill: List[str] = typer.Option([], "--kill", help="SIGKILL worker R:S mid-iteration ITER: R:S@ITER (repeatable)"),
     rejoin: List[str] = typer.Option([], "--rejoin", help="restart worker R:S when it dies, back in the plan at ITER: R:S@ITER (repeatable: each entry serves one death)"),
@@ -40,7 +40,7 @@ def train_cmd(
     checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
     no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
-    sync: bool = typer.Option(False, "--sync", help="plan for a synchronous optimizer"),
+    sync: bool = typer.Option(False, "--sync", help="synchronous optimizer: plans for it, and a barrier after every iteration"),
     timeout: float = typer.Option(5.0, help="seconds before a silent peer counts as failed"),
     job: Optional[str] = typer.Option(None, "--job", help="job spec JSON (e.g. from `recycle profile`)"),
     run_dir: Optional[str] = typer.Option(None, help="worker logs and stage states (default: a temp dir)"),
@@ -60,6 +60,8 @@ def train_cmd(
     from executor.checkpoint import read_checkpoint
     from executor.launch.faults import check_faults, parse_slow
     from executor.launch.launcher import parse_event, parse_stall, train
+    from executor.inputs.train_options import check_local_workers, check_train_options, grid_of
+    from planner.inputs.limits import check_plannable, load_spec
     from planner.job import JobSpec
 
     console = Console(stderr=True)
@@ -68,12 +70,17 @@ def train_cmd(
             raise ValueError(f"--iterations must be at least 1, not {iterations}")
         if not timeout > 0:
             raise ValueError(f"--timeout must be positive, not {timeout:g}")
+        check_train_options(solver=solver, store_port=store_port, run_dir=run_dir,
+                            summary=summary, checkpoint=None, d_model=d_model,
+                            layers=layers, heads=heads, seq_len=seq_len,
+                            micro_batch_size=micro_batch_size, vocab=vocab, lr=lr)
         cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
         stalls = [parse_stall(s) for s in stall]
         slows = [parse_slow(s) for s in slow]
-        spec = JobSpec.load(job) if job else None
+        spec = load_spec(job) if job else None
+        replicas, stages, microbatches = grid_of(spec, job, replicas, stages, microbatches)
         watch = None
         if service:  # workers poll, heartbeat and report to the service themselves
             from executor.sources.service_source import ServiceWatch
@@ -83,6 +90,9 @@ def train_cmd(
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
+        check_plannable(replicas, stages, microbatches)
+        if not (external or service):
+            check_local_workers(replicas, stages)
         check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows)
         if not external:  # torchrun'd workers check their own hosts
             from executor.runtime.comm import check_device

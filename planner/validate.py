@@ -158,15 +158,34 @@ def _check_opt(job, plan: Plan, release_op: str, errs) -> None:
                         f"the stage's last {release_op} ends at {last_w[w.stage]}")
 
 
+def metric_errors(plan: Plan) -> list[str]:
+    """What the plan's reported metrics get wrong against a replay of its actions."""
+    m = plan.metrics
+    stag, sync = replay_metrics(plan.job, plan.workers)
+    want = stag if plan.solver.optimizer == "staggered" else sync
+    errs = []
+    if m.period != want or m.makespan != sync:
+        errs.append(f"metrics say period {m.period}, makespan {m.makespan}; replay gives "
+                    f"{want}, {sync}")
+    for name, got in (("period_staggered", m.period_staggered),
+                      ("period_synchronous", m.period_synchronous)):
+        real = stag if name == "period_staggered" else sync
+        if got is not None and got != real:
+            errs.append(f"metrics say {name} {got}; replay gives {real}")
+    if m.lower_bound > want:
+        errs.append(f"metrics say lower bound {m.lower_bound}, above the period {want}")
+    gap = round(m.period / m.lower_bound - 1, 6) if m.lower_bound else 0.0
+    if abs(m.gap - gap) > 1e-6:
+        errs.append(f"metrics say gap {m.gap}; period {m.period} over lower bound "
+                    f"{m.lower_bound} gives {gap}")
+    return errs
+
+
 def check(plan: Plan) -> Plan:
     """Raise InvalidPlan unless the plan is valid and its metrics match a replay."""
     errs = validate(plan)
     if not errs:
-        stag, sync = replay_metrics(plan.job, plan.workers)
-        want = stag if plan.solver.optimizer == "staggered" else sync
-        if plan.metrics.period != want or plan.metrics.makespan != sync:
-            errs.append(f"metrics say period {plan.metrics.period}, makespan "
-                        f"{plan.metrics.makespan}; replay gives {want}, {sync}")
+        errs = metric_errors(plan)
     if errs:
         raise InvalidPlan("; ".join(errs[:5]))
     return plan

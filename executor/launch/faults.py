@@ -63,6 +63,15 @@ def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=
             if it >= iterations:
                 raise ValueError(f"{flag} {r}:{s}@{it}: training has iterations "
                                  f"0..{iterations - 1}")
+    # A rejoin serves one death (earliest entry first): each needs its own --kill or
+    # --stall (a stalled worker may be declared failed) of that worker at or before it.
+    deaths = sorted((k[2], (k[0], k[1])) for k in list(kills) + list(stalls))
+    for r, s, it in sorted(tuple(k[:3]) for k in rejoins):
+        cause = next((d for d in deaths if d[1] == (r, s) and d[0] <= it), None)
+        if cause is None:
+            raise ValueError(f"--rejoin {r}:{s}@{it}: no --kill or --stall of worker {r}:{s} "
+                             f"at or before iteration {it} for it to come back from")
+        deaths.remove(cause)
 
 
 def fault_iterations(kills, stalls, me: Worker) -> set[int]:

@@ -10,6 +10,8 @@ from rich.table import Table
 
 from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
 from planner.failures import NoPlanError, parse_worker
+from planner.inputs.limits import load_plan, load_spec
+from planner.inputs.paths import check_writable
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.solvers.timeline import Mode
@@ -30,6 +32,13 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
 
 def _mode(no_split: bool, sync: bool) -> Mode:
     return Mode(split_backward=not no_split, staggered=not sync)
+
+
+def check_solver_options(time_limit: float, workers: int = 1) -> None:
+    if not (time_limit > 0 and time_limit != float("inf")):
+        raise ValueError(f"--time-limit must be a positive number of seconds, not {time_limit:g}")
+    if workers < 1:
+        raise ValueError(f"--workers must be at least 1, not {workers}")
 
 
 def plan_cmd(
@@ -58,7 +67,13 @@ def plan_cmd(
             raise ValueError("--csv-replica needs --csv")
         if csv:
             check_target(csv)
-        job = JobSpec.load(spec)
+        check_solver_options(time_limit, workers)
+        for path, flag in ((out, "--out"), (gantt, "--gantt")):
+            if path:
+                check_writable(path, flag)
+        if gantt and not gantt.endswith((".html", ".htm", ".svg")):  # as write_gantt reads it
+            raise ValueError(f"--gantt {gantt}: write .html or .svg (no other format is made)")
+        job = load_spec(spec)
         failed = [parse_worker(f) for f in fail]
         try:
             plan = solve(job, failed, solver, _mode(no_split, sync),
@@ -102,6 +117,18 @@ def print_plan(plan: Plan) -> None:
     console.print(table)
 
 
+def open_cache(db: str):
+    """The plan cache at `db`, or ValueError (one line) for a path that cannot be one."""
+    import sqlite3
+
+    from planner.cache import PlanCache
+    check_writable(db, "--db")
+    try:
+        return PlanCache(db)
+    except sqlite3.DatabaseError as exc:
+        raise ValueError(f"--db {db}: not a usable SQLite plan cache ({exc})") from None
+
+
 def precompute_cmd(
     spec: str = typer.Argument(..., help="job spec JSON"),
     max_failures: int = typer.Option(1, "--max-failures", "-k", min=0, help="failures per set, at most"),
@@ -115,14 +142,15 @@ def precompute_cmd(
     from rich.progress import Progress
 
     from planner.solvers.backends import BACKENDS, SolveOptions
-    from planner.cache import PlanCache, precompute
+    from planner.cache import precompute
 
     with user_errors("job spec"):
-        job = JobSpec.load(spec)
+        check_solver_options(time_limit)
         bad = [s for s in solver if s not in BACKENDS]
         if bad:
             raise ValueError(f"unknown solver {bad[0]!r}; choose from {', '.join(BACKENDS)}")
-    cache = PlanCache(db)
+        job = load_spec(spec)
+        cache = open_cache(db)
     with Progress(console=console) as progress:
         task = progress.add_task("planning", total=None)
 
@@ -138,13 +166,13 @@ def validate_cmd(path: str = typer.Argument(..., help="plan JSON, or a pipelinin
                  spec: Optional[str] = typer.Option(None, "--spec", help="job spec of a CSV")):
     """Check a plan against every constraint and replay its metrics."""
     from planner.interop.commands import validate_if_csv
-    from planner.validate import replay_metrics, validate
+    from planner.validate import metric_errors, replay_metrics, validate
 
     if validate_if_csv(path, spec):
         return
     with user_errors("plan"):
-        plan = Plan.load(path)
-    errs = validate(plan)
+        plan = load_plan(path)
+    errs = validate(plan) or metric_errors(plan)
     if errs:
         for e in errs:
             console.print(f"[red]{e}[/]")

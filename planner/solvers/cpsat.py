@@ -31,8 +31,10 @@ from planner.solvers.timeline import Mode, Timeline, add_opt, finish_plan
 _STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE"}
 # `time_limit` is spent as deterministic time (reproducible plans) at this rate: on the
 # shared 2-core reference machine CP-SAT advanced 0.4 to 0.75 deterministic seconds per
-# wall second, so the run then takes about `time_limit`. Wall time (1.5 x the limit) is a
-# safety cap only: a run that hits it is no longer reproducible.
+# wall second, so the run then takes about `time_limit`. `time_limit` is also a wall-time
+# limit on the whole call (a 1.5 x cap overran `--time-limit 10` by 30%): the solves stop
+# at the deadline less the time kept for building the plan; a run that hits it is no
+# longer reproducible.
 _DET_PER_S = 0.5
 # The period model spent 10 to 50 s of wall time before its first search step at 1.5K to
 # 3K actions: ortools 9.15's TransitivePrecedencesEvaluator::ComputeFullPrecedences (found
@@ -41,7 +43,8 @@ _DET_PER_S = 0.5
 # seconds for well under one deterministic second, so the re-solve overran the wall cap
 # and lost to the makespan plan. Above this size period is not re-solved.
 _PERIOD_MAX_ACTIONS = 1000
-_WALL_CAP = 1.5
+_WALL_CAP = 1.0
+_WALL_RESERVE = 0.1  # of the limit, kept for what follows the last solve (plan, checks)
 # Above this many actions the global model gets `_LNS_GLOBAL` of the time and our own LNS
 # (planner/solvers/lns.py) the rest; it charges one deterministic unit per ~10 CPU seconds,
 # spread over `num_workers` threads.
@@ -196,10 +199,10 @@ def cpsat_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_lim
         lb_period = lower_bound(job, failed, mode)
         lb_makespan = lower_bound(job, failed, Mode(mode.split_backward, staggered=False))
     budget = _DET_PER_S * time_limit
-    deadline = t0 + _WALL_CAP * time_limit + 0.5
+    deadline = t0 + _WALL_CAP * time_limit * (1 - _WALL_RESERVE)
 
     def solve(mdl, dt, wall_share):
-        cap = (deadline - time.perf_counter()) * wall_share
+        cap = max(0.0, deadline - time.perf_counter()) * wall_share
         return mdl.solve(dt, cap, num_workers, seed)
 
     # Zero-length actions take a unit slot in the model (see _Model), so the greedy plan

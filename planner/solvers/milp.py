@@ -121,5 +121,11 @@ def milp_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_limi
         status = "HEURISTIC"
     elif best.metrics.period <= bound:
         status = "OPTIMAL"
-    return best.model_copy(update={"solver": best.solver.model_copy(update={
+    metrics = best.metrics
+    if status == "OPTIMAL" and bound > metrics.lower_bound:
+        # Proven optimal (for this routing): the proof is the bound, so the gap is 0,
+        # not the distance to the weaker analytic bound.
+        metrics = metrics.model_copy(update={
+            "lower_bound": bound, "gap": round(metrics.period / bound - 1, 6)})
+    return best.model_copy(update={"metrics": metrics, "solver": best.solver.model_copy(update={
         "status": status, "wall_s": round(time.perf_counter() - t0, 4), "bound": bound})})

@@ -1,0 +1,63 @@
+"""Checks of `recycle train`'s options that no worker process should discover later: a
+worker that crashes on a bad value shows up as a failure, then as "no plan: stage N has no
+live replica", which hides the real cause; a summary path that cannot be written loses a
+finished run's result."""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+from planner.inputs.paths import check_directory, check_writable
+
+DEFAULT_GRID = (2, 2, 4)
+# Worker processes `train` starts on this machine (each is a torch process of a few hundred
+# MB); more run under torchrun with --external.
+MAX_LOCAL_WORKERS = 64
+
+
+def check_train_options(*, solver: str, store_port: int, run_dir: Optional[str],
+                        summary: Optional[str], checkpoint: Optional[str], d_model: int,
+                        layers: int, heads: int, seq_len: int, micro_batch_size: int,
+                        vocab: int, lr: float) -> None:
+    from planner.solvers.backends import BACKENDS
+    if solver not in BACKENDS:
+        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
+    if not 0 <= store_port <= 65535:
+        raise ValueError(f"--store-port must be a port number 0..65535 (0: any free), "
+                         f"not {store_port}")
+    for flag, value in (("--d-model", d_model), ("--layers", layers), ("--heads", heads),
+                        ("--seq-len", seq_len), ("--micro-batch-size", micro_batch_size),
+                        ("--vocab", vocab)):
+        if value < 1:
+            raise ValueError(f"{flag} must be at least 1, not {value}")
+    if d_model % heads:
+        raise ValueError(f"--d-model {d_model} must be a multiple of --heads {heads}")
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"--lr must be a finite number >= 0, not {lr:g}")
+    if run_dir:
+        check_directory(run_dir, "--run-dir")
+    if summary:
+        check_writable(summary, "--summary")
+    if checkpoint:
+        check_writable(checkpoint, "--checkpoint")
+
+
+def grid_of(spec, job_path: Optional[str], replicas: Optional[int], stages: Optional[int],
+            microbatches: Optional[int]) -> tuple[int, int, int]:
+    """The grid: the --job's, or -d/-s/-m (defaults 2, 2, 4); both given must agree."""
+    asked = (replicas, stages, microbatches)
+    if spec is None:
+        return tuple(a if a is not None else d for a, d in zip(asked, DEFAULT_GRID))
+    have = (spec.replicas, spec.stages, spec.microbatches)
+    for flag, a, h in zip(("-d", "-s", "-m"), asked, have):
+        if a is not None and a != h:
+            raise ValueError(f"--job {job_path} is a {have[0]}x{have[1]}x{have[2]} grid "
+                             f"(DxSxM), but {flag} {a} asks otherwise; leave {flag} out")
+    return have
+
+
+def check_local_workers(replicas: int, stages: int) -> None:
+    if replicas * stages > MAX_LOCAL_WORKERS:
+        raise ValueError(f"{replicas}x{stages} = {replicas * stages} worker processes on this "
+                         f"machine is over {MAX_LOCAL_WORKERS}; run them under torchrun "
+                         f"with --external")

@@ -1,0 +1,1 @@
+"""Untrusted input at the entry points: size and planning limits, checked loaders."""

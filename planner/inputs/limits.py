@@ -1,0 +1,66 @@
+"""What can be planned in time: limits every entry point checks before it plans.
+
+JobSpec's own bounds (planner/job.py) keep numbers representable; these keep the work
+bounded. The greedy back-end is what every entry point runs first (the service on each
+event, `recycle plan`, `recycle train`), and its time grows with the number of actions
+(D*S*M), with the workers (D*S) and faster than linearly with S. Measured on this
+project's 2-core CI machine (docs/planner.md, "Limits"), the largest job within all three
+limits plans in a few seconds; past them one plan took minutes (1 x 10,000 x 1 did not
+finish in 90 s) and a service registration held its thread that long.
+
+Files are read only up to a size, so that a huge document is refused before it is parsed
+(a 50 MB spec took 4 GB to parse and plan).
+"""
+from __future__ import annotations
+
+import os
+
+MAX_PLAN_CELLS = 131072   # replicas * stages * microbatches
+MAX_PLAN_STAGES = 512     # stages
+MAX_PLAN_WORKERS = 4096   # replicas * stages
+MAX_SPEC_BYTES = 4 << 20  # a spec at the limits with speeds is about 1 MB
+MAX_PLAN_BYTES = 64 << 20  # a plan at the limits is about 25 MB
+
+
+class TooLarge(ValueError):
+    """A job, or a file, over the planning limits; the message is one line."""
+
+
+def check_plannable(replicas: int, stages: int, microbatches: int) -> None:
+    """Refuse a grid that cannot be planned in time (TooLarge, one line)."""
+    cells = replicas * stages * microbatches
+    for what, got, limit in (("stages", stages, MAX_PLAN_STAGES),
+                             ("replicas*stages", replicas * stages, MAX_PLAN_WORKERS),
+                             ("replicas*stages*microbatches", cells, MAX_PLAN_CELLS)):
+        if got > limit:
+            raise TooLarge(f"job too large to plan in time: {what} = {got} exceeds {limit} "
+                           f"(see docs/planner.md, Limits)")
+
+
+def read_text(path: str, limit: int = MAX_SPEC_BYTES, what: str = "file") -> str:
+    """A file's text, refused (TooLarge) before reading if it is over `limit` bytes."""
+    size = os.stat(path).st_size
+    if os.path.isdir(path):
+        raise IsADirectoryError(21, "Is a directory", path)
+    if size > limit:
+        raise TooLarge(f"{what} {path} is {size / 2**20:.1f} MiB, over the limit of "
+                       f"{limit / 2**20:g} MiB")
+    with open(path) as fh:
+        return fh.read()
+
+
+def load_spec(path: str, plannable: bool = True):
+    """A job spec from a file, refused with one line if it is too large to read or plan."""
+    from planner.job import JobSpec
+    spec = JobSpec.model_validate_json(read_text(path, MAX_SPEC_BYTES, "job spec"))
+    if plannable:
+        check_plannable(spec.replicas, spec.stages, spec.microbatches)
+    return spec
+
+
+def load_plan(path: str):
+    """A plan from a file, refused with one line if it is too large to read or replay."""
+    from planner.plan import Plan
+    plan = Plan.model_validate_json(read_text(path, MAX_PLAN_BYTES, "plan"))
+    check_plannable(plan.job.replicas, plan.job.stages, plan.job.microbatches)
+    return plan
