@@ -3,6 +3,7 @@ Typer app (the console command's); `python -m api serve ...` runs it standalone.
 from __future__ import annotations
 
 import logging
+import math
 import os
 from typing import Optional
 
@@ -54,9 +55,18 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
                                         "estimate (median); 0 turns detection off"),
           log_level: str = typer.Option("info", "--log-level")) -> None:
     """Serve failure events in, versioned plans out (OpenAPI docs at /docs)."""
+    from planner.commands.cli_errors import die
+
+    try:
+        solver_list = check_serve_options(db, port, heartbeat_timeout, suspect_grace,
+                                          max_failures, solvers, cpsat_time_limit,
+                                          solver_workers, speed_window, log_level)
+    except ValueError as exc:
+        die(str(exc))
     from api.app import create_app
 
-    logging.basicConfig(level=log_level.upper(),
+    log_level = log_level.lower()
+    logging.basicConfig(level=log_level.upper() if log_level != "trace" else 5,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     from api.store_pg import check_reachable, is_postgres
     if is_postgres(db) and (why := check_reachable(db)) is not None:
@@ -64,11 +74,55 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
         raise typer.Exit(2)
     db = db if is_postgres(db) else os.path.abspath(db)
     app = create_app(db, admin_token, heartbeat_timeout, max_failures,
-                     solvers=tuple(s.strip() for s in solvers.split(",") if s.strip()),
+                     solvers=solver_list,
                      cpsat_time_limit_s=cpsat_time_limit, solver_workers=solver_workers,
                      suspect_grace_s=suspect_grace, speed_window=speed_window)
     Server(app, host=host, port=port, log_level=log_level, access_log=False,
            timeout_graceful_shutdown=5).run()
+
+
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+def _positive(flag: str, value: float) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{flag} must be a positive number of seconds, not {value:g}")
+
+
+def check_serve_options(db, port, heartbeat_timeout, suspect_grace, max_failures, solvers,
+                        cpsat_time_limit, solver_workers, speed_window, log_level):
+    """One-line ValueError for an option the service would misuse; the solver list."""
+    from api.service import ServiceConfig
+    from api.store import check_database
+    from planner.backends import BACKENDS
+
+    if not 0 <= port <= 65535:
+        raise ValueError(f"--port must be 0..65535, not {port}")
+    _positive("--heartbeat-timeout", heartbeat_timeout)
+    if suspect_grace is not None:
+        _positive("--suspect-grace", suspect_grace)
+    _positive("--cpsat-time-limit", cpsat_time_limit)
+    limit = ServiceConfig.max_failures_limit
+    if not 0 <= max_failures <= limit:
+        raise ValueError(f"--max-failures must be 0..{limit}, not {max_failures}")
+    if solver_workers < 1:
+        raise ValueError(f"--solver-workers must be at least 1, not {solver_workers}")
+    if speed_window < 0:
+        raise ValueError(f"--speed-window must be 0 (off) or more, not {speed_window}")
+    names = tuple(s.strip() for s in solvers.split(",") if s.strip())
+    if not names:
+        raise ValueError(f"--solvers {solvers!r} names no back-end; choose from "
+                         f"{', '.join(BACKENDS)}")
+    bad = [s for s in names if s not in BACKENDS]
+    if bad:
+        raise ValueError(f"--solvers: unknown back-end {bad[0]!r}; choose from "
+                         f"{', '.join(BACKENDS)}")
+    if log_level.lower() not in LOG_LEVELS:
+        raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
+    from api.store_pg import is_postgres
+    if not is_postgres(db):  # PostgreSQL: its reachability is checked next, in serve
+        check_database(db)
+    return names
 
 
 def register(app: typer.Typer) -> None:

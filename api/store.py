@@ -70,9 +70,46 @@ CREATE TABLE IF NOT EXISTS armed (
 """
 
 
+class DamagedDatabase(ValueError):
+    """A database file the service must not start on; the message is one line."""
+
+
+def check_database(path: str) -> None:
+    """Refuse (DamagedDatabase) a path that is not a sound SQLite database or a new file
+    in an existing directory: starting on it would serve wrong state, fail later with 500s,
+    or silently start empty over data that was lost."""
+    import os
+    if path == ":memory:":
+        return
+    if os.path.isdir(path):
+        raise DamagedDatabase(f"database {path} is a directory")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise DamagedDatabase(f"database {path}: no such directory {parent}")
+    if not os.path.exists(path):
+        return  # a new database
+    if os.path.getsize(path) == 0:
+        raise DamagedDatabase(f"database {path} is an empty file, not a database (remove it "
+                              f"to start a new one)")
+    try:
+        from urllib.parse import quote
+        db = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?mode=ro", uri=True)
+        try:
+            rows = [r[0] for r in db.execute("PRAGMA quick_check(3)")]
+        finally:
+            db.close()
+    except sqlite3.Error as exc:
+        raise DamagedDatabase(f"database {path} cannot be used: {exc}") from None
+    if rows != ["ok"]:
+        first = " ".join(str(rows[0]).split())[:200]
+        raise DamagedDatabase(f"database {path} is damaged (PRAGMA quick_check: {first}); "
+                              f"restore it from a backup")
+
+
 class Store:
     def __init__(self, path: str):
         self.path = path
+        check_database(path)
         self._lock = threading.RLock()
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None,
                                    timeout=30.0)
