@@ -24,6 +24,7 @@ from api.stragglers import SpeedError, quantize_speed
 from planner.solvers.backends import solve
 from planner.cache import PlanCache
 from planner.failures import Worker, canonicalize, dead_stage, NoPlanError
+from planner.inputs.limits import TooLarge, check_plannable
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.speeds import SpeedDetector
@@ -242,6 +243,10 @@ class Service:
         if grid > self.config.max_grid:
             raise ApiError(422, f"job too large: replicas*stages*microbatches = {grid} exceeds "
                                 f"this service's limit of {self.config.max_grid}")
+        try:  # what the greedy plans in seconds: a registration's time is bounded
+            check_plannable(spec.replicas, spec.stages, spec.microbatches)
+        except TooLarge as exc:
+            raise ApiError(422, str(exc)) from None
 
     # ---- jobs --------------------------------------------------------------------------
     async def register(self, spec: JobSpec, max_failures: Optional[int]) -> tuple[JobRuntime, str]:

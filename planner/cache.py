@@ -8,10 +8,12 @@ speed pattern share it; without speeds it is the spec hash. A put keeps whicheve
 the smaller period, so a later CP-SAT improvement replaces a greedy plan but a worse plan
 never overwrites a better one.
 
-With stragglers, a cached plan is never worse than the greedy plan of the case asked for:
-the first `get` of a (case, numbering) in a process runs greedy (milliseconds) and, if it
-is better, stores and serves that instead. A stale entry (routed before routing used
-speeds, or by a back-end that was handed a poor routing) thus never outlives one lookup.
+A cached plan is never worse than the greedy plan of the case asked for: the greedy plan
+depends on the replica numbering (ties go to lower replicas) and on speeds, so the first
+`get` of a (case, numbering) in a process whose numbering differs from the canonical one,
+or that has speeds, runs greedy (milliseconds) and, if it is better, stores and serves that
+instead. A stale entry (routed before routing used speeds, or by a back-end that was
+handed a poor routing, or greedy's plan of another numbering) never outlives one lookup.
 """
 from __future__ import annotations
 
@@ -95,7 +97,8 @@ class PlanCache:
             plan = Plan.from_json(row[0])
             self._remember(key, plan, replace=False)  # a put meanwhile has the newer plan
         out = map_plan(plan, canon)
-        if job.speed is not None and (key, canon.perm) not in self._checked:
+        renumbered = list(canon.perm) != sorted(canon.perm)
+        if (job.speed is not None or renumbered) and (key, canon.perm) not in self._checked:
             greedy = solve(job, failed, "greedy", mode)
             if greedy.metrics.period < out.metrics.period:
                 self.put(greedy, mode)
