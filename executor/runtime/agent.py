@@ -270,6 +270,9 @@ class Agent:
         self._busy = 0.0
         self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         half = len(wp.actions) // 2
+        sync = plan.solver.optimizer == "synchronous"
+        if sync:  # wall times, for the check that no iteration starts before all stepped
+            self.log(f"iteration {it} entered at {time.time():.6f}")
         for k, a in enumerate(wp.actions):
             if k == half:
                 wait = it in self.fault_iterations
@@ -285,7 +288,11 @@ class Agent:
                 self._timed(self.compute.backward_weight, a.microbatch)
             else:
                 self._step(it)
+                if sync:
+                    self.log(f"iteration {it} stepped at {time.time():.6f}")
         self.world.flush()
+        if sync:  # synchronous optimizer: nobody starts the next iteration before all stepped
+            self.world.barrier()
 
     def _batch(self, it: int, g: int):
         if g not in self._batches:

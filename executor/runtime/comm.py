@@ -264,6 +264,14 @@ class World:
         self._wait(work, f"all-reduce of stage {self.me[1]}", peer)
         return buf.to(flat.device) if buf is not flat else flat
 
+    def barrier(self) -> None:
+        """Every live worker of this version gets here (a synchronous optimizer's barrier)."""
+        try:
+            work = self.ctrl.barrier()
+        except Exception as exc:
+            raise CommError(f"v{self.version} barrier failed: {str(exc)[:200]}") from exc
+        self._wait(work, "barrier")
+
     def allgather_ints(self, values: Sequence[int]) -> dict[Worker, list[int]]:
         mine = torch.tensor(list(values), dtype=torch.int64)
         out = [torch.empty_like(mine) for _ in self.workers]
