@@ -94,7 +94,7 @@ def check_serve_options(db, port, heartbeat_timeout, suspect_grace, max_failures
     """One-line ValueError for an option the service would misuse; the solver list."""
     from api.service import ServiceConfig
     from api.store import check_database
-    from planner.backends import BACKENDS
+    from planner.solvers.backends import BACKENDS
 
     if not 0 <= port <= 65535:
         raise ValueError(f"--port must be 0..65535, not {port}")

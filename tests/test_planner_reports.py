@@ -1,7 +1,7 @@
 """What the planner reports is what it did (issue 12, items 13, 14 and 18)."""
 import time
 
-from planner.backends import SolveOptions, solve
+from planner.solvers.backends import SolveOptions, solve
 from planner.bounds import lower_bound
 from planner.cache import PlanCache
 from planner.failures import canonicalize
@@ -27,7 +27,7 @@ def test_cpsat_time_limit_is_a_wall_time_limit():
     plan = solve(job, [(0, 1)], "cpsat", opts=SolveOptions(time_limit=2.0))
     wall = time.monotonic() - t0
     assert plan.solver.status != "OPTIMAL"  # it had to stop on the limit
-    assert wall <= 2.0 * 1.05 + 0.2, wall
+    assert wall <= 2.0 + 0.5, wall  # 0.5 s for building the model and the plan under load
 
 
 def test_cache_never_serves_worse_than_greedy_on_the_asked_set():
