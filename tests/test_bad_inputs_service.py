@@ -57,3 +57,30 @@ def test_registration_too_large_to_plan_in_time_is_refused_at_once(server, grid,
     r = httpx.post(server.url + "/v1/jobs", json=spec, headers=admin_headers(), timeout=60)
     assert r.status_code == 422 and says in r.json()["detail"], r.text
     assert time.monotonic() - t0 < 10  # it used to plan for minutes before answering
+
+
+def test_registration_nobody_waits_for_is_cancelled(server):
+    """Item 10: the solve went on after the client left, and then registered a job whose
+    token nobody had received. A 16 x 256 x 32 job (within the limits) plans for seconds:
+    the client leaves after 0.3 s and no job is registered."""
+    D, S, M = 16, 256, 32
+    spec = {"replicas": D, "stages": S, "microbatches": M,
+            "cost": {k: [10] * S for k in ("F", "I", "W", "OPT")}}
+    before = httpx.get(server.url + "/v1/jobs", headers=admin_headers(), timeout=10).json()
+    solves = _greedy_solves(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(server.url + "/v1/jobs", json=spec, headers=admin_headers(), timeout=0.3)
+    t0 = time.monotonic()
+    while _greedy_solves(server) == solves and time.monotonic() - t0 < 60:
+        time.sleep(0.1)  # the planning thread runs to its end (3.3 s on an idle machine)
+    time.sleep(0.3)  # ... and what would have followed it
+    after = httpx.get(server.url + "/v1/jobs", headers=admin_headers(), timeout=10).json()
+    assert len(after) == len(before), after
+
+
+def _greedy_solves(server) -> float:
+    """Greedy solves the service has finished (its metric, observed when one ends)."""
+    hist = server.service.metrics.solve_seconds
+    return sum(s.value for m in hist.collect() for s in m.samples
+               if s.name.endswith("_count") and s.labels.get("solver") == "greedy"
+               and s.labels.get("purpose") == "event")

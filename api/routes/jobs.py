@@ -1,6 +1,7 @@
 """Jobs and their failure/recovery events."""
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Optional
 
@@ -9,6 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from api.models import (Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, Precompute,
                         SpeedIn, SpeedsOut)
 from api.security import ADMIN, JOB, AuthRoute, bearer
+from api.service import ApiError
 from planner.job import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", route_class=AuthRoute, dependencies=[Depends(bearer)],
@@ -17,6 +19,24 @@ router = APIRouter(prefix="/v1/jobs", route_class=AuthRoute, dependencies=[Depen
 
 def errors(*codes: int) -> dict:
     return {c: {"model": Error} for c in (401, 403, 413, 422, *codes)}
+
+
+async def unless_client_leaves(request: Request, work, poll_s: float = 0.2):
+    """Await `work`, cancelled if the client disconnects first: a registration nobody
+    waits for must not go on to create a job whose token nobody received. (The greedy
+    plan's thread runs to its end, bounded by the planning limits; its result is dropped.)"""
+    task = asyncio.ensure_future(work)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll_s)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()
+            try:
+                return await task  # it was done already: the job stands
+            except asyncio.CancelledError:
+                raise ApiError(499, "client closed the request before the job was "
+                                    "registered") from None
 
 
 def precompute_of(request: Request, job_id: str) -> dict:
@@ -34,7 +54,8 @@ async def create_job(spec: JobSpec, request: Request,
                          "set of up to this many workers (default: the service's)")):
     """Body: the job spec (DESIGN section 5). Publishes plan version 0, starts
     precomputing plans for likely failed sets, and returns the job's worker token."""
-    job, token = await request.app.state.service.register(spec, max_failures)
+    job, token = await unless_client_leaves(
+        request, request.app.state.service.register(spec, max_failures))
     return {"id": job.id, "token": token, "state": job.state, "plan_version": job.version,
             "max_failures": job.max_failures}
 
