@@ -91,7 +91,7 @@ def train_cmd(
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
         check_plannable(replicas, stages, microbatches)
-        if not (external or service):
+        if not external:  # the workers are this machine's processes
             check_local_workers(replicas, stages)
         check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows)
         if not external:  # torchrun'd workers check their own hosts
