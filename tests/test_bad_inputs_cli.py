@@ -124,6 +124,10 @@ PLANNER = [
                                    "in 50.4 MiB"),
     (["validate", "{d}/big_plan.json"], "is 50.4 MiB, far more than a plan for a 1x2x1 grid"),
     (["validate", "{d}/a_dir"], "Is a directory"),
+    (["bench", "planner", "--out", "/nonexistent/dir/b.md"], "--out /nonexistent/dir/b.md: no "
+                                                            "such directory"),
+    (["bench", "planner", "--time-limit", "nan"], "--time-limit must be a positive number"),
+    (["bench", "planner", "--cpsat-max-actions", "-1"], "--cpsat-max-actions must be 0 or more"),
 ]
 
 

@@ -192,8 +192,11 @@ def bench_planner_cmd(
 ):
     """Period / lower bound per back-end, solve times, and the ablation."""
     with user_errors("benchmark"):
-        if time_limit <= 0:
-            raise ValueError("--time-limit must be positive")
+        check_solver_options(time_limit)
+        if cpsat_max_actions < 0:
+            raise ValueError(f"--cpsat-max-actions must be 0 or more, not {cpsat_max_actions}")
+        if out:  # checked first: the benchmark runs for minutes before it writes
+            check_writable(out, "--out")
     if speeds:
         from planner.commands.bench_speeds import run_speeds_bench
         run_speeds_bench(out or "benchmarks/results/planner_speeds.md", time_limit, cpsat,
