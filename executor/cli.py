@@ -86,6 +86,9 @@ def train_cmd(
             from executor.sources.service_source import ServiceWatch
             if not (job_id and token):
                 raise ValueError("--service needs --job-id and --token")
+            if sync or no_split:  # the service plans every job with I/W split, staggered
+                raise ValueError(f"{'--sync' if sync else '--no-split'} cannot apply with "
+                                 f"--service: the service's plans split I/W and stagger")
             watch = ServiceWatch(service, job_id, token, timeout_s=max(30.0, timeout))
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches

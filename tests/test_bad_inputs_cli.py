@@ -86,6 +86,10 @@ TRAIN = [
     (["-s", "10000", "-d", "1", "-m", "1"], "job too large to plan in time: stages = 10000"),
     (["-d", "40", "-s", "2"], "80 worker processes on this machine is over 64"),
     (["--job", "{d}/big.json"], "job spec {d}/big.json is 50.4 MiB, over the limit of 4 MiB"),
+    (["--service", "http://127.0.0.1:9", "--job-id", "j", "--token", "t", "--sync"],
+     "--sync cannot apply with --service"),
+    (["--service", "http://127.0.0.1:9", "--job-id", "j", "--token", "t", "--no-split"],
+     "--no-split cannot apply with --service"),
     # already one line on main; kept so that they stay so
     (["-d", "0"], "replicas: Input should be greater than or equal to 1"),
     (["--reference", "-d", "0"], "replicas: Input should be greater than or equal to 1"),
