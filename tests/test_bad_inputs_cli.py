@@ -111,8 +111,8 @@ PLANNER = [
     (["plan", JOB, "--out", "{d}/a_dir"], "--out {d}/a_dir: is a directory"),
     (["plan", JOB, "--gantt", "{d}/g.pdf"], "--gantt {d}/g.pdf: write .html or .svg"),
     (["plan", JOB, "--gantt", "/nonexistent/g.svg"], "--gantt /nonexistent/g.svg: no such"),
-    (["plan", JOB, "--time-limit", "-1"], "--time-limit must be a positive number of seconds"),
-    (["plan", JOB, "--time-limit", "nan"], "--time-limit must be a positive number of seconds"),
+    (["plan", JOB, "--time-limit", "-1"], "--time-limit must be positive and finite (seconds)"),
+    (["plan", JOB, "--time-limit", "nan"], "--time-limit must be positive and finite (seconds)"),
     (["plan", JOB, "--workers", "-3"], "--workers must be at least 1, not -3"),
     (["plan", "{d}/grid_1x10000x1.json"], "job too large to plan in time: stages = 10000"),
     (["plan", "{d}/grid_100000x2x4.json"], "job too large to plan in time: replicas*stages"),
@@ -130,7 +130,7 @@ PLANNER = [
     (["validate", "{d}/a_dir"], "Is a directory"),
     (["bench", "planner", "--out", "/nonexistent/dir/b.md"], "--out /nonexistent/dir/b.md: no "
                                                             "such directory"),
-    (["bench", "planner", "--time-limit", "nan"], "--time-limit must be a positive number"),
+    (["bench", "planner", "--time-limit", "nan"], "--time-limit must be positive and finite"),
     (["bench", "planner", "--cpsat-max-actions", "-1"], "--cpsat-max-actions must be 0 or more"),
 ]
 

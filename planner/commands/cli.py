@@ -36,7 +36,7 @@ def _mode(no_split: bool, sync: bool) -> Mode:
 
 def check_solver_options(time_limit: float, workers: int = 1) -> None:
     if not (time_limit > 0 and time_limit != float("inf")):
-        raise ValueError(f"--time-limit must be a positive number of seconds, not {time_limit:g}")
+        raise ValueError(f"--time-limit must be positive and finite (seconds), not {time_limit:g}")
     if workers < 1:
         raise ValueError(f"--workers must be at least 1, not {workers}")
 
