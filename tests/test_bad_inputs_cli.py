@@ -39,7 +39,7 @@ def files(tmp_path_factory):
     # ... and the same inside something shaped like a plan of a 1x2x1 grid.
     (d / "big_plan.json").write_text('{"job": {"replicas": 1, "stages": 2, "microbatches": 1, '
                                      + cost + "}}")
-    for D, S, M in ((1, 10_000, 1), (100_000, 2, 4), (8192, 2, 8)):
+    for D, S, M in ((1, 20_000, 1), (100_000, 2, 4), (16384, 2, 4)):
         (d / f"grid_{D}x{S}x{M}.json").write_text(json.dumps({
             "replicas": D, "stages": S, "microbatches": M,
             "cost": {k: [1] * S for k in ("F", "I", "W", "OPT")}}))
@@ -82,8 +82,10 @@ TRAIN = [
      "--rejoin 0:1@3: no --kill or --stall"),
     (["--job", JOB, "-d", "2"], "is a 4x4x8 grid (DxSxM), but -d 2 asks otherwise"),
     (["--job", JOB, "-m", "3"], "is a 4x4x8 grid (DxSxM), but -m 3 asks otherwise"),
-    (["-d", "100000"], "job too large to plan in time: replicas*stages = 200000 exceeds 4096"),
-    (["-s", "10000", "-d", "1", "-m", "1"], "job too large to plan in time: stages = 10000"),
+    (["-d", "100000"], "job too large to plan in time: replicas*stages = 200000 exceeds 16384"),
+    (["-s", "20000", "-d", "1", "-m", "1", "--external"], "job too large to plan in time: "
+                                                          "replicas*stages = 20000 exceeds"),
+    (["-s", "10000", "-d", "1", "-m", "1"], "10000 worker processes on this machine is over 64"),
     (["-d", "40", "-s", "2"], "80 worker processes on this machine is over 64"),
     (["--job", "{d}/big.json"], "job spec {d}/big.json is 50.4 MiB, over the limit of 4 MiB"),
     (["--service", "http://127.0.0.1:9", "--job-id", "j", "--token", "t", "--sync"],
@@ -114,9 +116,10 @@ PLANNER = [
     (["plan", JOB, "--time-limit", "-1"], "--time-limit must be positive and finite (seconds)"),
     (["plan", JOB, "--time-limit", "nan"], "--time-limit must be positive and finite (seconds)"),
     (["plan", JOB, "--workers", "-3"], "--workers must be at least 1, not -3"),
-    (["plan", "{d}/grid_1x10000x1.json"], "job too large to plan in time: stages = 10000"),
+    (["plan", "{d}/grid_1x20000x1.json"], "job too large to plan in time: replicas*stages = "
+                                          "20000 exceeds 16384"),
     (["plan", "{d}/grid_100000x2x4.json"], "job too large to plan in time: replicas*stages"),
-    (["plan", "{d}/grid_8192x2x8.json"], "job too large to plan in time: replicas*stages = 16384"),
+    (["plan", "{d}/grid_16384x2x4.json"], "job too large to plan in time: replicas*stages = 32768"),
     (["plan", "{d}/big.json"], "job spec {d}/big.json is 50.4 MiB, over the limit of 4 MiB"),
     (["precompute", "{d}/big.json", "--db", "{d}/c.db"], "job spec {d}/big.json is 50.4 MiB"),
     (["precompute", JOB, "--db", "/nonexistent/dir/c.db"], "--db /nonexistent/dir/c.db: no such"),

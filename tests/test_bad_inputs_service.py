@@ -1,6 +1,7 @@
 """The service on a real loopback server (issue 12, items 10 and 17): docs/api.md's curl
 commands work as written, and a registration too large to plan in time is refused at once
-with one line (1 x 10,000 x 1 used to hold the request for minutes)."""
+with one line (1 x 10,000 x 1 used to hold the request for minutes; past the limits the
+greedy still takes seconds and more)."""
 import json
 import os
 import re
@@ -46,8 +47,8 @@ def test_documented_curl_commands_work(server):
 
 
 @pytest.mark.parametrize("grid, says", [
-    ((1, 10_000, 1), "job too large to plan in time: stages = 10000 exceeds 512"),
-    ((4096, 2, 1), "job too large to plan in time: replicas*stages = 8192 exceeds 4096"),
+    ((1, 20_000, 1), "job too large to plan in time: replicas*stages = 20000 exceeds 16384"),
+    ((16384, 2, 1), "job too large to plan in time: replicas*stages = 32768 exceeds 16384"),
 ])
 def test_registration_too_large_to_plan_in_time_is_refused_at_once(server, grid, says):
     D, S, M = grid
@@ -61,9 +62,9 @@ def test_registration_too_large_to_plan_in_time_is_refused_at_once(server, grid,
 
 def test_registration_nobody_waits_for_is_cancelled(server):
     """Item 10: the solve went on after the client left, and then registered a job whose
-    token nobody had received. A 16 x 256 x 32 job (within the limits) plans for seconds:
+    token nobody had received. A 32 x 512 x 8 job (within the limits) plans for about 2 s:
     the client leaves after 0.3 s and no job is registered."""
-    D, S, M = 16, 256, 32
+    D, S, M = 32, 512, 8
     spec = {"replicas": D, "stages": S, "microbatches": M,
             "cost": {k: [10] * S for k in ("F", "I", "W", "OPT")}}
     before = httpx.get(server.url + "/v1/jobs", headers=admin_headers(), timeout=10).json()
@@ -72,7 +73,7 @@ def test_registration_nobody_waits_for_is_cancelled(server):
         httpx.post(server.url + "/v1/jobs", json=spec, headers=admin_headers(), timeout=0.3)
     t0 = time.monotonic()
     while _greedy_solves(server) == solves and time.monotonic() - t0 < 60:
-        time.sleep(0.1)  # the planning thread runs to its end (3.3 s on an idle machine)
+        time.sleep(0.1)  # the planning thread runs to its end (about 2 s here)
     time.sleep(0.3)  # ... and what would have followed it
     after = httpx.get(server.url + "/v1/jobs", headers=admin_headers(), timeout=10).json()
     assert len(after) == len(before), after
