@@ -74,7 +74,6 @@ TRAIN = [
     (["--summary", "/nonexistent/dir/s.json"], "--summary /nonexistent/dir/s.json: no such "
                                                "directory /nonexistent/dir"),
     (["--summary", "{d}/a_dir"], "--summary {d}/a_dir: is a directory"),
-    (["--checkpoint", "/nonexistent/dir/c.pt"], "--checkpoint /nonexistent/dir/c.pt: no such"),
     (["--rejoin", "0:1@1"], "--rejoin 0:1@1: no --kill or --stall of worker 0:1 at or before "
                             "iteration 1"),
     (["--kill", "0:1@3", "--rejoin", "0:1@2"], "--rejoin 0:1@2: no --kill or --stall"),
