@@ -151,14 +151,14 @@ def test_oversized_specs_are_refused_before_planning(tmp_path):
         fh.write(f'{{"replicas": 1, "stages": {n}, "microbatches": 1, "cost": {{'
                  + ", ".join(f'"{k}": {row}' for k in ("F", "I", "W", "OPT")) + "}}")
     r = recycle("simulate", str(big), "--no-progress")
-    assert r.returncode == 2 and "MB" in r.stderr and len(r.stderr.strip().splitlines()) == 1
-    # a small file whose grid is over the simulator's limit
+    assert r.returncode == 2 and "MiB" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    # a small file whose grid is over the planning limits
     stages = 140_000
     spec = {"replicas": 1, "stages": stages, "microbatches": 1,
             "cost": {k: [1] * stages for k in ("F", "I", "W", "OPT")}}
     path = write(tmp_path, "wide.json", json.dumps(spec))
     r = recycle("simulate", path, "--no-progress")
-    assert r.returncode == 2 and "exceeds the simulator's limit" in r.stderr, r.stderr
+    assert r.returncode == 2 and "too large to plan" in r.stderr, r.stderr
 
 
 def test_a_node_holding_a_whole_stage_halts_recycle_and_swift_replays_it(tmp_path):

@@ -11,14 +11,13 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.commands.cli_errors import user_errors
+from planner.inputs.limits import check_plannable, load_spec
 
 console = Console()
 
-# A spec the simulator will plan for: at most the service's size (D*S*M <= 131,072, each
-# failed set planned in well under a second), read from a file of at most 8 MB (a spec of
-# that size is far smaller; a 50 MB spec of millions of stages is refused before parsing).
-MAX_CELLS = 131_072
-MAX_SPEC_BYTES = 8 * 2**20
+# A spec the simulator plans for is held to the planner's limits (planner/inputs/limits.py):
+# each failed set is planned in seconds at most, and a 50 MB spec of millions of stages is
+# refused by its size before it is parsed.
 
 
 def register(app: typer.Typer) -> None:
@@ -158,7 +157,6 @@ def simulate_cmd(
 
 
 def _load_job(spec, preset, replicas, stages, microbatches, tflops, memory_gb):
-    from planner.job import JobSpec
     from planner.simulation.costs import Model
 
     if preset:
@@ -168,23 +166,13 @@ def _load_job(spec, preset, replicas, stages, microbatches, tflops, memory_gb):
                         ("--microbatches", microbatches)):
             if v < 1:
                 raise ValueError(f"{name} must be at least 1")
-        if replicas * stages * microbatches > MAX_CELLS:
-            raise ValueError(f"replicas*stages*microbatches = {replicas * stages * microbatches} "
-                             f"exceeds the simulator's limit of {MAX_CELLS}")
+        check_plannable(replicas, stages, microbatches)
         _finite("--gpu-tflops", tflops)
         _finite("--gpu-memory-gb", memory_gb)
         model = preset_model(preset, replicas, 1, tflops, memory_gb)
         sh = PRESETS[preset]
         return preset_job(model, replicas, stages, microbatches, sh.seq, sh.d_model, 1), model
-    size = os.path.getsize(spec)
-    if size > MAX_SPEC_BYTES:
-        raise ValueError(f"{spec} is {size / 2**20:.0f} MB; the simulator reads specs up to "
-                         f"{MAX_SPEC_BYTES // 2**20} MB (D*S*M up to {MAX_CELLS})")
-    job = JobSpec.load(spec)
-    cells = job.replicas * job.stages * job.microbatches
-    if cells > MAX_CELLS:
-        raise ValueError(f"replicas*stages*microbatches = {cells} exceeds the simulator's "
-                         f"limit of {MAX_CELLS}")
+    job = load_spec(spec)  # refused by size before parsing, then by grid
     return job, Model.of_spec(job)
 
 
