@@ -15,6 +15,8 @@ from api import routes_jobs, routes_ops, routes_plans, routes_workers
 from api.fastpath import FastPlans
 from api.heartbeats import Monitor
 from api.metrics import Metrics
+from api.nodes import routes as routes_nodes
+from api.nodes.table import NodeTable
 from api.precompute import BackgroundSolver, Precomputer
 from api.security import Auth
 from api.service import ApiError, Service, ServiceConfig
@@ -155,7 +157,8 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
     app.state.metrics = Metrics()
     app.state.auth = Auth(admin_token, lambda job_id: app.state.service.token_hash(job_id))
     app.state.config = cfg
-    for r in (routes_jobs, routes_plans, routes_workers, routes_ops):
+    app.state.nodes = NodeTable(cfg.heartbeat_timeout_s)
+    for r in (routes_jobs, routes_plans, routes_workers, routes_ops, routes_nodes):
         app.include_router(r.router)
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)
     default_openapi = app.openapi

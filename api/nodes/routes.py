@@ -1,0 +1,96 @@
+"""Node agents: claim a node, heartbeat for all its workers at once, give the node back.
+
+The plan itself an agent long-polls at GET /v1/jobs/{id}/plan, once for its node (the
+fast path answers it, api/fastpath.py); a local worker's death it posts as a failure event
+(POST /v1/jobs/{id}/events with the worker's incarnation).
+"""
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import APIRouter, Depends, Path, Request
+
+from api.models import Error
+from api.nodes.models import DetachOut, NodeBeatIn, NodeBeatOut, NodeClaimIn, NodeOut
+from api.security import JOB, AuthRoute, bearer
+from api.service import ApiError
+
+router = APIRouter(prefix="/v1/jobs/{job_id}/nodes/{node}", route_class=AuthRoute,
+                   dependencies=[Depends(bearer)], tags=["nodes"])
+ERRORS = {c: {"model": Error} for c in (401, 403, 404, 409, 410, 413, 422)}
+Node = Path(ge=0, le=1_000_000, description="the node's rank (torchrun's --node-rank)")
+
+
+def _claim(request: Request, job_id: str, node: int, body: NodeClaimIn):
+    svc = request.app.state.service
+    job = svc.job(job_id)
+    if job.state == "halted":
+        raise job.halted_error()
+    cells = request.app.state.nodes.claim(job, node, body.agent_id, body.workers_per_node)
+    return svc, job, cells
+
+
+@router.post("/attach", response_model=NodeOut, openapi_extra=JOB, responses=ERRORS,
+             summary="An agent claims a node")
+async def attach(job_id: str, body: NodeClaimIn, request: Request, node: int = Node):
+    """The node's workers are ranks `node * workers_per_node` onwards. 409 while another
+    agent holds the node (its lease lasts the heartbeat timeout after its last heartbeat)
+    or when the job's nodes were claimed with another `workers_per_node`; 422 for a node
+    rank outside the job."""
+    svc, job, cells = _claim(request, job_id, node, body)
+    return {"job_id": job.id, "node_rank": node, "agent_id": body.agent_id,
+            "workers": [{"replica": r, "stage": s} for r, s in cells], "state": job.state,
+            "plan_version": job.version, "timeout_s": svc.config.heartbeat_timeout_s}
+
+
+@router.post("/heartbeats", response_model=NodeBeatOut, openapi_extra=JOB, responses=ERRORS,
+             summary="Heartbeats of a node's workers, in one request")
+async def heartbeats(job_id: str, body: NodeBeatIn, request: Request, node: int = Node):
+    """Each entry counts as that worker's own heartbeat (POST /heartbeats), including the
+    straggler detector's compute times. Renews the agent's lease (and claims the node if
+    nobody holds it, e.g. after a service restart). A worker the job has failed, or an
+    incarnation other than the plan's, is listed in `refused`; a worker not on this node
+    is a 422 for the whole request."""
+    svc, job, cells = _claim(request, job_id, node, body)
+    mine = set(cells)
+    for hb in body.workers:
+        if (hb.replica, hb.stage) not in mine:
+            raise ApiError(422, f"worker {hb.replica}:{hb.stage} is not on node {node} "
+                                f"(ranks {node * body.workers_per_node}.."
+                                f"{node * body.workers_per_node + len(cells) - 1})")
+    refused, arming, incs = [], [], []
+    for hb in body.workers:
+        try:
+            a = svc.monitor.beat(job, hb.replica, hb.stage, hb.incarnation)
+        except ApiError as e:
+            if e.status == 410:
+                raise
+            refused.append({"replica": hb.replica, "stage": hb.stage, "status": e.status,
+                            "detail": e.detail})
+        else:
+            if a is not None:
+                arming.append(a)
+            if hb.compute_s_per_mb is not None:
+                it = hb.iteration if hb.compute_iteration is None else hb.compute_iteration
+                await svc.observe_compute(job, (hb.replica, hb.stage),
+                                          job.incarnation(hb.replica, hb.stage), it,
+                                          hb.compute_s_per_mb)
+        incs.append(job.incarnation(hb.replica, hb.stage))
+    if arming:
+        await asyncio.gather(*arming)
+    return {"state": job.state, "plan_version": job.version,
+            "timeout_s": svc.config.heartbeat_timeout_s, "incarnations": incs,
+            "refused": refused}
+
+
+@router.post("/detach", response_model=DetachOut, openapi_extra=JOB, responses=ERRORS,
+             summary="An agent gives its node back")
+async def detach(job_id: str, body: NodeClaimIn, request: Request, node: int = Node):
+    """Another agent may claim the node at once. The workers' own state is not touched
+    (a worker that stopped heartbeating is still declared failed by its timeout)."""
+    request.app.state.service.job(job_id)
+    if request.app.state.nodes.release(job_id, node, body.agent_id):
+        return {"released": True}
+    holder = request.app.state.nodes.holder(job_id, node)
+    return {"released": False, "reason": "not held" if holder is None
+            else f"held by agent {holder.agent_id}"}
