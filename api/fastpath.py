@@ -7,11 +7,12 @@ first (api.app.App, before any middleware); this answers the common, well-formed
 
     GET /v1/jobs/{id}/plan?after=V&wait=S
     GET /v1/jobs/{id}/workers/{replica}/{stage}/plan?after=V&wait=S[&incarnation=K]
+    GET /v1/jobs/{id}/nodes/{node}/plan?after=V&wait=S&workers_per_node=K
 
 with a valid token for that job (or the admin token), a known job and worker, and plain
 numbers in range. Anything else (no or bad token, bad or extra parameters, a halted job
 before the wait) goes on to FastAPI unchanged, so errors are exactly those of
-api/routes_plans.py; the answers here are byte for byte the ones those routes give.
+api/routes_plans.py and api/nodes/routes.py; the answers here are byte for byte the ones those routes give.
 """
 from __future__ import annotations
 
@@ -24,14 +25,15 @@ from starlette.responses import JSONResponse
 from api.service import ApiError
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
+NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
 INT = re.compile(r"-?\d{1,16}")
 NUM = re.compile(r"\d{1,6}(?:\.\d{1,9})?")
 
 
-def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int]]]:
-    """(after, wait, incarnation) if the query string has only those, as plain numbers in
-    range."""
-    after, wait, incarnation = None, 0.0, None
+def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int], Optional[int]]]:
+    """(after, wait, incarnation, workers_per_node) if the query string has only those, as
+    plain numbers in range."""
+    after, wait, incarnation, per_node = None, 0.0, None, None
     seen = set()
     for part in qs.decode("latin-1").split("&") if qs else ():
         key, eq, value = part.partition("=")
@@ -44,9 +46,34 @@ def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int]]]:
             wait = float(value)
         elif key == "incarnation" and INT.fullmatch(value) and 1 <= int(value) <= 2**31:
             incarnation = int(value)
+        elif key == "workers_per_node" and INT.fullmatch(value) and 1 <= int(value) <= 4096:
+            per_node = int(value)
         else:
             return None
-    return after, wait, incarnation
+    return after, wait, incarnation, per_node
+
+
+def _common(job) -> str:
+    """The parts of the current version every worker shares, serialised once per version
+    (without braces); parses the plan once for the per-worker entries too."""
+    if "_common" not in job.views:
+        d = json.loads(job.plan_bytes)
+        common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
+                  "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
+        job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
+        job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
+                                 for w in d["workers"]}
+        job.views["_incarnations"] = d.get("incarnations")
+    return job.views["_common"]
+
+
+def _entry(job, replica: int, stage: int) -> str:
+    """One worker's own part of its share: identity, membership, incarnation, actions."""
+    actions = job.views["_actions"].get((replica, stage))
+    grid = job.views["_incarnations"]
+    return json.dumps({"replica": replica, "stage": stage, "in_plan": actions is not None,
+                       "incarnation": grid[replica][stage] if grid else 1,
+                       "actions": actions or []}, separators=(",", ":"))
 
 
 def worker_view(job, replica: int, stage: int) -> bytes:
@@ -54,22 +81,28 @@ def worker_view(job, replica: int, stage: int) -> bytes:
     metrics...) are serialised once per version; each worker adds its actions."""
     key = (replica, stage)
     if key not in job.views:
-        if "_common" not in job.views:
-            d = json.loads(job.plan_bytes)
-            common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
-                      "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
-            job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
-            job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
-                                     for w in d["workers"]}
-            job.views["_incarnations"] = d.get("incarnations")
-        actions = job.views["_actions"].get(key)
-        grid = job.views["_incarnations"]
-        head = json.dumps({"replica": replica, "stage": stage,
-                           "in_plan": actions is not None,
-                           "incarnation": grid[replica][stage] if grid else 1,
-                           "actions": actions or []},
-                          separators=(",", ":"))
-        job.views[key] = (head[:-1] + "," + job.views["_common"] + "}").encode()
+        common = _common(job)
+        job.views[key] = (_entry(job, replica, stage)[:-1] + "," + common + "}").encode()
+    return job.views[key]
+
+
+def node_cells(job, node: int, per_node: int) -> Optional[list[tuple[int, int]]]:
+    """The (replica, stage) cells of node `node` at `per_node` workers per node (ranks
+    node*per_node onwards, rank = replica * stages + stage); None outside the job."""
+    n, S = job.spec.replicas * job.spec.stages, job.spec.stages
+    if not (1 <= per_node and node * per_node < n):
+        return None
+    return [divmod(rank, S) for rank in range(node * per_node, min(n, (node + 1) * per_node))]
+
+
+def node_view(job, node: int, per_node: int) -> bytes:
+    """A node's share (one long-poll per node agent): the shared parts once, and the
+    entry of each of the node's workers (as in worker_view) under `workers`."""
+    key = ("node", node, per_node)
+    if key not in job.views:
+        common = _common(job)
+        entries = ",".join(_entry(job, r, s) for r, s in node_cells(job, node, per_node))
+        job.views[key] = (f'{{"node_rank":{node},"workers":[{entries}],{common}}}').encode()
     return job.views[key]
 
 
@@ -97,13 +130,18 @@ class FastPlans:
         if scope["type"] != "http" or scope["method"] != "GET":
             return False
         m = PATH.fullmatch(scope["path"])
-        req = self._accept(scope, m) if m is not None else None
+        if m is not None:
+            req = self._accept(scope, m)
+        else:
+            m = NODE_PATH.fullmatch(scope["path"])
+            req = self._accept_node(scope, m) if m is not None else None
         if req is None:
             return False
         await self._answer(scope, send, *req)
         return True
 
-    def _accept(self, scope, m):
+    def _job(self, scope, m):
+        """(service, job, query) for a running job and a token that may read it."""
         state = self.root.state
         svc = getattr(state, "service", None)
         query = _query(scope["query_string"])
@@ -121,6 +159,25 @@ class FastPlans:
                 break
         if not token or not (state.auth.is_admin(token) or state.auth.worker_job(token) == job_id):
             return None
+        return svc, job, query
+
+    def _accept_node(self, scope, m):
+        got = self._job(scope, m)
+        if got is None:
+            return None
+        svc, job, (after, wait, incarnation, per_node) = got
+        node = int(m.group(2))
+        if incarnation is not None or per_node is None or node_cells(job, node, per_node) is None:
+            return None
+        return svc, job, ("node", node, per_node), after, wait, None
+
+    def _accept(self, scope, m):
+        got = self._job(scope, m)
+        if got is None:
+            return None
+        svc, job, query = got
+        if query[3] is not None:  # not a parameter of these routes
+            return None
         worker = None
         if m.group(2) is not None:
             worker = (int(m.group(2)), int(m.group(3)))
@@ -128,9 +185,10 @@ class FastPlans:
                 return None
         elif query[2] is not None:  # not a parameter of /plan: the route ignores it
             return None
-        return svc, job, worker, *query
+        return svc, job, worker, *query[:3]
 
     async def _answer(self, scope, send, svc, job, worker, after, wait, incarnation):
+        node, worker = (worker[1:], None) if worker and worker[0] == "node" else (None, worker)
         err, newer = superseded(job, worker, incarnation), False
         if err is None:
             newer = await svc.wait_newer(job, after, wait)
@@ -143,7 +201,8 @@ class FastPlans:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             return await send({"type": "http.response.body", "body": b""})
         version = job.version
-        body = job.plan_bytes if worker is None else worker_view(job, *worker)
+        body = (node_view(job, *node) if node is not None else
+                job.plan_bytes if worker is None else worker_view(job, *worker))
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"etag", f'"v{version}"'.encode()), (b"cache-control", b"no-store"),
             (b"content-length", str(len(body)).encode()),

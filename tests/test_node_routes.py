@@ -120,3 +120,24 @@ def test_one_node_heartbeat_keeps_every_worker_alive_and_lists_refusals(served):
     assert job["failed"] == [[0, 1]]  # the beaten ones were never declared failed
     # node 1's workers never beat: they are not watched (armed by a first heartbeat only)
     assert beat(c, jid, 0, [(0, 0)], incarnation=7).json()["refused"][0]["status"] == 409
+
+
+def test_the_node_share_is_each_worker_share_once(served):
+    srv, jid, c = served
+    node = c.get(f"/v1/jobs/{jid}/nodes/1/plan", params={"workers_per_node": 4})
+    assert node.status_code == 200, node.text
+    share = node.json()
+    assert share["node_rank"] == 1 and share["version"] == 0
+    for entry in share["workers"]:
+        one = c.get(f"/v1/jobs/{jid}/workers/{entry['replica']}/{entry['stage']}/plan").json()
+        assert {**{k: v for k, v in share.items() if k not in ("node_rank", "workers")},
+                **entry} == one
+    assert [(w["replica"], w["stage"]) for w in share["workers"]] == [(1, 1), (1, 2)]
+    # the fast path and the route answer alike ("0e0": not a plain number, so the route)
+    slow = c.get(f"/v1/jobs/{jid}/nodes/1/plan", params={"workers_per_node": 4, "wait": "0e0"})
+    assert slow.content == node.content
+    assert c.get(f"/v1/jobs/{jid}/nodes/1/plan",
+                 params={"workers_per_node": 4, "after": 0, "wait": 0.2}).status_code == 204
+    bad = c.get(f"/v1/jobs/{jid}/nodes/2/plan", params={"workers_per_node": 4})
+    assert bad.status_code == 422 and "outside job" in bad.json()["detail"]
+    assert c.get(f"/v1/jobs/{jid}/nodes/0/plan").status_code == 422  # no workers_per_node

@@ -1,16 +1,21 @@
 """Node agents: claim a node, heartbeat for all its workers at once, give the node back.
 
-The plan itself an agent long-polls at GET /v1/jobs/{id}/plan, once for its node (the
-fast path answers it, api/fastpath.py); a local worker's death it posts as a failure event
+An agent long-polls its node's share of the plan once for all its workers
+(GET .../nodes/{node}/plan; the fast path, api/fastpath.py, answers the well-formed ones
+with the same bytes as this route); a local worker's death it posts as a failure event
 (POST /v1/jobs/{id}/events with the worker's incarnation).
 """
 from __future__ import annotations
 
 import asyncio
 
-from fastapi import APIRouter, Depends, Path, Request
+from typing import Optional
 
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
+
+from api.fastpath import node_view
 from api.models import Error
+from api.routes_plans import AFTER, NO_NEWER, WAIT, _json, _wait
 from api.nodes.models import DetachOut, NodeBeatIn, NodeBeatOut, NodeClaimIn, NodeOut
 from api.security import JOB, AuthRoute, bearer
 from api.service import ApiError
@@ -94,3 +99,19 @@ async def detach(job_id: str, body: NodeClaimIn, request: Request, node: int = N
     holder = request.app.state.nodes.holder(job_id, node)
     return {"released": False, "reason": "not held" if holder is None
             else f"held by agent {holder.agent_id}"}
+
+
+@router.get("/plan", openapi_extra=JOB, responses={**ERRORS, **NO_NEWER},
+            summary="The node's share of the current plan (long-poll like /plan)")
+async def node_plan(request: Request, job_id: str, node: int = Node,
+                    after: Optional[int] = AFTER, wait: float = WAIT,
+                    workers_per_node: int = Query(ge=1, le=4096, description="as claimed")):
+    """One long-poll for all the node's workers: the version, failed set, routes, metrics
+    and solver once, and under `workers` each worker's entry as
+    /workers/{replica}/{stage}/plan gives it (in_plan, incarnation, actions)."""
+    svc = request.app.state.service
+    request.app.state.nodes.workers(svc.job(job_id), node, workers_per_node)  # 422 outside
+    _, job, newer = await _wait(request, job_id, after, wait)
+    if not newer:
+        return Response(status_code=204)
+    return _json(node_view(job, node, workers_per_node), job.version)

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
+from api.fastpath import node_cells
 from api.service import ApiError, JobRuntime
 
 
@@ -30,13 +31,12 @@ class NodeTable:
 
     def workers(self, job: JobRuntime, node: int, per_node: int) -> list[tuple[int, int]]:
         """The (replica, stage) cells of node `node`; 422 for a node outside the job."""
-        n = job.spec.replicas * job.spec.stages
-        nodes = -(-n // per_node)
-        if node >= nodes:
+        cells = node_cells(job, node, per_node)
+        if cells is None:
+            n = job.spec.replicas * job.spec.stages
             raise ApiError(422, f"node rank {node} is outside job {job.id}: its {n} workers "
-                                f"at {per_node} per node make nodes 0..{nodes - 1}")
-        S = job.spec.stages
-        return [divmod(rank, S) for rank in range(node * per_node, min(n, (node + 1) * per_node))]
+                                f"at {per_node} per node make nodes 0..{-(-n // per_node) - 1}")
+        return cells
 
     def claim(self, job: JobRuntime, node: int, agent_id: str, per_node: int
               ) -> list[tuple[int, int]]:
