@@ -142,7 +142,7 @@ class Fleet:
                     "workers": [{"replica": r, "stage": s, "iteration": it} for r, s in u[1]]}
             try:
                 status, data = await conn.request("POST", path, body)
-                if status != 200:
+                if status not in (200, 409):  # 409: this worker is failed right now
                     print(f"heartbeat {u}: {status} {data[:200]!r}", file=sys.stderr)
             except ERRORS:
                 pass
