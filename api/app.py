@@ -83,8 +83,9 @@ class App(FastAPI):
             await send(msg)
 
         try:
-            if not await self.fast.handle(scope, tracked):
-                await super().__call__(scope, receive, tracked)
+            got = await self.fast.handle(scope, receive, tracked)
+            if got is not True:  # not for the fast path: `got` replays what it read
+                await super().__call__(scope, got, tracked)
         except Exception:  # noqa: BLE001 - see the class docstring
             if state["done"]:
                 return

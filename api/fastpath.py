@@ -8,11 +8,13 @@ first (api.app.App, before any middleware); this answers the common, well-formed
     GET /v1/jobs/{id}/plan?after=V&wait=S
     GET /v1/jobs/{id}/workers/{replica}/{stage}/plan?after=V&wait=S[&incarnation=K]
     GET /v1/jobs/{id}/nodes/{node}/plan?after=V&wait=S&workers_per_node=K
+    POST /v1/jobs/{id}/heartbeats, POST /v1/jobs/{id}/nodes/{node}/heartbeats
 
 with a valid token for that job (or the admin token), a known job and worker, and plain
 numbers in range. Anything else (no or bad token, bad or extra parameters, a halted job
 before the wait) goes on to FastAPI unchanged, so errors are exactly those of
-api/routes_plans.py and api/nodes/routes.py; the answers here are byte for byte the ones those routes give.
+api/routes_plans.py, api/routes_workers.py and api/nodes/routes.py (a heartbeat body that does not
+validate is replayed to FastAPI, which words the 422); the answers here are byte for byte the ones those routes give.
 """
 from __future__ import annotations
 
@@ -20,12 +22,15 @@ import json
 import re
 from typing import Optional
 
+from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from api.service import ApiError
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
+BEAT_PATH = re.compile(r"/v1/jobs/([^/]+)(?:/nodes/(\d{1,7}))?/heartbeats")
+MAX_BEAT_BODY = 1 << 16  # larger bodies go the long way (BodyLimit and all)
 INT = re.compile(r"-?\d{1,16}")
 NUM = re.compile(r"\d{1,6}(?:\.\d{1,9})?")
 
@@ -125,10 +130,16 @@ class FastPlans:
     def __init__(self, root):
         self.root = root
 
-    async def handle(self, scope, send) -> bool:
-        """Answer the request if it is a plain plan GET; False leaves it to FastAPI."""
-        if scope["type"] != "http" or scope["method"] != "GET":
-            return False
+    async def handle(self, scope, receive, send):
+        """Answer the request if it is a plain plan GET or a well-formed heartbeat (True);
+        otherwise the `receive` FastAPI must read the request from (a heartbeat's body,
+        once read here, is replayed)."""
+        if scope["type"] != "http":
+            return receive
+        if scope["method"] == "POST":
+            return await self._beat(scope, receive, send)
+        if scope["method"] != "GET":
+            return receive
         m = PATH.fullmatch(scope["path"])
         if m is not None:
             req = self._accept(scope, m)
@@ -136,8 +147,57 @@ class FastPlans:
             m = NODE_PATH.fullmatch(scope["path"])
             req = self._accept_node(scope, m) if m is not None else None
         if req is None:
-            return False
+            return receive
         await self._answer(scope, send, *req)
+        return True
+
+    async def _beat(self, scope, receive, send):
+        """POST .../heartbeats and .../nodes/{n}/heartbeats: the same models, checks and
+        answers as api/routes_workers.py and api/nodes/routes.py, without FastAPI's routing
+        and dependency solving (thousands a second at scale)."""
+        m = BEAT_PATH.fullmatch(scope["path"])
+        if m is None or scope["query_string"]:
+            return receive
+        length, ctype = None, b"application/json"
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"content-type":
+                ctype = value
+        if not ctype.startswith(b"application/json") or length is None or not length.isdigit() or int(length) > MAX_BEAT_BODY:
+            return receive
+        got = self._job(scope, m)
+        if got is None:
+            return receive
+        svc, job, _ = got
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return receive  # the client went away: let the app see it too
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+
+        async def replay():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        from api.nodes.beat import node_beat, worker_beat
+        from api.nodes.models import NodeBeatIn
+        from api.models import HeartbeatIn
+        try:
+            if m.group(2) is None:
+                answer = await worker_beat(svc, job, HeartbeatIn.model_validate_json(body))
+            else:
+                answer = await node_beat(svc, self.root.state.nodes, job, int(m.group(2)),
+                                         NodeBeatIn.model_validate_json(body))
+        except ValidationError:
+            return replay  # FastAPI words the 422
+        except ApiError as err:  # as the ApiError handler answers it
+            answer = JSONResponse({"detail": err.detail, **err.extra}, err.status)
+            await answer(scope, None, send)
+            return True
+        await JSONResponse(answer)(scope, None, send)
         return True
 
     def _job(self, scope, m):

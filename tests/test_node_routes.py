@@ -141,3 +141,29 @@ def test_the_node_share_is_each_worker_share_once(served):
     bad = c.get(f"/v1/jobs/{jid}/nodes/2/plan", params={"workers_per_node": 4})
     assert bad.status_code == 422 and "outside job" in bad.json()["detail"]
     assert c.get(f"/v1/jobs/{jid}/nodes/0/plan").status_code == 422  # no workers_per_node
+
+
+def test_heartbeats_answer_alike_on_the_fast_path_and_through_the_routes(served):
+    """A query string sends a heartbeat the long way (FastAPI); without one the fast path
+    answers: same status, same bytes, for worker and node heartbeats, taken or refused."""
+    _, jid, c = served
+    assert c.post(f"/v1/jobs/{jid}/events", json={"event_id": "f", "kind": "failure",
+                                                  "replica": 0, "stage": 1}).status_code == 200
+    node = {"agent_id": "a", "workers_per_node": 4,
+            "workers": [{"replica": 0, "stage": s, "iteration": 3} for s in (0, 1, 2)]}
+    cases = [("/heartbeats", {"replica": 1, "stage": 0, "iteration": 2}),
+             ("/heartbeats", {"replica": 0, "stage": 1, "iteration": 2}),      # failed: 409
+             ("/heartbeats", {"replica": 9, "stage": 0, "iteration": 2}),      # outside: 422
+             ("/heartbeats", {"replica": 1, "stage": 0, "iteration": -1}),     # invalid: 422
+             ("/nodes/0/heartbeats", node),
+             ("/nodes/0/heartbeats", {**node, "workers": [{"replica": 1, "stage": 2,
+                                                           "iteration": 0}]}),  # 422
+             ("/nodes/5/heartbeats", node),                                    # 422
+             ("/nodes/0/heartbeats", {**node, "agent_id": "b"})]               # 409
+    for path, body in cases:
+        fast = c.post(f"/v1/jobs/{jid}{path}", json=body)
+        slow = c.post(f"/v1/jobs/{jid}{path}?via=route", json=body)
+        assert (fast.status_code, fast.content) == (slow.status_code, slow.content), path
+        assert fast.status_code < 500
+    assert [c.post(f"/v1/jobs/{jid}{p}", json=b).status_code for p, b in cases] == \
+        [200, 409, 422, 422, 200, 422, 422, 409]

@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from api.fastpath import node_view
 from api.models import Error
 from api.routes_plans import AFTER, NO_NEWER, WAIT, _json, _wait
+from api.nodes.beat import node_beat
 from api.nodes.models import DetachOut, NodeBeatIn, NodeBeatOut, NodeClaimIn, NodeOut
 from api.security import JOB, AuthRoute, bearer
 from api.service import ApiError
@@ -56,36 +57,8 @@ async def heartbeats(job_id: str, body: NodeBeatIn, request: Request, node: int 
     nobody holds it, e.g. after a service restart). A worker the job has failed, or an
     incarnation other than the plan's, is listed in `refused`; a worker not on this node
     is a 422 for the whole request."""
-    svc, job, cells = _claim(request, job_id, node, body)
-    mine = set(cells)
-    for hb in body.workers:
-        if (hb.replica, hb.stage) not in mine:
-            raise ApiError(422, f"worker {hb.replica}:{hb.stage} is not on node {node} "
-                                f"(ranks {node * body.workers_per_node}.."
-                                f"{node * body.workers_per_node + len(cells) - 1})")
-    refused, arming, incs = [], [], []
-    for hb in body.workers:
-        try:
-            a = svc.monitor.beat(job, hb.replica, hb.stage, hb.incarnation)
-        except ApiError as e:
-            if e.status == 410:
-                raise
-            refused.append({"replica": hb.replica, "stage": hb.stage, "status": e.status,
-                            "detail": e.detail})
-        else:
-            if a is not None:
-                arming.append(a)
-            if hb.compute_s_per_mb is not None:
-                it = hb.iteration if hb.compute_iteration is None else hb.compute_iteration
-                await svc.observe_compute(job, (hb.replica, hb.stage),
-                                          job.incarnation(hb.replica, hb.stage), it,
-                                          hb.compute_s_per_mb)
-        incs.append(job.incarnation(hb.replica, hb.stage))
-    if arming:
-        await asyncio.gather(*arming)
-    return {"state": job.state, "plan_version": job.version,
-            "timeout_s": svc.config.heartbeat_timeout_s, "incarnations": incs,
-            "refused": refused}
+    svc = request.app.state.service
+    return await node_beat(svc, request.app.state.nodes, svc.job(job_id), node, body)
 
 
 @router.post("/detach", response_model=DetachOut, openapi_extra=JOB, responses=ERRORS,
