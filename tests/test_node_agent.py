@@ -163,11 +163,15 @@ def test_agent_bad_input_is_one_line_and_exit_2(tmp_path):
                                           f"0 of job {jid} is held by agent "), err
                 else:
                     assert err.startswith("error: no store address"), err
+            # SIGTERM: the agent gives its node back, so another may claim it at once
+            held.proc.send_signal(signal.SIGTERM)
+            assert held.stop() == 0, held.lines
+            r = httpx.post(f"{srv.url}/v1/jobs/{jid}/nodes/0/attach",
+                           headers={"Authorization": f"Bearer {token}"},
+                           json={"agent_id": "next", "workers_per_node": 2})
+            assert r.status_code == 200, r.text
         finally:
-            held.proc.send_signal(signal.SIGINT)
-            try:
-                held.proc.wait(10)
-            except subprocess.TimeoutExpired:
+            if held.proc.poll() is None:
                 held.proc.kill()
                 held.proc.wait()
     finally:

@@ -1,6 +1,7 @@
 """`recycle agent` (registered by recycle/cli.py)."""
 from __future__ import annotations
 
+import signal
 from typing import Optional
 
 import typer
@@ -43,6 +44,8 @@ def agent_cmd(
         agent = NodeAgent(service, job_id, token, node_rank, per_node=workers_per_node,
                           store=store, attach=attach, local_port=local_port,
                           interval_s=interval, run_dir=run_dir, max_restarts=max_restarts)
+        # SIGTERM (an orchestrator stopping the machine): stop the workers, give the node back
+        signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
         code = agent.run()
     except AgentError as e:
         die(str(e))
