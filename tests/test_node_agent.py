@@ -132,7 +132,20 @@ def test_agents_start_workers_report_a_sigkill_at_once_and_training_stays_exact(
         srv.stop()
 
 
-def test_agent_bad_input_is_one_line_and_exit_2(tmp_path):
+FAKE_WORKER = """
+import os, sys, time
+from executor.http_source import HttpPlanSource
+url, job, token = sys.argv[1:]
+src = HttpPlanSource(url, job, token, headers={"X-Recycle-Pid": str(os.getpid())})
+src.heartbeat(0, 1, 0, 1)
+print("beating", flush=True)
+while True:
+    time.sleep(0.3)
+    src.heartbeat(0, 1, 0, 1)
+"""
+
+
+def test_attached_agent_reports_a_kill_and_bad_input_is_one_line(tmp_path):
     srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "0",
                      "--heartbeat-timeout", "20").start()
     try:
@@ -163,9 +176,30 @@ def test_agent_bad_input_is_one_line_and_exit_2(tmp_path):
                                           f"0 of job {jid} is held by agent "), err
                 else:
                     assert err.startswith("error: no store address"), err
+            # Attached (torchrun starts the workers): a process that heartbeats to the agent
+            # as a worker does (executor/http_source.py, with its pid) and is SIGKILLed is
+            # reported by the agent from the pid alone.
+            local = re.search(r"local channel (http://\S+)", held.lines[0]).group(1)
+            fake = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, local, jid, token],
+                                    cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                    stdout=subprocess.PIPE, text=True)
+            try:
+                assert fake.stdout.readline().strip() == "beating"
+                time.sleep(1.5)  # the agent has its pid and has beaten for it
+                with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as a:
+                    killed = time.monotonic()
+                    fake.kill()
+                    r = a.get(f"/v1/jobs/{jid}/plan", params={"after": 0, "wait": 15})
+                    assert r.status_code == 200 and r.json()["failed"] == [[0, 1]], r.text
+                    assert time.monotonic() - killed < 5.0  # the heartbeat timeout is 20 s
+            finally:
+                fake.kill()
+                fake.wait()
+            held.wait_line(rf"worker 0:1 \(pid {fake.pid}\) exited \(seen gone\): failure "
+                           r"posted, plan v1")
             # SIGTERM: the agent gives its node back, so another may claim it at once
             held.proc.send_signal(signal.SIGTERM)
-            assert held.stop() == 0, held.lines
+            assert held.stop() == 1, held.lines  # 1: one of its workers died
             r = httpx.post(f"{srv.url}/v1/jobs/{jid}/nodes/0/attach",
                            headers={"Authorization": f"Bearer {token}"},
                            json={"agent_id": "next", "workers_per_node": 2})
