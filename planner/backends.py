@@ -116,7 +116,8 @@ def map_plan(plan: Plan, canon: Canonical) -> Plan:
     def actions(w):
         if not any(a.microbatch is not None and moved[a.microbatch // M] for a in w.actions):
             return w.actions
-        return [make_action(a.op, gmap(a.microbatch), a.start, a.end) for a in w.actions]
+        return [a if a.microbatch is None or not moved[a.microbatch // M]
+                else make_action(a.op, gmap(a.microbatch), a.start, a.end) for a in w.actions]
 
     workers = sorted(
         (WorkerPlan.model_construct(replica=perm[w.replica], stage=w.stage, actions=actions(w))
