@@ -66,6 +66,7 @@ def _common(job) -> str:
         common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
                   "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
         job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
+        job.views["_common_b"] = job.views["_common"].encode()  # shares join bytes
         job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
                                  for w in d["workers"]}
         job.views["_incarnations"] = d.get("incarnations")
@@ -86,8 +87,9 @@ def worker_view(job, replica: int, stage: int) -> bytes:
     metrics...) are serialised once per version; each worker adds its actions."""
     key = (replica, stage)
     if key not in job.views:
-        common = _common(job)
-        job.views[key] = (_entry(job, replica, stage)[:-1] + "," + common + "}").encode()
+        _common(job)
+        job.views[key] = b"".join((_entry(job, replica, stage)[:-1].encode(), b",",
+                                   job.views["_common_b"], b"}"))
     return job.views[key]
 
 
@@ -105,9 +107,10 @@ def node_view(job, node: int, per_node: int) -> bytes:
     entry of each of the node's workers (as in worker_view) under `workers`."""
     key = ("node", node, per_node)
     if key not in job.views:
-        common = _common(job)
+        _common(job)
         entries = ",".join(_entry(job, r, s) for r, s in node_cells(job, node, per_node))
-        job.views[key] = (f'{{"node_rank":{node},"workers":[{entries}],{common}}}').encode()
+        job.views[key] = b"".join((f'{{"node_rank":{node},"workers":[{entries}],'.encode(),
+                                   job.views["_common_b"], b"}"))
     return job.views[key]
 
 
