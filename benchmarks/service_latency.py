@@ -213,6 +213,10 @@ class Fleets:
                 continue
             self.seen.setdefault(v, []).append((t0, t1))
 
+    def cpu(self):
+        """CPU seconds the client processes have used so far."""
+        return sum(cpu_s(p.pid) for p in self.procs)
+
     def stop(self):
         self.stop_ev.set()
         for p in self.procs:
@@ -268,7 +272,7 @@ async def scenario(url, kind, mode, spec, events, args):
             if ev == "failure" and time.monotonic() - t_events > args.budget:
                 log(f"{kind} {name}: --budget of {args.budget:g} s spent after {i // 2} failures")
                 break
-            c0, t0 = cpu_s(args.server_pid), now()
+            c0, k0, t0 = cpu_s(args.server_pid), fleets.cpu(), now()
             status, data = await poster.request("POST", f"/v1/jobs/{job}/events", {
                 "event_id": f"{name}-{i}".replace(" ", "-"), "kind": ev, "replica": rep,
                 "stage": st})
@@ -279,7 +283,8 @@ async def scenario(url, kind, mode, spec, events, args):
             first, last = await asyncio.to_thread(fleets.wait_all, body["plan_version"], 120)
             out["rows"].append({"kind": ev, "source": body["plan_source"], "ack": t_ack - t0,
                                 "first": first - t0, "all": last - t0,
-                                "cpu": cpu_s(args.server_pid) - c0})
+                                "cpu": cpu_s(args.server_pid) - c0,
+                                "client_cpu": fleets.cpu() - k0})
             x = out["rows"][-1]
             log(f"{kind} {name} {i} {ev} v{body['plan_version']} ({body['plan_source']}): ack "
                 f"{x['ack'] * 1000:.1f} ms, first {x['first'] * 1000:.1f} ms, "
@@ -314,12 +319,13 @@ def summarize(client, res, args):
     ack = [x["ack"] * 1000 for x in fail]
     first = [x["first"] * 1000 for x in fail]
     cpu = sum(x["cpu"] for x in fail) * 1000 / len(fail)
+    ccpu = sum(x["client_cpu"] for x in fail) * 1000 / len(fail)
     steady, blast = res["steady"], res.get("blast", (float("nan"),) * 3)
     who = ("per worker" if res["mode"] == "workers"
            else f"via {res['units']} agents ({args.per_node} per node)")
     return (f"| {res['workers']:,} | {who} | {client} | {len(fail)} | {pct(ack, 50):.1f} "
             f"| {pct(first, 50):.1f} | **{pct(ms, 50):.1f}** | {pct(ms, 90):.1f} "
-            f"| **{pct(ms, 99):.1f}** | {cpu:.0f} | {steady[0]:,.0f} | {steady[1]:.2f} "
+            f"| **{pct(ms, 99):.1f}** | {cpu:.0f} | {ccpu:.0f} | {steady[0]:,.0f} | {steady[1]:.2f} "
             f"| {steady[2]:.0f} | {blast[0]:,.0f} | {blast[1]:.2f} |")
 
 
@@ -432,7 +438,9 @@ def write_report(args, res, load0, load1):
         "failed set is precomputed (a worker fails, then recovers: k=1 cache hits). `ack` = "
         "the POST's round trip; `first` = until the first worker has it; `CPU/event` = CPU "
         "time the service used from the POST until the last worker had the plan, mean per "
-        "failure. `steady`: over "
+        "failure; `clients' CPU/event` the same for the client processes (every simulated "
+        "worker or agent decoding its share, on the same 2 cores; real agents decode on "
+        "their own machines). `steady`: over "
         f"{args.steady:g} s with no events, worker heartbeats taken per second, the "
         "service's CPU in cores, and its CPU per 1,000 worker heartbeats (long-polls parked "
         "meanwhile). `saturated`: every sender back to back for "
@@ -440,9 +448,10 @@ def write_report(args, res, load0, load1):
         "share the 2 cores, so this is a floor).", "",
         "| workers | heartbeats and long-polls | client | failures | ack p50 ms "
         "| first p50 ms | all-workers p50 ms | p90 ms | p99 ms | CPU/event ms "
+        "| clients' CPU/event ms "
         "| steady heartbeats/s | steady service cores | CPU ms / 1,000 heartbeats "
         "| saturated heartbeats/s | saturated service cores |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|", *rows, "",
         f"Up to {args.failures} failures per case (fewer where --budget {args.budget:g} s ran "
         "out: see `failures`); with so few, p99 (nearest rank) is the max. "
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other "
