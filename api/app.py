@@ -16,6 +16,8 @@ from api.routes import jobs as routes_jobs, ops as routes_ops, plans as routes_p
 from api.fastpath import FastPlans
 from api.heartbeats import Monitor
 from api.metrics import Metrics
+from api.nodes import routes as routes_nodes
+from api.nodes.table import NodeTable
 from api.precompute import BackgroundSolver, Precomputer
 from api.security import Auth
 from api.service import ApiError, Service, ServiceConfig
@@ -81,8 +83,9 @@ class App(FastAPI):
             await send(msg)
 
         try:
-            if not await self.fast.handle(scope, tracked):
-                await super().__call__(scope, receive, tracked)
+            got = await self.fast.handle(scope, receive, tracked)
+            if got is not True:  # not for the fast path: `got` replays what it read
+                await super().__call__(scope, got, tracked)
         except Exception:  # noqa: BLE001 - see the class docstring
             if state["done"]:
                 return
@@ -156,7 +159,8 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
     app.state.metrics = Metrics()
     app.state.auth = Auth(admin_token, lambda job_id: app.state.service.token_hash(job_id))
     app.state.config = cfg
-    for r in (routes_jobs, routes_plans, routes_workers, routes_ops):
+    app.state.nodes = NodeTable(cfg.heartbeat_timeout_s)
+    for r in (routes_jobs, routes_plans, routes_workers, routes_ops, routes_nodes):
         app.include_router(r.router)
     page.register(app)  # the live cluster page: /, /jobs/{id}, /v1/page/...
     app.add_middleware(BodyLimit, limit=cfg.max_body_bytes)

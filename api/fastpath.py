@@ -7,11 +7,15 @@ first (api.app.App, before any middleware); this answers the common, well-formed
 
     GET /v1/jobs/{id}/plan?after=V&wait=S
     GET /v1/jobs/{id}/workers/{replica}/{stage}/plan?after=V&wait=S[&incarnation=K]
+    GET /v1/jobs/{id}/nodes/{node}/plan?after=V&wait=S&workers_per_node=K
+    POST /v1/jobs/{id}/heartbeats, POST /v1/jobs/{id}/nodes/{node}/heartbeats
 
 with a valid token for that job (or the admin token), a known job and worker, and plain
 numbers in range. Anything else (no or bad token, bad or extra parameters, a halted job
 before the wait) goes on to FastAPI unchanged, so errors are exactly those of
-api/routes/plans.py; the answers here are byte for byte the ones those routes give.
+api/routes/plans.py, api/routes/workers.py and api/nodes/routes.py (a heartbeat body that
+does not validate is replayed to FastAPI, which words the 422); the answers here are byte
+for byte the ones those routes give.
 """
 from __future__ import annotations
 
@@ -19,19 +23,23 @@ import json
 import re
 from typing import Optional
 
+from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from api.service import ApiError
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
+NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
+BEAT_PATH = re.compile(r"/v1/jobs/([^/]+)(?:/nodes/(\d{1,7}))?/heartbeats")
+MAX_BEAT_BODY = 1 << 16  # larger bodies go the long way (BodyLimit and all)
 INT = re.compile(r"-?\d{1,16}")
 NUM = re.compile(r"\d{1,6}(?:\.\d{1,9})?")
 
 
-def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int]]]:
-    """(after, wait, incarnation) if the query string has only those, as plain numbers in
-    range."""
-    after, wait, incarnation = None, 0.0, None
+def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int], Optional[int]]]:
+    """(after, wait, incarnation, workers_per_node) if the query string has only those, as
+    plain numbers in range."""
+    after, wait, incarnation, per_node = None, 0.0, None, None
     seen = set()
     for part in qs.decode("latin-1").split("&") if qs else ():
         key, eq, value = part.partition("=")
@@ -44,9 +52,35 @@ def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int]]]:
             wait = float(value)
         elif key == "incarnation" and INT.fullmatch(value) and 1 <= int(value) <= 2**31:
             incarnation = int(value)
+        elif key == "workers_per_node" and INT.fullmatch(value) and 1 <= int(value) <= 4096:
+            per_node = int(value)
         else:
             return None
-    return after, wait, incarnation
+    return after, wait, incarnation, per_node
+
+
+def _common(job) -> str:
+    """The parts of the current version every worker shares, serialised once per version
+    (without braces); parses the plan once for the per-worker entries too."""
+    if "_common" not in job.views:
+        d = json.loads(job.plan_bytes)
+        common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
+                  "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
+        job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
+        job.views["_common_b"] = job.views["_common"].encode()  # shares join bytes
+        job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
+                                 for w in d["workers"]}
+        job.views["_incarnations"] = d.get("incarnations")
+    return job.views["_common"]
+
+
+def _entry(job, replica: int, stage: int) -> str:
+    """One worker's own part of its share: identity, membership, incarnation, actions."""
+    actions = job.views["_actions"].get((replica, stage))
+    grid = job.views["_incarnations"]
+    return json.dumps({"replica": replica, "stage": stage, "in_plan": actions is not None,
+                       "incarnation": grid[replica][stage] if grid else 1,
+                       "actions": actions or []}, separators=(",", ":"))
 
 
 def worker_view(job, replica: int, stage: int) -> bytes:
@@ -54,22 +88,30 @@ def worker_view(job, replica: int, stage: int) -> bytes:
     metrics...) are serialised once per version; each worker adds its actions."""
     key = (replica, stage)
     if key not in job.views:
-        if "_common" not in job.views:
-            d = json.loads(job.plan_bytes)
-            common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
-                      "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
-            job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
-            job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
-                                     for w in d["workers"]}
-            job.views["_incarnations"] = d.get("incarnations")
-        actions = job.views["_actions"].get(key)
-        grid = job.views["_incarnations"]
-        head = json.dumps({"replica": replica, "stage": stage,
-                           "in_plan": actions is not None,
-                           "incarnation": grid[replica][stage] if grid else 1,
-                           "actions": actions or []},
-                          separators=(",", ":"))
-        job.views[key] = (head[:-1] + "," + job.views["_common"] + "}").encode()
+        _common(job)
+        job.views[key] = b"".join((_entry(job, replica, stage)[:-1].encode(), b",",
+                                   job.views["_common_b"], b"}"))
+    return job.views[key]
+
+
+def node_cells(job, node: int, per_node: int) -> Optional[list[tuple[int, int]]]:
+    """The (replica, stage) cells of node `node` at `per_node` workers per node (ranks
+    node*per_node onwards, rank = replica * stages + stage); None outside the job."""
+    n, S = job.spec.replicas * job.spec.stages, job.spec.stages
+    if not (1 <= per_node and node * per_node < n):
+        return None
+    return [divmod(rank, S) for rank in range(node * per_node, min(n, (node + 1) * per_node))]
+
+
+def node_view(job, node: int, per_node: int) -> bytes:
+    """A node's share (one long-poll per node agent): the shared parts once, and the
+    entry of each of the node's workers (as in worker_view) under `workers`."""
+    key = ("node", node, per_node)
+    if key not in job.views:
+        _common(job)
+        entries = ",".join(_entry(job, r, s) for r, s in node_cells(job, node, per_node))
+        job.views[key] = b"".join((f'{{"node_rank":{node},"workers":[{entries}],'.encode(),
+                                   job.views["_common_b"], b"}"))
     return job.views[key]
 
 
@@ -92,18 +134,78 @@ class FastPlans:
     def __init__(self, root):
         self.root = root
 
-    async def handle(self, scope, send) -> bool:
-        """Answer the request if it is a plain plan GET; False leaves it to FastAPI."""
-        if scope["type"] != "http" or scope["method"] != "GET":
-            return False
+    async def handle(self, scope, receive, send):
+        """Answer the request if it is a plain plan GET or a well-formed heartbeat (True);
+        otherwise the `receive` FastAPI must read the request from (a heartbeat's body,
+        once read here, is replayed)."""
+        if scope["type"] != "http":
+            return receive
+        if scope["method"] == "POST":
+            return await self._beat(scope, receive, send)
+        if scope["method"] != "GET":
+            return receive
         m = PATH.fullmatch(scope["path"])
-        req = self._accept(scope, m) if m is not None else None
+        if m is not None:
+            req = self._accept(scope, m)
+        else:
+            m = NODE_PATH.fullmatch(scope["path"])
+            req = self._accept_node(scope, m) if m is not None else None
         if req is None:
-            return False
+            return receive
         await self._answer(scope, send, *req)
         return True
 
-    def _accept(self, scope, m):
+    async def _beat(self, scope, receive, send):
+        """POST .../heartbeats and .../nodes/{n}/heartbeats: the same models, checks and
+        answers as api/routes/workers.py and api/nodes/routes.py, without FastAPI's routing
+        and dependency solving (thousands a second at scale)."""
+        m = BEAT_PATH.fullmatch(scope["path"])
+        if m is None or scope["query_string"]:
+            return receive
+        length, ctype = None, b"application/json"
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                length = value
+            elif name == b"content-type":
+                ctype = value
+        if not ctype.startswith(b"application/json") or length is None or not length.isdigit() or int(length) > MAX_BEAT_BODY:
+            return receive
+        got = self._job(scope, m)
+        if got is None:
+            return receive
+        svc, job, _ = got
+        chunks, more = [], True
+        while more:
+            msg = await receive()
+            if msg["type"] != "http.request":
+                return receive  # the client went away: let the app see it too
+            chunks.append(msg.get("body", b""))
+            more = msg.get("more_body", False)
+        body = b"".join(chunks)
+
+        async def replay():
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        from api.nodes.beat import node_beat, worker_beat
+        from api.nodes.models import NodeBeatIn
+        from api.models import HeartbeatIn
+        try:
+            if m.group(2) is None:
+                answer = await worker_beat(svc, job, HeartbeatIn.model_validate_json(body))
+            else:
+                answer = await node_beat(svc, self.root.state.nodes, job, int(m.group(2)),
+                                         NodeBeatIn.model_validate_json(body))
+        except ValidationError:
+            return replay  # FastAPI words the 422
+        except ApiError as err:  # as the ApiError handler answers it
+            answer = JSONResponse({"detail": err.detail, **err.extra}, err.status)
+            await answer(scope, None, send)
+            return True
+        await JSONResponse(answer)(scope, None, send)
+        return True
+
+    def _job(self, scope, m):
+        """(service, job, query) for a running job and a token that may read it."""
         state = self.root.state
         svc = getattr(state, "service", None)
         query = _query(scope["query_string"])
@@ -121,6 +223,25 @@ class FastPlans:
                 break
         if not token or not (state.auth.is_admin(token) or state.auth.worker_job(token) == job_id):
             return None
+        return svc, job, query
+
+    def _accept_node(self, scope, m):
+        got = self._job(scope, m)
+        if got is None:
+            return None
+        svc, job, (after, wait, incarnation, per_node) = got
+        node = int(m.group(2))
+        if incarnation is not None or per_node is None or node_cells(job, node, per_node) is None:
+            return None
+        return svc, job, ("node", node, per_node), after, wait, None
+
+    def _accept(self, scope, m):
+        got = self._job(scope, m)
+        if got is None:
+            return None
+        svc, job, query = got
+        if query[3] is not None:  # not a parameter of these routes
+            return None
         worker = None
         if m.group(2) is not None:
             worker = (int(m.group(2)), int(m.group(3)))
@@ -128,9 +249,10 @@ class FastPlans:
                 return None
         elif query[2] is not None:  # not a parameter of /plan: the route ignores it
             return None
-        return svc, job, worker, *query
+        return svc, job, worker, *query[:3]
 
     async def _answer(self, scope, send, svc, job, worker, after, wait, incarnation):
+        node, worker = (worker[1:], None) if worker and worker[0] == "node" else (None, worker)
         err, newer = superseded(job, worker, incarnation), False
         if err is None:
             newer = await svc.wait_newer(job, after, wait)
@@ -143,7 +265,8 @@ class FastPlans:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             return await send({"type": "http.response.body", "body": b""})
         version = job.version
-        body = job.plan_bytes if worker is None else worker_view(job, *worker)
+        body = (node_view(job, *node) if node is not None else
+                job.plan_bytes if worker is None else worker_view(job, *worker))
         await send({"type": "http.response.start", "status": 200, "headers": [
             (b"etag", f'"v{version}"'.encode()), (b"cache-control", b"no-store"),
             (b"content-length", str(len(body)).encode()),

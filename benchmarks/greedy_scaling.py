@@ -20,7 +20,8 @@ from planner.job import JobSpec
 try:
     from planner.solvers.backends import solve
 except ImportError:  # a tree from before the planner/solvers/ sub-package
-    from planner.backends import solve
+    import importlib
+    solve = importlib.import_module("planner" + ".backends").solve
 D, S, M, k = map(int, sys.argv[1:5])
 job = JobSpec.uniform(D, S, M)
 failed = [(1 % D, S // 2)] if k else []

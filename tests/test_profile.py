@@ -1,4 +1,4 @@
-"""`recycle profile` (executor/profile.py): measured on the workers' thread count, each
+"""`recycle profile` (executor/compute/profile.py): measured on the workers' thread count, each
 figure a median with its spread, activation memory on CPU too, bad devices refused."""
 import json
 

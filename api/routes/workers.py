@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Request
 
+from api.nodes.beat import worker_beat
 from api.models import Error, HeartbeatIn, HeartbeatOut, SuspectIn, SuspectOut
 from api.security import JOB, AuthRoute, bearer
 
@@ -22,18 +23,7 @@ async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):
     `compute_iteration`): the straggler detector's input; a worker measured slower than its
     stage's peers gets a lower speed in a new plan version (docs/api.md, "Stragglers")."""
     svc = request.app.state.service
-    job = svc.job(job_id)
-    job.check_worker(hb.replica, hb.stage)
-    arming = svc.monitor.beat(job, hb.replica, hb.stage, hb.incarnation)
-    if arming is not None:
-        await arming
-    if hb.compute_s_per_mb is not None:
-        it = hb.iteration if hb.compute_iteration is None else hb.compute_iteration
-        await svc.observe_compute(job, (hb.replica, hb.stage),
-                                  job.incarnation(hb.replica, hb.stage), it, hb.compute_s_per_mb)
-    return {"state": job.state, "plan_version": job.version,
-            "timeout_s": svc.config.heartbeat_timeout_s,
-            "incarnation": job.incarnation(hb.replica, hb.stage)}
+    return await worker_beat(svc, svc.job(job_id), hb)
 
 
 @router.post("/suspects", response_model=SuspectOut, openapi_extra=JOB, responses=ERRORS,

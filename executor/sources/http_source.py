@@ -23,13 +23,15 @@ POLL_S = 30.0  # longest single long-poll request; the server may cap it lower
 class HttpPlanSource:
     def __init__(self, base_url: str, job_id: str, token: str, *,
                  reporter: Optional[tuple[int, int]] = None, request_timeout_s: float = 10.0,
-                 transport: Optional[httpx.BaseTransport] = None):
+                 transport: Optional[httpx.BaseTransport] = None,
+                 headers: Optional[dict] = None):
         self.job_id = job_id
         self.reporter = reporter  # this worker's (replica, stage), sent with suspect reports
         self.halted_reason: Optional[str] = None
         self._timeout = request_timeout_s
         self._client = httpx.Client(base_url=base_url.rstrip("/"), transport=transport,
-                                    headers={"Authorization": f"Bearer {token}"},
+                                    headers={"Authorization": f"Bearer {token}",
+                                             **(headers or {})},
                                     timeout=request_timeout_s)
         self._prefix = f"/v1/jobs/{job_id}"
         self._down = False  # warn once per outage, not on every retry

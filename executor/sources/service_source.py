@@ -12,6 +12,7 @@ exit) and `halted`.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from typing import Optional
@@ -34,8 +35,12 @@ class ServiceWorkerSource(StorePlanSource):
     def __init__(self, store: dist.Store, me: Worker, incarnation: int, service: dict,
                  run_id: str, slice_s: float = 0.5):
         super().__init__(store, me, incarnation)
-        self.http = HttpPlanSource(service["url"], service["job_id"], service["token"],
-                                   reporter=me, request_timeout_s=5.0)
+        # Started by a node agent (executor/node/): talk to it instead; it speaks the same
+        # API and learns this process's pid to watch from the header.
+        agent = os.environ.get("RECYCLE_AGENT")
+        self.http = HttpPlanSource(agent or service["url"], service["job_id"], service["token"],
+                                   reporter=me, request_timeout_s=5.0,
+                                   headers={"X-Recycle-Pid": str(os.getpid())} if agent else None)
         self.run_id, self.slice_s = run_id, slice_s
         self._last: Optional[Plan] = None
         self._lost = False

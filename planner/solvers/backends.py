@@ -108,9 +108,19 @@ def map_plan(plan: Plan, canon: Canonical) -> Plan:
     routes = [None] * len(plan.routes)
     for g, row in enumerate(plan.routes):
         routes[gmap(g)] = [perm[d] for d in row]
+    # One failure moves only the replicas before it in the canonical order: a worker whose
+    # micro-batches all belong to replicas that stay put keeps its actions as they are
+    # (immutable), which spares most of the rebuilding on large grids.
+    moved = [perm[c] != c for c in range(len(perm))]
+
+    def actions(w):
+        if not any(a.microbatch is not None and moved[a.microbatch // M] for a in w.actions):
+            return w.actions
+        return [a if a.microbatch is None or not moved[a.microbatch // M]
+                else make_action(a.op, gmap(a.microbatch), a.start, a.end) for a in w.actions]
+
     workers = sorted(
-        (WorkerPlan.model_construct(replica=perm[w.replica], stage=w.stage, actions=[
-            make_action(a.op, gmap(a.microbatch), a.start, a.end) for a in w.actions])
+        (WorkerPlan.model_construct(replica=perm[w.replica], stage=w.stage, actions=actions(w))
          for w in plan.workers), key=lambda w: (w.replica, w.stage))
     failed = sorted((perm[r], s) for r, s in plan.failed)
     return plan.model_copy(update={"job": job, "routes": routes, "workers": workers,

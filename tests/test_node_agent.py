@@ -1,0 +1,212 @@
+"""`recycle agent` end to end: a real service, a coordinator with an external store, two
+node agents on loopback (two "nodes" of two workers each) that start real worker processes;
+a worker SIGKILLed mid-run is reported by its agent the moment its process exits (the
+service's heartbeat timeout is far longer), and training stays exact (DESIGN 7). Plus the
+agent's bad input: a node outside the job, a second agent for a held node."""
+from __future__ import annotations
+
+import io
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from rich.console import Console
+
+from api_support import ROOT, ProcServer, admin_headers, free_port
+from executor.launch.launcher import Coordinator
+from executor.compute.reference import compare
+from executor.sources.service_source import ServiceWatch
+from test_e2e_service import CFG, D, M, S, reference, register
+
+pytestmark = pytest.mark.hard_timeout(150)
+# Heartbeat timeout 20 s, suspect grace 10 s: a new plan within a second or two of a kill
+# can only come from the agent's report.
+# Every worker runs at a fifth of its speed (a sleep, --slow) so that the kill lands
+# mid-run however fast the machine; the service's straggler detection is off (all alike).
+SERVE = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "20",
+         "--suspect-grace", "10", "--speed-window", "0")
+ITERATIONS = 5  # as in test_e2e_service: the reference is computed once per session
+SLOW = [(r, s, 0, 0.2) for r in range(D) for s in range(S)]
+
+
+class AgentProc:
+    """`python -m recycle.cli agent ...` with its stderr lines collected."""
+
+    def __init__(self, url, jid, token, node, *extra):
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "recycle.cli", "agent", "--service", url, "--job-id", jid,
+             "--node-rank", str(node), "--workers-per-node", "2", *extra],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RECYCLE_TOKEN": token},
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=lambda: self.lines.extend(self.proc.stderr), daemon=True).start()
+
+    def pid_of(self, w, timeout=30.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            for line in list(self.lines):
+                m = re.search(rf"started worker {w[0]}:{w[1]} pid (\d+)", line)
+                if m:
+                    return int(m.group(1))
+            time.sleep(0.05)
+        raise AssertionError(f"no worker {w} started: {self.lines}")
+
+    def wait_line(self, pattern, timeout=10.0):
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            hit = [x for x in list(self.lines) if re.search(pattern, x)]
+            if hit:
+                return hit[0]
+            time.sleep(0.02)
+        raise AssertionError(f"no line {pattern!r}: {self.lines}")
+
+    def stop(self, timeout=20.0) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+            raise
+
+
+def test_agents_start_workers_report_a_sigkill_at_once_and_training_stays_exact(tmp_path):
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    agents = []
+    try:
+        jid, token = register(srv.url)
+        watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
+        port = free_port()
+        out = io.StringIO()
+        coord = Coordinator(CFG, watch.plan.job, ITERATIONS, slows=SLOW, service=watch, timeout=4.0, deadline_s=90,
+                            run_dir=str(tmp_path), console=Console(file=out, width=200),
+                            external=True, store_port=port)
+        result = {}
+        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
+                                  daemon=True)
+        runner.start()
+        store = ("--store", f"127.0.0.1:{port}")
+        agents = [AgentProc(srv.url, jid, token, n, *store, "--run-dir", str(tmp_path / f"n{n}"))
+                  for n in (0, 1)]
+        victim = agents[1].pid_of((1, 0))  # node 1 = ranks 2, 3 = workers 1:0, 1:1
+        t0 = time.monotonic()
+        while coord.printed < 1 and runner.is_alive() and time.monotonic() - t0 < 60:
+            time.sleep(0.005)
+        assert coord.printed >= 1 and coord.printed < ITERATIONS - 2, out.getvalue()
+        with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as admin:
+            before = admin.get(f"/v1/jobs/{jid}/plan").json()["version"]
+            killed = time.monotonic()
+            os.kill(victim, signal.SIGKILL)
+            r = admin.get(f"/v1/jobs/{jid}/plan", params={"after": before, "wait": 15})
+            took = time.monotonic() - killed
+            assert r.status_code == 200 and r.json()["failed"] == [[1, 0]], \
+                (r.text, agents[1].lines, out.getvalue())
+            print(f"SIGKILL of worker 1:0 -> plan v{r.json()['version']} at the service: "
+                  f"{took * 1000:.0f} ms")
+            assert took < 5.0, took  # the timeout is 20 s, the suspect grace 10 s
+            line = agents[1].wait_line(r"worker 1:0 \(pid \d+\) exited with signal 9: "
+                                       r"failure posted, plan v\d+")
+            print(line.strip())
+            runner.join(90)
+            assert not runner.is_alive()
+            res = result["res"]
+            assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
+            diffs = compare(res.summary, reference(ITERATIONS), 1e-5)
+            assert not diffs, "\n".join(diffs) + "\n" + out.getvalue()
+            events = admin.get(f"/v1/jobs/{jid}/events").json()
+            assert [(e["kind"], e["replica"], e["stage"]) for e in events] == [("failure", 1, 0)]
+            assert events[0]["event_id"] == f"agent-{jid}-n1-1.0-pid{victim}"  # the agent's
+            assert (events[0]["source"], events[0]["incarnation"]) == ("worker", 1)
+        assert agents[0].stop() == 0, agents[0].lines  # its workers all finished cleanly
+        assert agents[1].stop() == 1, agents[1].lines  # one of its workers died
+    finally:
+        for a in agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+                a.proc.wait()
+        srv.stop()
+
+
+FAKE_WORKER = """
+import os, sys, time
+from executor.sources.http_source import HttpPlanSource
+url, job, token = sys.argv[1:]
+src = HttpPlanSource(url, job, token, headers={"X-Recycle-Pid": str(os.getpid())})
+src.heartbeat(0, 1, 0, 1)
+print("beating", flush=True)
+while True:
+    time.sleep(0.3)
+    src.heartbeat(0, 1, 0, 1)
+"""
+
+
+def test_attached_agent_reports_a_kill_and_bad_input_is_one_line(tmp_path):
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "0",
+                     "--heartbeat-timeout", "20").start()
+    try:
+        jid, token = register(srv.url)  # 4 workers: nodes 0..1 at 2 per node
+        held = AgentProc(srv.url, jid, token, 0, "--attach")
+        try:
+            held.wait_line(r"node 0 of job \w+: workers 0:0 0:1")
+            runs = {
+                "outside": ["--node-rank", "2", "--attach"],
+                "second": ["--node-rank", "0", "--attach"],
+                "no-store": ["--node-rank", "1"],
+            }
+            for name, args in runs.items():
+                p = subprocess.run(
+                    [sys.executable, "-m", "recycle.cli", "agent", "--service", srv.url,
+                     "--job-id", jid, "--workers-per-node", "2", *args], cwd=ROOT,
+                    env={**os.environ, "PYTHONPATH": str(ROOT), "RECYCLE_TOKEN": token},
+                    capture_output=True, text=True, timeout=60)
+                err = p.stderr.strip()
+                assert p.returncode == 2 and len(err.splitlines()) == 1, (name, p.stderr)
+                assert "Traceback" not in err
+                if name == "outside":
+                    assert err == (f"error: the plan service refused node 2 (422): node rank 2 "
+                                   f"is outside job {jid}: its 4 workers at 2 per node make "
+                                   "nodes 0..1")
+                elif name == "second":
+                    assert err.startswith(f"error: the plan service refused node 0 (409): node "
+                                          f"0 of job {jid} is held by agent "), err
+                else:
+                    assert err.startswith("error: no store address"), err
+            # Attached (torchrun starts the workers): a process that heartbeats to the agent
+            # as a worker does (executor/sources/http_source.py, with its pid) and is SIGKILLed is
+            # reported by the agent from the pid alone.
+            local = re.search(r"local channel (http://\S+)", held.lines[0]).group(1)
+            fake = subprocess.Popen([sys.executable, "-c", FAKE_WORKER, local, jid, token],
+                                    cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)},
+                                    stdout=subprocess.PIPE, text=True)
+            try:
+                assert fake.stdout.readline().strip() == "beating"
+                time.sleep(1.5)  # the agent has its pid and has beaten for it
+                with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as a:
+                    killed = time.monotonic()
+                    fake.kill()
+                    r = a.get(f"/v1/jobs/{jid}/plan", params={"after": 0, "wait": 15})
+                    assert r.status_code == 200 and r.json()["failed"] == [[0, 1]], r.text
+                    assert time.monotonic() - killed < 5.0  # the heartbeat timeout is 20 s
+            finally:
+                fake.kill()
+                fake.wait()
+            held.wait_line(rf"worker 0:1 \(pid {fake.pid}\) exited \(seen gone\): failure "
+                           r"posted, plan v1")
+            # SIGTERM: the agent gives its node back, so another may claim it at once
+            held.proc.send_signal(signal.SIGTERM)
+            assert held.stop() == 1, held.lines  # 1: one of its workers died
+            r = httpx.post(f"{srv.url}/v1/jobs/{jid}/nodes/0/attach",
+                           headers={"Authorization": f"Bearer {token}"},
+                           json={"agent_id": "next", "workers_per_node": 2})
+            assert r.status_code == 200, r.text
+        finally:
+            if held.proc.poll() is None:
+                held.proc.kill()
+                held.proc.wait()
+    finally:
+        srv.stop()
