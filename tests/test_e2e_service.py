@@ -88,6 +88,10 @@ def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
                           [("recovery", "worker", 1, 0)]), events
         assert [p["failed"] for p in h["plans"]] in ([[], [[1, 0]], []], [[], []])
         assert h["plans"][-1]["incarnations"] == [[1, 1], [2, 1]]
+        # the run's last line counts the versions trained under (issue 12, item 15); it
+        # used to print the last version's number, one less than the count here
+        trained = [p["version"] for p in res.summary.plans]
+        assert trained == list(range(len(h["plans"]))) and res.versions == len(trained)
         assert any("SIGKILL worker 1:0 mid-iteration 1" in e for e in res.events)
         assert "loaded stage 0 state from worker (0, 0)" in logs(tmp_path)
     finally:
