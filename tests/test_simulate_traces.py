@@ -11,13 +11,7 @@ from planner.simulation.trace import (Placement, TraceError, exponential_trace,
                                       fixed_interval_trace, read_spot, read_trace, spot_trace,
                                       write_spot)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SPEC = {
-    "replicas": 4, "stages": 4, "microbatches": 8,
-    "cost": {"F": [10, 10, 10, 12], "I": [10, 10, 10, 12], "W": [8, 8, 8, 9], "OPT": [5, 5, 5, 5]},
-    "p2p": {"intra": 1, "cross": 2},
-    "memory": {"activation": [4, 4, 4, 4], "capacity": [40, 40, 40, 40]},
-}
+from test_cli_planner import ROOT, SPEC  # noqa: E402  the same 4x4 job
 
 
 def recycle(*args, timeout=60):

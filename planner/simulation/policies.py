@@ -68,6 +68,15 @@ class Policy:
         raise NotImplementedError
 
     def on_event(self, kind, workers, before, after, speed, run) -> Optional[Decision]:
+        """The new rate after a trace event (None: unchanged). By default a halted policy
+        waits for a repair to restart, a new speed just re-rates, and `react` decides what a
+        failure or a rejoin costs."""
+        if self.halted:
+            return self._restart(after, speed) if kind == "recover" else None
+        d = self.steady(after, speed)
+        return d if kind == "speed" else self.react(kind, workers, before, after, d)
+
+    def react(self, kind, workers, before, after, d: Decision) -> Optional[Decision]:
         raise NotImplementedError
 
     def _restart(self, failed, speed, note="restarted from checkpoint") -> Optional[Decision]:
@@ -206,15 +215,10 @@ class DropReplica(Policy):
         s = self.ctx.slowest(failed, speed, live)
         return Decision(len(live) * self.ctx.M / self.ctx.P0 * s, self.ctx.P0 / s)
 
-    def on_event(self, kind, workers, before, after, speed, run):
+    def react(self, kind, workers, before, after, d):
         p = self.ctx.params
-        if self.halted:
-            return self._restart(after, speed) if kind == "recover" else None
         live_before = {d for d in range(self.ctx.job.replicas)} - {d for d, _ in before}
         live_after = {d for d in range(self.ctx.job.replicas)} - {d for d, _ in after}
-        d = self.steady(after, speed)
-        if kind == "speed":
-            return d
         if kind == "fail":
             dropped = live_before - live_after
             if not dropped:
@@ -304,13 +308,8 @@ class Oobleck(Policy):
         s = ctx.slowest(failed, speed)
         return Decision(rate * s, it / s)
 
-    def on_event(self, kind, workers, before, after, speed, run):
+    def react(self, kind, workers, before, after, d):
         p = self.ctx.params
-        if self.halted:
-            return self._restart(after, speed) if kind == "recover" else None
-        d = self.steady(after, speed)
-        if kind == "speed":
-            return d
         if kind == "fail":
             if d.rate <= 0 or dead_stage(self.ctx.job, workers) is not None:
                 return self._halt("too few workers" if d.rate <= 0 else "every copy of a stage lost")
@@ -393,13 +392,8 @@ class Bamboo(Policy):
         T = max(Ts) / ctx.slowest(failed, speed, set(running))
         return Decision(len(running) * ctx.M / T, T)
 
-    def on_event(self, kind, workers, before, after, speed, run):
+    def react(self, kind, workers, before, after, d):
         p = self.ctx.params
-        if self.halted:
-            return self._restart(after, speed) if kind == "recover" else None
-        d = self.steady(after, speed)
-        if kind == "speed":
-            return d
         was, _ = self._running(before)
         now, _ = self._running(after)
         if kind == "fail":
