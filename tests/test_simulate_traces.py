@@ -1,7 +1,6 @@
 """Traces for the simulator: reading the spot and fail-stop formats, nodes to workers,
 synthetic traces, and `recycle simulate` as a user runs it (bad input: one line, exit 2)."""
 import json
-import os
 import subprocess
 import sys
 
