@@ -95,8 +95,6 @@ def train_cmd(
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
-        from executor.inputs.workload_name import check_workload
-        workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
         check_plannable(replicas, stages, microbatches)
         if not external:  # the workers are this machine's processes
             check_local_workers(replicas, stages)
@@ -113,6 +111,8 @@ def train_cmd(
             os.makedirs(checkpoint_dir, exist_ok=True)
             if not os.access(checkpoint_dir, os.W_OK | os.X_OK):
                 raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
+        from executor.inputs.workload_name import check_workload  # after the cheap checks
+        workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
         if resume:
             where, man = read_checkpoint(resume, spec, cfg, iterations)
             if man.model.get("lr") != cfg.lr:
