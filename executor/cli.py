@@ -114,7 +114,7 @@ def train_cmd(
         from executor.inputs.workload_name import check_workload  # after the cheap checks
         workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
         if resume:
-            where, man = read_checkpoint(resume, spec, cfg, iterations)
+            where, man = read_checkpoint(resume, spec, cfg, iterations, model)
             if man.model.get("lr") != cfg.lr:
                 console.print(f"resuming {where} with --lr {cfg.lr:g} (it trained with "
                               f"{man.model.get('lr')!r})")

@@ -90,13 +90,13 @@ class Coordinator:
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
-                                           cfg.to_dict())
+                                           dict(cfg.to_dict(), workload=model))
         self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
         self.start, self.losses = 0, {}
         if resume:
-            resume, man = read_checkpoint(resume, job, cfg, iterations)
+            resume, man = read_checkpoint(resume, job, cfg, iterations, model)
             resume = os.path.abspath(resume)
             self.start = man.iteration + 1
             self.losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
