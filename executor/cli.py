@@ -50,11 +50,13 @@ def train_cmd(
     service: Optional[str] = typer.Option(None, "--service", help="workers take plans from, and report failures to, `recycle serve` at this URL"),
     job_id: Optional[str] = typer.Option(None, "--job-id", help="the job's id at --service"),
     token: Optional[str] = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", help="the job's worker token at --service"),
+    model: str = typer.Option("gpt", "--model", help="gpt (built-in) or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
     d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
     seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
 ):
-    """Train a small GPT on a DxS grid of worker processes, surviving injected failures."""
+    """Train a model (--model; default: the small built-in GPT) on a DxS grid of worker
+    processes, surviving injected failures."""
     from rich.console import Console
 
     from executor.checkpoint import read_checkpoint
@@ -109,14 +111,17 @@ def train_cmd(
             os.makedirs(checkpoint_dir, exist_ok=True)
             if not os.access(checkpoint_dir, os.W_OK | os.X_OK):
                 raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
+        from executor.inputs.workload_name import check_workload  # after the cheap checks
+        workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
         if resume:
-            where, man = read_checkpoint(resume, spec, cfg, iterations)
+            where, man = read_checkpoint(resume, spec, cfg, iterations, model)
             if man.model.get("lr") != cfg.lr:
                 console.print(f"resuming {where} with --lr {cfg.lr:g} (it trained with "
                               f"{man.model.get('lr')!r})")
     if reference:
         from executor.compute.reference import train_reference
-        result = train_reference(cfg, replicas, microbatches, iterations, stages)
+        result = train_reference(cfg, replicas, microbatches, iterations, stages,
+                                 workload=workload)
         for i, loss in enumerate(result.losses):
             console.print(f"iter {i:>4}  loss {loss:.5f}  (reference)")
         if summary:
@@ -126,7 +131,7 @@ def train_cmd(
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_dir=checkpoint_dir, ckpt_every=checkpoint_every, run_dir=run_dir, external=external,
                    store_port=store_port, console=console, service=watch, stalls=stalls,
-                   slows=slows, detect_stragglers=detect_stragglers, device=device,
+                   slows=slows, detect_stragglers=detect_stragglers, device=device, model=model,
                    mode=Mode(split_backward=not no_split, staggered=not sync))
     if result.halted:
         raise typer.Exit(EXIT_NO_PLAN)
@@ -145,6 +150,7 @@ def profile_cmd(
     repeats: int = typer.Option(7, "--repeats", help="rounds per figure after a warm-up: the median is kept, the spread printed"),
     memory_budget: Optional[int] = typer.Option(None, "--memory-budget", help="bytes per worker (default: the GPU's memory; on CPU this machine's memory / (D x S))"),
     details: Optional[str] = typer.Option(None, "--details", help="write every stage's medians, spreads and bytes as JSON here"),
+    model: str = typer.Option("gpt", "--model", help="gpt (built-in) or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
     d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
     seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
@@ -165,8 +171,11 @@ def profile_cmd(
         if threads is not None and threads < 1:
             raise ValueError(f"--threads must be at least 1, not {threads}")
         cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
+        from executor.inputs.workload_name import check_workload
+        workload = check_workload(model, cfg, stages)
         rows: list = []
         spec = profile(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
+                       workload=workload,
                        memory_budget=memory_budget, threads=threads, details=rows)
         with open(out, "w") as fh:
             fh.write(spec.model_dump_json(indent=1))

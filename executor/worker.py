@@ -4,8 +4,8 @@ Started by the launcher (one process per (replica, stage)) or by torchrun on sev
 machines; either way it needs only the coordinator's store address and its identity:
   --store HOST:PORT   or env RECYCLE_STORE   (the coordinator's TCPStore)
   --replica R --stage S   or env RANK (rank = replica * S + stage, DESIGN section 2)
-Everything else (model config, job spec, iterations, paths, and with --service the
-service's URL, job id and token) is read from the store.
+Everything else (model config, the --model name, job spec, iterations, paths, and with
+--service the service's URL, job id and token) is read from the store.
 Multi-machine: under torchrun use `-m executor.torchrun` (executor/torchrun.py: the
 commands, and how torchrun's restarts map onto failures and rejoins).
 """
@@ -24,6 +24,7 @@ from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store, local_workers_hint, pick_device
 from executor.launch.faults import fault_iterations
 from executor.compute.model import ModelConfig
+from executor.inputs.workload_name import DEFAULT_MODEL, load_workload
 from executor.runtime.rendezvous import StorePlanSource
 from planner.job import JobSpec
 
@@ -76,8 +77,13 @@ def main(argv=None, world_size: int | None = None) -> int:
     except ValueError as exc:  # this host lacks the device the run asks for
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
+    try:  # the run's --model, importable here too (same code on every machine)
+        workload = load_workload(conf.get("workload", DEFAULT_MODEL))
+    except ValueError as exc:
+        print(f"executor.worker: {exc}", file=sys.stderr)
+        return 2
     agent = Agent(ModelConfig.from_dict(conf["model"]), me, job, int(conf["iterations"]),
-                  source, store, timeout_s=timeout, incarnation=incarnation,
+                  source, store, workload=workload, timeout_s=timeout, incarnation=incarnation,
                   start_iteration=start, resume_part=resume_part, ckpt_dir=conf.get("ckpt_dir"),
                   ckpt_every=int(conf.get("ckpt_every", 1)), device=device,
                   local_workers=local_workers_hint() or conf.get("local_workers"),

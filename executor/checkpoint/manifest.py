@@ -17,7 +17,7 @@ MANIFEST = "recycle.json"
 # Model fields that may differ on resume (honoured); any other difference is refused.
 RESUMABLE = {"lr"}
 FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "weight_decay": "weight decay",
-         "betas": "Adam betas"}
+         "betas": "Adam betas", "workload": "--model"}
 
 
 class CheckpointError(ValueError):
@@ -95,9 +95,11 @@ def resolve(path: str) -> str:
     return found
 
 
-def read_checkpoint(path: str, job, cfg, iterations: int) -> tuple[str, Manifest]:
+def read_checkpoint(path: str, job, cfg, iterations: int,
+                    model: str = "gpt") -> tuple[str, Manifest]:
     """(checkpoint directory, manifest) that this run can resume from, or CheckpointError.
-    `job` is the run's JobSpec, `cfg` its ModelConfig."""
+    `job` is the run's JobSpec, `cfg` its ModelConfig, `model` its --model name (kept in
+    the manifest's model dict as "workload"; checkpoints from before it hold the GPT)."""
     directory = resolve(path)
     man = Manifest.load(directory)
     grid = (job.replicas, job.stages, job.microbatches)
@@ -105,13 +107,14 @@ def read_checkpoint(path: str, job, cfg, iterations: int) -> tuple[str, Manifest
         raise CheckpointError(
             f"checkpoint {directory} is for a {man.replicas}x{man.stages}x{man.microbatches} "
             f"grid (-d x -s x -m), this run is {grid[0]}x{grid[1]}x{grid[2]}")
-    mine = cfg.to_dict()
-    for key in sorted(set(mine) | set(man.model)):
-        if key in RESUMABLE or mine.get(key) == man.model.get(key):
+    mine = dict(cfg.to_dict(), workload=model)
+    theirs = dict({"workload": "gpt"}, **man.model)
+    for key in sorted(set(mine) | set(theirs)):
+        if key in RESUMABLE or mine.get(key) == theirs.get(key):
             continue
         flag = FLAGS.get(key, "--" + key.replace("_", "-"))
         raise CheckpointError(f"checkpoint {directory} was trained with {key}="
-                              f"{man.model.get(key)!r}, this run asks {mine.get(key)!r} "
+                              f"{theirs.get(key)!r}, this run asks {mine.get(key)!r} "
                               f"({flag}): resume with the checkpoint's model")
     if man.iteration + 1 >= iterations:
         raise CheckpointError(f"checkpoint {directory} already holds iterations 0..{man.iteration}:"

@@ -77,7 +77,8 @@ class Coordinator:
                  stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
                  run_dir=None, checkpoint_dir=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
-                 deadline_s=None, service=None, mode: Mode = Mode(), device="auto"):
+                 deadline_s=None, service=None, mode: Mode = Mode(), device="auto",
+                 model: str = "gpt"):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
@@ -89,13 +90,13 @@ class Coordinator:
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
-                                           cfg.to_dict())
+                                           dict(cfg.to_dict(), workload=model))
         self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
         self.start, self.losses = 0, {}
         if resume:
-            resume, man = read_checkpoint(resume, job, cfg, iterations)
+            resume, man = read_checkpoint(resume, job, cfg, iterations, model)
             resume = os.path.abspath(resume)
             self.start = man.iteration + 1
             self.losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
@@ -109,6 +110,7 @@ class Coordinator:
                                soft_wrap=True)
         self.store.set("config", json.dumps({
             "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
+            "workload": model,  # --model NAME: every worker loads the same Workload
             "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
             "resume": resume, "device": device, "local_workers": None if external else len(self.workers),
             "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],

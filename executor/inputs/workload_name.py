@@ -1,0 +1,86 @@
+"""`--model NAME`: which Workload (executor.compute.model) to train or profile.
+
+NAME is a built-in (`gpt`) or an import path `package.module:factory`, where `factory` is
+a Workload or a callable that takes no argument and returns one. The name travels to every
+worker through the coordinator's store, so workers, torchrun'd workers and the reference
+all train the same model. Loaded like `python -m` does: the current directory is on the
+import path (as are PYTHONPATH and installed packages).
+"""
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import sys
+
+import torch
+
+from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+
+BUILT_IN = {"gpt": lambda: DEFAULT_WORKLOAD}
+DEFAULT_MODEL = "gpt"
+
+
+def _factory(name: str):
+    if name in BUILT_IN:
+        return BUILT_IN[name]
+    mod_name, sep, attr = name.partition(":")
+    if not sep or not mod_name or not attr:
+        raise ValueError(f"--model {name!r} is neither a built-in ({', '.join(BUILT_IN)}) "
+                         f"nor an import path package.module:factory")
+    if os.getcwd() not in sys.path:  # as `python -m` would: the current directory first
+        sys.path.insert(0, os.getcwd())
+    try:
+        mod = importlib.import_module(mod_name)
+    except Exception as exc:  # the user's module: any error means "does not load"
+        raise ValueError(f"--model {name}: cannot import {mod_name}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    try:
+        return getattr(mod, attr)
+    except AttributeError:
+        raise ValueError(f"--model {name}: module {mod_name} has no {attr!r}") from None
+
+
+def load_workload(name: str) -> Workload:
+    """The Workload NAME stands for; ValueError with one line if it cannot be had."""
+    target = _factory(name)
+    if isinstance(target, Workload):
+        return target
+    if not callable(target):
+        raise ValueError(f"--model {name}: {type(target).__name__} is neither a Workload nor "
+                         f"a factory returning one")
+    try:
+        wl = target()
+    except Exception as exc:
+        raise ValueError(f"--model {name}: the factory raised {type(exc).__name__}: {exc}") from None
+    if not isinstance(wl, Workload):
+        raise ValueError(f"--model {name}: the factory returned a {type(wl).__name__}, not an "
+                         f"executor.compute.model.Workload")
+    return wl
+
+
+def param_hash(module) -> str:
+    """sha256 over every parameter's name, shape, dtype and bytes (on the CPU)."""
+    h = hashlib.sha256()
+    for n, p in module.named_parameters():
+        t = p.detach().cpu().contiguous()
+        h.update(f"{n}:{tuple(t.shape)}:{t.dtype}".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_workload(name: str, cfg: ModelConfig, stages: int) -> Workload:
+    """Load NAME twice and build every stage from each: the parameters must be identical,
+    since every replica (and a rejoining worker, and the reference) builds its own."""
+    first, second = load_workload(name), load_workload(name)
+    for s in range(stages):
+        try:
+            a, b = (param_hash(wl.build_stage(cfg, s, stages)) for wl in (first, second))
+        except Exception as exc:
+            raise ValueError(f"--model {name}: build_stage(cfg, {s}, {stages}) raised "
+                             f"{type(exc).__name__}: {exc}") from None
+        if a != b:
+            raise ValueError(f"--model {name}: two builds of stage {s} have different "
+                             f"parameters; seed the initialisation so every replica builds "
+                             f"the same")
+    return first
