@@ -21,7 +21,7 @@ from api.nodes.table import NodeTable
 from api.precompute import BackgroundSolver, Precomputer
 from api.security import Auth
 from api.service import ApiError, Service, ServiceConfig
-from api.store_pg import open_cache, open_store
+from api.storage.postgres_store import open_cache, open_store
 
 log = logging.getLogger("recycle.api")
 VERSION = "0.1.0"
@@ -123,7 +123,7 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
                *, cache_path: Optional[str] = None, config: Optional[ServiceConfig] = None,
                **overrides) -> FastAPI:
     """The service on SQLite file `db_path`, or on PostgreSQL at a postgresql:// URL
-    (api/store_pg.py); the plan cache shares it unless `cache_path`.
+    (api/storage/postgres_store.py); the plan cache shares it unless `cache_path`.
     `overrides` set any ServiceConfig field (solvers, cpsat_time_limit_s, max_wait_s...)."""
     cfg = config or ServiceConfig(heartbeat_timeout_s=heartbeat_timeout_s,
                                   precompute_failures=precompute_failures, **overrides)

@@ -68,7 +68,7 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
     log_level = log_level.lower()
     logging.basicConfig(level=log_level.upper() if log_level != "trace" else 5,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    from api.store_pg import check_reachable, is_postgres
+    from api.storage.postgres_store import check_reachable, is_postgres
     if is_postgres(db) and (why := check_reachable(db)) is not None:
         typer.echo(f"error: --db: cannot reach PostgreSQL: {why}", err=True)
         raise typer.Exit(2)
@@ -93,7 +93,7 @@ def check_serve_options(db, port, heartbeat_timeout, suspect_grace, max_failures
                         cpsat_time_limit, solver_workers, speed_window, log_level):
     """One-line ValueError for an option the service would misuse; the solver list."""
     from api.service import ServiceConfig
-    from api.store import check_database
+    from api.storage.sqlite_store import check_database
     from planner.solvers.backends import BACKENDS
 
     if not 0 <= port <= 65535:
@@ -119,7 +119,7 @@ def check_serve_options(db, port, heartbeat_timeout, suspect_grace, max_failures
                          f"{', '.join(BACKENDS)}")
     if log_level.lower() not in LOG_LEVELS:
         raise ValueError(f"--log-level must be one of {', '.join(LOG_LEVELS)}, not {log_level!r}")
-    from api.store_pg import is_postgres
+    from api.storage.postgres_store import is_postgres
     if not is_postgres(db):  # PostgreSQL: its reachability is checked next, in serve
         check_database(db)
     return names

@@ -19,7 +19,7 @@ from api import stragglers
 from api.metrics import Metrics
 from api.models import EventIn, SpeedIn
 from api.security import hash_token, new_worker_token
-from api.store import Store
+from api.storage.sqlite_store import Store
 from api.stragglers import SpeedError, quantize_speed
 from planner.solvers.backends import solve
 from planner.cache import PlanCache

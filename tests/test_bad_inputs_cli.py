@@ -200,7 +200,7 @@ def test_serve_refuses_bad_options(files, args, says):
 @pytest.fixture(scope="module")
 def damaged(tmp_path_factory):
     """A real service database with rows, then damaged in each way a disk or a user can."""
-    from api.store import Store
+    from api.storage.sqlite_store import Store
     d = tmp_path_factory.mktemp("db")
     store = Store(str(d / "good.db"))
     with store.tx() as db:

@@ -90,8 +90,8 @@ def _drive(store) -> list:
 
 
 def test_postgres_store_answers_as_the_sqlite_one(pg, tmp_path):
-    from api.store import Store
-    from api.store_pg import PgStore
+    from api.storage.sqlite_store import Store
+    from api.storage.postgres_store import PgStore
     lite = Store(str(tmp_path / "s.db"))
     pgs = PgStore(pg.url)
     try:

@@ -26,7 +26,7 @@ import threading
 from contextlib import contextmanager
 from typing import Callable, Iterator, Optional
 
-from api.store import SCHEMA, Store
+from api.storage.sqlite_store import SCHEMA, Store
 from planner.cache import SCHEMA as CACHE_SCHEMA
 from planner.cache import PlanCache
 
@@ -146,7 +146,7 @@ class _Empty:
 
 
 class PgStore(Store):
-    """api.store.Store on PostgreSQL (see the module docstring)."""
+    """api.storage.sqlite_store.Store on PostgreSQL (see the module docstring)."""
 
     def __init__(self, url: str, on_lost: Callable[[], None] = lambda: None):
         self.path = url
