@@ -229,7 +229,7 @@ class Service:
     def _plan_now(self, spec: JobSpec, failed: list[Worker]) -> tuple[Plan, str]:
         """Cached plan if there is one, else greedy (milliseconds). Runs in a thread."""
         t0 = time.perf_counter()
-        plan = self.cache.get(spec, failed)
+        plan = self.cache.get(spec, failed, verify=False)  # the greedy check: verify_later
         if plan is not None:
             self.metrics.cache_hits.inc()
             return plan, "cache"
@@ -346,7 +346,27 @@ class Service:
             self._background(asyncio.to_thread(self.cache.put, fresh))  # off the answer's path
             if self.precomputer:
                 self.precomputer.improve(job, failed, spec)
+        elif plan_source == "cache":
+            self.verify_later(job, failed, spec)
         return answer, False
+
+    def verify_later(self, job: JobRuntime, failed: list[Worker], spec: JobSpec) -> None:
+        """After the answer: the cache's check of a served plan against greedy of the
+        job's own replica numbering (planner/cache.py), left off the event's path; a
+        better greedy plan is published as the next version."""
+        async def check():
+            greedy = None
+            if self.precomputer is not None:  # solved in a child process: the GIL stays
+                try:                          # with the plan's fan-out
+                    from api.precompute import IMPROVE
+                    greedy, _ = await self.precomputer.bg.solve(
+                        IMPROVE, spec.model_dump_json(), [list(w) for w in failed],
+                        "greedy", False, 0.0)
+                except Exception as e:  # noqa: BLE001 - then solve it here
+                    log.warning("job %s: greedy check in a child failed: %s", job.id, e)
+            if await asyncio.to_thread(self.cache.verify, spec, failed, greedy=greedy):
+                await self.offer(job, failed, "greedy:renumbered", spec)
+        self._background(check())
 
     # ---- speeds ------------------------------------------------------------------------
     async def apply_speed(self, job: JobRuntime, ev: SpeedIn, source: str) -> tuple[dict, bool]:
@@ -425,6 +445,8 @@ class Service:
             self._background(asyncio.to_thread(self.cache.put, fresh))
             if self.precomputer:
                 self.precomputer.improve(job, list(job.failed), spec)
+        elif plan_source == "cache":
+            self.verify_later(job, list(job.failed), spec)
 
     async def observe_compute(self, job: JobRuntime, w, incarnation: int, iteration: int,
                               seconds_per_mb: float) -> None:

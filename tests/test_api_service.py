@@ -409,3 +409,36 @@ def test_unexpected_error_answers_json_500_and_keeps_the_connection(admin, serve
     assert r.status_code == 500 and r.json() == {"detail": "internal error; see the service log"}
     ok = admin.get("/healthz")
     assert ok.status_code == 200 and local_port(ok) == port
+
+
+def test_greedy_check_of_a_renumbering_publishes_after_the_answer(tmp_path):
+    """An event served from the cache answers with the mapped plan at once; the check of
+    that plan against greedy of the job's own numbering runs after the answer (in a child
+    process) and, greedy being better, publishes it as the next version."""
+    from planner.solvers.backends import solve
+    from planner.solvers.greedy import greedy_plan
+    with ThreadServer(tmp_path / "s.db", precompute_failures=0) as srv:
+        admin = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+        jid, _ = register(admin, D=3, S=3, M=4)
+        job = srv.service.jobs[jid].spec
+        # a valid but poorly routed plan for the canonical case: replica 0's micro-batches
+        # all go to replica 1 at stage 1
+        routes = [list(r) for r in solve(job, [(0, 1)], "greedy").routes]
+        for g in range(job.microbatches):
+            routes[g][1] = 1
+        poor = greedy_plan(job, [(0, 1)], routes=routes)
+        best = solve(job, [(2, 1)], "greedy")
+        assert best.metrics.period < poor.metrics.period
+        assert srv.service.cache.put(poor)
+        r = admin.post(f"/v1/jobs/{jid}/events", json=ev("f", "failure", 2, 1))
+        assert r.status_code == 200 and r.json()["plan_source"] == "cache", r.text
+        first = admin.get(f"/v1/jobs/{jid}/plans/1").json()
+        assert first["metrics"]["period"] == poor.metrics.period  # served at once, mapped
+        got = admin.get(f"/v1/jobs/{jid}/plan", params={"after": 1, "wait": 20})
+        assert got.status_code == 200
+        plan = got.json()
+        assert plan["version"] == 2 and plan["failed"] == [[2, 1]]
+        assert plan["metrics"]["period"] == best.metrics.period
+        causes = [p["cause"] for p in admin.get(f"/v1/jobs/{jid}").json()["plans"]]
+        assert causes[-1] == "greedy:renumbered"
+        admin.close()
