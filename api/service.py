@@ -347,23 +347,29 @@ class Service:
             if self.precomputer:
                 self.precomputer.improve(job, failed, spec)
         elif plan_source == "cache":
-            self.verify_later(job, failed, spec)
+            self.verify_later(job, failed, spec, fresh.metrics.period)
         return answer, False
 
-    def verify_later(self, job: JobRuntime, failed: list[Worker], spec: JobSpec) -> None:
+    def verify_later(self, job: JobRuntime, failed: list[Worker], spec: JobSpec,
+                     served: int) -> None:
         """After the answer: the cache's check of a served plan against greedy of the
         job's own replica numbering (planner/cache.py), left off the event's path; a
         better greedy plan is published as the next version."""
         async def check():
+            from api.precompute import IMPROVE, greedy_if_better
             greedy = None
             if self.precomputer is not None:  # solved in a child process: the GIL stays
                 try:                          # with the plan's fan-out
-                    from api.precompute import IMPROVE
-                    greedy, _ = await self.precomputer.bg.solve(
-                        IMPROVE, spec.model_dump_json(), [list(w) for w in failed],
-                        "greedy", False, 0.0)
+                    text = await self.precomputer.bg.call(
+                        IMPROVE, greedy_if_better, spec.model_dump_json(),
+                        [list(w) for w in failed], served)
                 except Exception as e:  # noqa: BLE001 - then solve it here
                     log.warning("job %s: greedy check in a child failed: %s", job.id, e)
+                else:
+                    if text is None:  # not better: nothing to parse or store
+                        return await asyncio.to_thread(self.cache.verify, spec, failed,
+                                                       greedy=False)
+                    greedy = await asyncio.to_thread(Plan.from_json, text)
             if await asyncio.to_thread(self.cache.verify, spec, failed, greedy=greedy):
                 await self.offer(job, failed, "greedy:renumbered", spec)
         self._background(check())
@@ -446,7 +452,7 @@ class Service:
             if self.precomputer:
                 self.precomputer.improve(job, list(job.failed), spec)
         elif plan_source == "cache":
-            self.verify_later(job, list(job.failed), spec)
+            self.verify_later(job, list(job.failed), spec, fresh.metrics.period)
 
     async def observe_compute(self, job: JobRuntime, w, incarnation: int, iteration: int,
                               seconds_per_mb: float) -> None:

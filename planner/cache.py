@@ -23,7 +23,7 @@ import sqlite3
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Union
 
 from planner.solvers.backends import SolveOptions, map_plan, solve
 from planner.failures import Canonical, canonical_sets, canonicalize
@@ -109,13 +109,18 @@ class PlanCache:
         return out
 
     def verify(self, job: JobSpec, failed, mode: Mode = Mode(),
-               greedy: Optional[Plan] = None) -> bool:
+               greedy: Union[Plan, None, bool] = None) -> bool:
         """The check `get(verify=False)` left out: True if greedy of this numbering beat
         the cached plan (it is stored, and `get` serves it from now on). `greedy`: that
-        plan, solved elsewhere (the service solves it in a child process)."""
+        plan, solved elsewhere (the service solves it in a child process); False: it was,
+        and is no better (the case is only marked checked)."""
         canon = canonicalize(job, failed)
         key = cache_key(job, canon, mode)
         if (key, canon.perm) in self._checked:
+            return False
+        if greedy is False:
+            with self._lock:
+                self._checked.add((key, canon.perm))
             return False
         out = self.get(job, failed, mode, verify=False)
         return out is not None and \
@@ -127,8 +132,9 @@ class PlanCache:
         renumbered = list(canon.perm) != sorted(canon.perm)
         if not (job.speed is not None or renumbered) or (key, canon.perm) in self._checked:
             return None
-        greedy = greedy or solve(job, failed, "greedy", mode)
-        better = greedy.metrics.period < out.metrics.period
+        if greedy is None:
+            greedy = solve(job, failed, "greedy", mode)
+        better = greedy is not False and greedy.metrics.period < out.metrics.period
         if better:
             self.put(greedy, mode)
         with self._lock:

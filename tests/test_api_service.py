@@ -441,4 +441,12 @@ def test_greedy_check_of_a_renumbering_publishes_after_the_answer(tmp_path):
         assert plan["metrics"]["period"] == best.metrics.period
         causes = [p["cause"] for p in admin.get(f"/v1/jobs/{jid}").json()["plans"]]
         assert causes[-1] == "greedy:renumbered"
+        # another numbering of the same case, now cached with greedy's plan: the check in
+        # the child finds greedy no better, and publishes nothing more
+        assert admin.post(f"/v1/jobs/{jid}/events",
+                          json=ev("r", "recovery", 2, 1)).json()["plan_version"] == 3
+        r = admin.post(f"/v1/jobs/{jid}/events", json=ev("f1", "failure", 1, 1)).json()
+        assert r["plan_version"] == 4 and r["plan_source"] == "cache"
+        assert admin.get(f"/v1/jobs/{jid}/plan", params={"after": 4, "wait": 3}
+                         ).status_code == 204
         admin.close()
