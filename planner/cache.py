@@ -126,6 +126,13 @@ class PlanCache:
         return out is not None and \
             self._versus_greedy(job, failed, mode, key, canon, out, greedy) is not None
 
+    def unverified(self, job: JobSpec, failed, mode: Mode = Mode()) -> bool:
+        """Whether `get(verify=False)` left a check for `verify` to make (a renumbering
+        without speeds, not checked yet in this process)."""
+        canon = canonicalize(job, failed)
+        return job.speed is None and list(canon.perm) != sorted(canon.perm) and \
+            (cache_key(job, canon, mode), canon.perm) not in self._checked
+
     def _versus_greedy(self, job, failed, mode, key, canon, out: Plan,
                        greedy: Optional[Plan] = None) -> Optional[Plan]:
         """Greedy's plan if it beats `out` (then stored), once per (case, numbering)."""
