@@ -134,7 +134,7 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         store = await open_store(db_path, app)  # a PostgreSQL standby waits here
-        cache = open_cache(cache_path or db_path, app)
+        cache = open_cache(cache_path or db_path, app, cfg.cache_memory_actions)
         svc = Service(store, cache, cfg, app.state.metrics)
         svc.load()
         bg = BackgroundSolver(cfg.solver_workers)

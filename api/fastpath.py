@@ -23,10 +23,13 @@ import json
 import re
 from typing import Optional
 
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from starlette.responses import JSONResponse
 
 from api.service import ApiError
+from planner.plan import Action
+
+ACTIONS = TypeAdapter(list[Action])  # pydantic's serialiser: as the plan's JSON has them
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
@@ -59,38 +62,59 @@ def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int], Opt
     return after, wait, incarnation, per_node
 
 
-def _common(job) -> str:
-    """The parts of the current version every worker shares, serialised once per version
-    (without braces); parses the plan once for the per-worker entries too."""
-    if "_common" not in job.views:
-        d = json.loads(job.plan_bytes)
-        common = {"job_id": job.id, "version": d["version"], "failed": d["failed"],
-                  "routes": d["routes"], "metrics": d["metrics"], "solver": d["solver"]}
-        job.views["_common"] = json.dumps(common, separators=(",", ":"))[1:-1]
-        job.views["_common_b"] = job.views["_common"].encode()  # shares join bytes
-        job.views["_actions"] = {(w["replica"], w["stage"]): w["actions"]
-                                 for w in d["workers"]}
-        job.views["_incarnations"] = d.get("incarnations")
-    return job.views["_common"]
+def _parts(job) -> None:
+    """Per version, from the Plan object in memory (no re-parse of its JSON): the fields
+    every share carries, serialised once, and each worker's actions by cell."""
+    if "_head" in job.views:
+        return
+    plan = job.plan
+    head = {"job_id": job.id, "version": plan.version, "failed": plan.failed}
+    tail = {"metrics": plan.metrics.model_dump(mode="json"),
+            "solver": plan.solver.model_dump(mode="json")}
+    job.views["_head"] = json.dumps(head, separators=(",", ":"))[1:-1].encode()
+    job.views["_tail"] = json.dumps(tail, separators=(",", ":"))[1:-1].encode()
+    job.views["_actions"] = {(w.replica, w.stage): w.actions for w in plan.workers}
+
+
+def _microbatches(job, cells) -> list[int]:
+    """The micro-batches the workers `cells` run an action of, in order."""
+    acts = job.views["_actions"]
+    return sorted({a.microbatch for c in cells for a in acts.get(c, ())
+                   if a.microbatch is not None})
+
+
+def _routes(job, cells) -> str:
+    """The route rows (every stage's replica) of the micro-batches `cells` touch, keyed by
+    micro-batch: all a worker needs to know whom it exchanges activations with. The whole
+    table (replicas x micro-batches rows) is in the plan (`/plan`), not in shares."""
+    routes = job.plan.routes
+    return json.dumps({str(g): routes[g] for g in _microbatches(job, cells)},
+                      separators=(",", ":"))
 
 
 def _entry(job, replica: int, stage: int) -> str:
     """One worker's own part of its share: identity, membership, incarnation, actions."""
     actions = job.views["_actions"].get((replica, stage))
-    grid = job.views["_incarnations"]
-    return json.dumps({"replica": replica, "stage": stage, "in_plan": actions is not None,
-                       "incarnation": grid[replica][stage] if grid else 1,
-                       "actions": actions or []}, separators=(",", ":"))
+    grid = job.plan.incarnations
+    inc = grid[replica][stage] if grid else 1
+    return (f'{{"replica":{replica},"stage":{stage},"in_plan":{str(actions is not None).lower()},'
+            f'"incarnation":{inc},"actions":{ACTIONS.dump_json(actions or []).decode()}}}')
+
+
+def _share(job, entry: bytes, cells) -> bytes:
+    """`entry` (an object's fields, no closing brace) plus the shared fields and the route
+    rows of `cells`."""
+    return b"".join((entry, b",", job.views["_head"], b',"routes":',
+                     _routes(job, cells).encode(), b",", job.views["_tail"], b"}"))
 
 
 def worker_view(job, replica: int, stage: int) -> bytes:
-    """One worker's share of the current plan. The parts every worker shares (routes,
-    metrics...) are serialised once per version; each worker adds its actions."""
+    """One worker's share of the current plan: its actions and the route rows of its
+    micro-batches, with the fields every share has (serialised once per version)."""
     key = (replica, stage)
     if key not in job.views:
-        _common(job)
-        job.views[key] = b"".join((_entry(job, replica, stage)[:-1].encode(), b",",
-                                   job.views["_common_b"], b"}"))
+        _parts(job)
+        job.views[key] = _share(job, _entry(job, replica, stage)[:-1].encode(), [key])
     return job.views[key]
 
 
@@ -104,14 +128,16 @@ def node_cells(job, node: int, per_node: int) -> Optional[list[tuple[int, int]]]
 
 
 def node_view(job, node: int, per_node: int) -> bytes:
-    """A node's share (one long-poll per node agent): the shared parts once, and the
-    entry of each of the node's workers (as in worker_view) under `workers`."""
+    """A node's share (one long-poll per node agent): the entry of each of the node's
+    workers (as in worker_view) under `workers`, the shared fields once, and the route rows
+    of every micro-batch one of them touches (the agent cuts each worker's rows from them)."""
     key = ("node", node, per_node)
     if key not in job.views:
-        _common(job)
-        entries = ",".join(_entry(job, r, s) for r, s in node_cells(job, node, per_node))
-        job.views[key] = b"".join((f'{{"node_rank":{node},"workers":[{entries}],'.encode(),
-                                   job.views["_common_b"], b"}"))
+        _parts(job)
+        cells = node_cells(job, node, per_node)
+        entries = ",".join(_entry(job, r, s) for r, s in cells)
+        job.views[key] = _share(job, f'{{"node_rank":{node},"workers":[{entries}]'.encode(),
+                                cells)
     return job.views[key]
 
 

@@ -197,7 +197,10 @@ class WorkerPlanOut(BaseModel):
     incarnation: int = Field(description="the incarnation of this worker the version admits; "
                                          "a newer process waits for a version that names it")
     failed: list[tuple[int, int]]
-    routes: list[list[int]]
+    routes: dict[str, list[int]] = Field(
+        description="the route rows of the micro-batches this worker runs, keyed by "
+                    "micro-batch: routes[g][stage] is the replica that runs g at that stage "
+                    "(the whole table is in GET /plan)")
     actions: list[Action]
     metrics: Metrics
     solver: SolverInfo

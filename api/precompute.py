@@ -56,6 +56,15 @@ def _solve_child(spec_json: str, failed: list, solver: str, canonical: bool,
     return plan.to_json(), time.perf_counter() - t0
 
 
+def greedy_if_better(spec_json: str, failed: list, period: int) -> Optional[str]:
+    """Greedy's plan for `failed` as numbered (JSON) if its period beats `period`, else
+    None: the service parses 2.9 MB at 4,096 workers only when it will use it."""
+    from planner.solvers.backends import solve
+    from planner.job import JobSpec
+    plan = solve(JobSpec.model_validate_json(spec_json), failed, "greedy", canonical=False)
+    return plan.to_json() if plan.metrics.period < period else None
+
+
 class BackgroundSolver:
     def __init__(self, workers: int = 1):
         self.workers = max(1, workers)
@@ -83,29 +92,33 @@ class BackgroundSolver:
 
     async def solve(self, priority: int, spec_json: str, failed: list, solver: str,
                     canonical: bool, time_limit: float) -> tuple[Plan, float]:
-        fut = asyncio.get_running_loop().create_future()
-        await self._queue.put((priority, next(self._seq),
-                               (spec_json, failed, solver, canonical, time_limit), fut))
-        text, wall = await fut
+        text, wall = await self.call(priority, _solve_child, spec_json, failed, solver,
+                                     canonical, time_limit)
         return Plan.from_json(text), wall
+
+    async def call(self, priority: int, fn, *args):
+        """fn(*args) in a child process (a module-level function: spawn pickles it)."""
+        fut = asyncio.get_running_loop().create_future()
+        await self._queue.put((priority, next(self._seq), (fn, args), fut))
+        return await fut
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            _, _, args, fut = await self._queue.get()
+            _, _, (fn, args), fut = await self._queue.get()
             if fut.done():
                 continue
             self._busy += 1
             try:
                 try:
                     pool = self._get_pool() if self._breaks < 2 else None
-                    res = await loop.run_in_executor(pool, _solve_child, *args)
+                    res = await loop.run_in_executor(pool, fn, *args)
                 except BrokenProcessPool:
                     # e.g. a __main__ that cannot be re-imported by spawn: fall back to a
                     # thread (holds the GIL longer, but the solve still happens)
                     self._pool, self._breaks = None, self._breaks + 1
                     log.warning("solver process pool broke; retrying in a thread")
-                    res = await loop.run_in_executor(None, _solve_child, *args)
+                    res = await loop.run_in_executor(None, fn, *args)
             except Exception as e:  # noqa: BLE001 - handed to the waiter
                 if not fut.done():
                     fut.set_exception(e)

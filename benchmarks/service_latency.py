@@ -49,6 +49,8 @@ import httpx
 from rawhttp import ERRORS, close, connect, run_loop
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from executor.node.agent import worker_share  # noqa: E402 - the agent's own cut
 ADMIN = "bench-admin"
 
 
@@ -120,8 +122,8 @@ class Fleet:
             if status == 200:
                 share = json.loads(body)  # a worker would parse its actions here
                 if self.per_node is not None:  # the agent builds each local worker's share
-                    common = {k: v for k, v in share.items() if k not in ("node_rank", "workers")}
-                    views = [{**w, **common} for w in share["workers"]]
+                    views = [worker_share(share, (w["replica"], w["stage"]))
+                             for w in share["workers"]]  # as executor/node/agent.py does
                     assert len(views) == self.size[u]
                 after = share["version"]
                 self._got(u, after)

@@ -181,7 +181,10 @@ def test_worker_scoped_plan(admin, server):
     full = w.get(f"/v1/jobs/{jid}/plan").json()
     mine = next(x for x in full["workers"] if (x["replica"], x["stage"]) == (1, 1))
     assert live["in_plan"] and live["version"] == 1 and live["actions"] == mine["actions"]
-    assert live["routes"] == full["routes"]
+    # the route rows of the micro-batches it runs (all it needs), as in the whole plan
+    assert {int(g) for g in live["routes"]} == {a["microbatch"] for a in mine["actions"]
+                                                if a["microbatch"] is not None}
+    assert all(full["routes"][int(g)] == row for g, row in live["routes"].items())
     dead = w.get(f"/v1/jobs/{jid}/workers/0/1/plan").json()
     assert dead["in_plan"] is False and dead["actions"] == []
     assert w.get(f"/v1/jobs/{jid}/workers/9/1/plan").status_code == 422
@@ -401,8 +404,49 @@ def test_unexpected_error_answers_json_500_and_keeps_the_connection(admin, serve
 
     jid, _ = register(admin, D=2, S=2, M=2)
     job = server.service.jobs[jid]
-    job.plan_bytes, job.views = b"{broken", {}
+    job.plan, job.views = job.plan.model_copy(update={"workers": None}), {}  # shares fail
     r = admin.get(f"/v1/jobs/{jid}/workers/0/0/plan")  # the fast path
     assert r.status_code == 500 and r.json() == {"detail": "internal error; see the service log"}
     ok = admin.get("/healthz")
     assert ok.status_code == 200 and local_port(ok) == port
+
+
+def test_greedy_check_of_a_renumbering_publishes_after_the_answer(tmp_path):
+    """An event served from the cache answers with the mapped plan at once; the check of
+    that plan against greedy of the job's own numbering runs after the answer (in a child
+    process) and, greedy being better, publishes it as the next version."""
+    from planner.solvers.backends import solve
+    from planner.solvers.greedy import greedy_plan
+    with ThreadServer(tmp_path / "s.db", precompute_failures=0) as srv:
+        admin = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+        jid, _ = register(admin, D=3, S=3, M=4)
+        job = srv.service.jobs[jid].spec
+        # a valid but poorly routed plan for the canonical case: replica 0's micro-batches
+        # all go to replica 1 at stage 1
+        routes = [list(r) for r in solve(job, [(0, 1)], "greedy").routes]
+        for g in range(job.microbatches):
+            routes[g][1] = 1
+        poor = greedy_plan(job, [(0, 1)], routes=routes)
+        best = solve(job, [(2, 1)], "greedy")
+        assert best.metrics.period < poor.metrics.period
+        assert srv.service.cache.put(poor)
+        r = admin.post(f"/v1/jobs/{jid}/events", json=ev("f", "failure", 2, 1))
+        assert r.status_code == 200 and r.json()["plan_source"] == "cache", r.text
+        first = admin.get(f"/v1/jobs/{jid}/plans/1").json()
+        assert first["metrics"]["period"] == poor.metrics.period  # served at once, mapped
+        got = admin.get(f"/v1/jobs/{jid}/plan", params={"after": 1, "wait": 20})
+        assert got.status_code == 200
+        plan = got.json()
+        assert plan["version"] == 2 and plan["failed"] == [[2, 1]]
+        assert plan["metrics"]["period"] == best.metrics.period
+        causes = [p["cause"] for p in admin.get(f"/v1/jobs/{jid}").json()["plans"]]
+        assert causes[-1] == "greedy:renumbered"
+        # another numbering of the same case, now cached with greedy's plan: the check in
+        # the child finds greedy no better, and publishes nothing more
+        assert admin.post(f"/v1/jobs/{jid}/events",
+                          json=ev("r", "recovery", 2, 1)).json()["plan_version"] == 3
+        r = admin.post(f"/v1/jobs/{jid}/events", json=ev("f1", "failure", 1, 1)).json()
+        assert r["plan_version"] == 4 and r["plan_source"] == "cache"
+        assert admin.get(f"/v1/jobs/{jid}/plan", params={"after": 4, "wait": 3}
+                         ).status_code == 204
+        admin.close()

@@ -41,3 +41,29 @@ def test_mapped_plans_equal_the_rebuilt_ones_and_reuse_unmoved_workers():
         assert kept, "some worker stays put in these cases"
         for w in kept:
             assert mapped.worker(w.replica, w.stage).actions is w.actions
+
+
+def test_the_greedy_check_of_a_renumbering_can_be_left_to_verify(tmp_path):
+    """An event's lookup (verify=False) serves the mapped plan without a greedy solve;
+    `verify` then makes the check: a cached plan worse than greedy of that numbering (here
+    1F1B's, period 258 against 214 in the same fused synchronous mode) is replaced, and
+    served from then on."""
+    from planner.cache import PlanCache
+    from planner.solvers.timeline import Mode
+    mode = Mode(split_backward=False, staggered=False)  # 1F1B's
+    cache = PlanCache(str(tmp_path / "plans.sqlite"))
+    job = JobSpec.uniform(3, 3, 4)
+    poor = solve(job, [(0, 1)], "1f1b", mode)
+    greedy = solve(job, [(2, 1)], "greedy", mode)
+    assert greedy.metrics.period < poor.metrics.period
+    assert cache.put(poor)
+    fast = cache.get(job, [(2, 1)], mode, verify=False)  # a renumbering of the cached case
+    assert fast.failed == [(2, 1)] and fast.metrics.period == poor.metrics.period
+    validate(fast)
+    assert cache.verify(job, [(2, 1)], mode) is True
+    assert cache.verify(job, [(2, 1)], mode) is False  # once per (case, numbering)
+    assert cache.get(job, [(2, 1)], mode, verify=False).metrics.period == greedy.metrics.period
+    # the default lookup still checks on the spot
+    other = PlanCache(str(tmp_path / "other.sqlite"))
+    other.put(poor)
+    assert other.get(job, [(2, 1)], mode).metrics.period == greedy.metrics.period

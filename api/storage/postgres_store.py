@@ -191,8 +191,9 @@ class PgPlanCache(PlanCache):
     """planner.cache.PlanCache with its table in the same PostgreSQL database, so a
     standby takes over with the precomputed plans (planner/ itself stays SQLite-only)."""
 
-    def __init__(self, url: str, on_lost: Callable[[], None] = lambda: None):
-        super().__init__(":memory:")
+    def __init__(self, url: str, on_lost: Callable[[], None] = lambda: None,
+                 memory_actions: int = 100_000):
+        super().__init__(":memory:", memory_actions)
         super().close()
         self.path = url
         self._db = Conn(url, on_lost)
@@ -243,10 +244,11 @@ async def open_store(db: str, app=None) -> Store:
     return store
 
 
-def open_cache(path: str, app=None) -> PlanCache:
+def open_cache(path: str, app=None, memory_actions: int = 100_000) -> PlanCache:
     if not is_postgres(path):
-        return PlanCache(path)
-    return PgPlanCache(path, _stopper(app) if app is not None else (lambda: None))
+        return PlanCache(path, memory_actions)
+    return PgPlanCache(path, _stopper(app) if app is not None else (lambda: None),
+                       memory_actions)
 
 
 def _redacted(url: str) -> str:

@@ -38,6 +38,15 @@ Worker = tuple[int, int]
 POLL_S = 30.0
 
 
+def worker_share(share: dict, worker: Worker) -> dict:
+    """A local worker's share (what the service's /workers/{r}/{s}/plan gives) from the
+    node's: its entry, the shared fields, and the route rows of its own micro-batches."""
+    entry = next(w for w in share["workers"] if (w["replica"], w["stage"]) == worker)
+    mine = sorted({a["microbatch"] for a in entry["actions"] if a["microbatch"] is not None})
+    common = {k: v for k, v in share.items() if k not in ("node_rank", "workers")}
+    return {**entry, **common, "routes": {str(g): share["routes"][str(g)] for g in mine}}
+
+
 class AgentError(Exception):
     """A reason the agent cannot serve its node, in one line (the CLI exits 2)."""
 
@@ -211,10 +220,7 @@ class NodeAgent:
                 return 204, b"", None
             share, version = self.share, self.version
         if worker is not None:
-            entry = next(w for w in share["workers"]
-                         if (w["replica"], w["stage"]) == worker)
-            common = {k: v for k, v in share.items() if k not in ("node_rank", "workers")}
-            return 200, json.dumps({**entry, **common}).encode(), version
+            return 200, json.dumps(worker_share(share, worker)).encode(), version
         return 200, self._whole(version), version
 
     def _whole(self, version: int) -> bytes:
