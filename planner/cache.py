@@ -14,8 +14,9 @@ depends on the replica numbering (ties go to lower replicas) and on speeds, so t
 or that has speeds, runs greedy (milliseconds; 0.2-0.5 s at 4,096 workers) and, if it is
 better, stores and serves that instead. The service asks with `verify=False` on an event's
 path and makes the check (`verify`) after the answer, publishing greedy's plan as the next
-version if it is better: for a renumbering without speeds the two rarely differ. A stale entry (routed before routing used speeds, or by a back-end that was
-handed a poor routing, or greedy's plan of another numbering) never outlives one lookup.
+version if it is better: for a renumbering without speeds the two rarely differ. A stale
+entry (routed before routing used speeds, or by a back-end that was handed a poor routing,
+or greedy's plan of another numbering) never outlives one lookup.
 """
 from __future__ import annotations
 
@@ -130,18 +131,22 @@ class PlanCache:
         """Whether `get(verify=False)` left a check for `verify` to make (a renumbering
         without speeds, not checked yet in this process)."""
         canon = canonicalize(job, failed)
-        return job.speed is None and list(canon.perm) != sorted(canon.perm) and \
-            (cache_key(job, canon, mode), canon.perm) not in self._checked
+        return job.speed is None and self._unchecked(job, canon, cache_key(job, canon, mode))
+
+    def _unchecked(self, job: JobSpec, canon: Canonical, key) -> bool:
+        """A case whose cached plan may lose to greedy of the asked numbering (it has speeds,
+        or is renumbered) and that this process has not checked yet."""
+        renumbered = list(canon.perm) != sorted(canon.perm)
+        return (job.speed is not None or renumbered) and (key, canon.perm) not in self._checked
 
     def _versus_greedy(self, job, failed, mode, key, canon, out: Plan,
                        greedy: Optional[Plan] = None) -> Optional[Plan]:
         """Greedy's plan if it beats `out` (then stored), once per (case, numbering)."""
-        renumbered = list(canon.perm) != sorted(canon.perm)
-        if not (job.speed is not None or renumbered) or (key, canon.perm) in self._checked:
+        if not self._unchecked(job, canon, key):
             return None
         if greedy is None:
             greedy = solve(job, failed, "greedy", mode)
-        better = greedy is not False and greedy.metrics.period < out.metrics.period
+        better = greedy.metrics.period < out.metrics.period
         if better:
             self.put(greedy, mode)
         with self._lock:
