@@ -99,9 +99,6 @@ class Canonical:
                                   for s, v in enumerate(row) if v != 1.0)
         return key
 
-    def to_original(self, replica: int) -> int:
-        return self.perm[replica]
-
     def job(self, job: JobSpec) -> JobSpec:
         """`job` renumbered into canonical replicas (its exact speeds, permuted)."""
         if job.speed is None or list(self.perm) == sorted(self.perm):

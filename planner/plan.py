@@ -116,9 +116,6 @@ class Plan(BaseModel):
                 return w
         return None
 
-    def is_rerouted(self, g: int, stage: int) -> bool:
-        return self.routes[g][stage] != self.job.owner(g)
-
     # ---- I/O ------------------------------------------------------------------------
     def to_json(self, indent: Optional[int] = None) -> str:
         return self.model_dump_json(indent=indent)
