@@ -17,10 +17,11 @@ def register(app: typer.Typer) -> None:
     app.command("profile")(profile_cmd)
 
 
-def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr):
+def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, **training):
     from executor.compute.model import ModelConfig
     return ModelConfig(vocab=vocab, seq_len=seq_len, d_model=d_model, n_heads=heads,
-                       n_layers=layers, micro_batch_size=micro_batch_size, seed=seed, lr=lr)
+                       n_layers=layers, micro_batch_size=micro_batch_size, seed=seed, lr=lr,
+                       **training)
 
 
 def train_cmd(
@@ -54,6 +55,13 @@ def train_cmd(
     d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
     seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
     vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
+    precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (autocast; fp32 master weights and gradients)"),
+    lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine decay to --min-lr-ratio x --lr after --warmup"),
+    warmup: int = typer.Option(0, "--warmup", help="iterations of linear learning-rate warm-up"),
+    min_lr_ratio: float = typer.Option(0.1, "--min-lr-ratio", help="cosine floor as a fraction of --lr"),
+    clip: float = typer.Option(0.0, "--clip", help="clip gradients to this global norm over the whole model (0: off)"),
+    data: Optional[str] = typer.Option(None, "--data", help="token file from `recycle data prepare` (default: the model's synthetic data)"),
+    split: str = typer.Option("layers", "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the profiled per-layer cost, needs --job from `recycle profile`)"),
 ):
     """Train a model (--model; default: the small built-in GPT) on a DxS grid of worker
     processes, surviving injected failures."""
@@ -76,7 +84,10 @@ def train_cmd(
                             summary=summary, checkpoint=None, d_model=d_model,
                             layers=layers, heads=heads, seq_len=seq_len,
                             micro_batch_size=micro_batch_size, vocab=vocab, lr=lr)
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr,
+                     precision=precision, lr_schedule=lr_schedule, warmup_iters=warmup,
+                     total_iters=iterations, min_lr_ratio=min_lr_ratio, clip=clip,
+                     data=data or "")
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
         stalls = [parse_stall(s) for s in stall]

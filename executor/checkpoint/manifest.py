@@ -108,7 +108,8 @@ def read_checkpoint(path: str, job, cfg, iterations: int,
             f"checkpoint {directory} is for a {man.replicas}x{man.stages}x{man.microbatches} "
             f"grid (-d x -s x -m), this run is {grid[0]}x{grid[1]}x{grid[2]}")
     mine = dict(cfg.to_dict(), workload=model)
-    theirs = dict({"workload": "gpt"}, **man.model)
+    from executor.compute.model import ModelConfig  # fields added since: their defaults
+    theirs = {**ModelConfig().to_dict(), "workload": "gpt", **man.model}
     for key in sorted(set(mine) | set(theirs)):
         if key in RESUMABLE or mine.get(key) == theirs.get(key):
             continue

@@ -21,10 +21,16 @@ from executor.compute.model import lm_loss
 from executor.compute.wgrad import deferring, run_store
 
 
+def autocast(precision: str, device: torch.device):
+    """bf16: the forward (and so its backward) under torch.autocast; fp32 otherwise."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 class StageCompute:
     def __init__(self, module: nn.Module, is_first: bool, is_last: bool, loss_scale: float,
-                 loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss):
+                 loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss, precision: str = "fp32"):
         self.module = module
+        self.precision = precision  # bf16: forward under autocast, fp32 master weights
         self.is_first, self.is_last = is_first, is_last
         self.loss_scale = float(loss_scale)
         self.loss_fn = loss_fn
@@ -48,7 +54,7 @@ class StageCompute:
         if not self.is_first:  # a fresh leaf: I stops here and reads its .grad
             x = x.detach().requires_grad_(True)
         store: list = []
-        with torch.enable_grad(), deferring(store):
+        with torch.enable_grad(), deferring(store), autocast(self.precision, self.device):
             out = self.module(x)
             if self.is_last:
                 if targets is None:

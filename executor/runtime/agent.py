@@ -24,7 +24,6 @@ remove exactly the overlap the staggered optimizer exists for).
 """
 from __future__ import annotations
 
-import copy
 import os
 import socket
 import threading
@@ -40,6 +39,7 @@ from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
 from executor.compute.reference import checksum
 from executor.compute.stage import StageCompute
+from executor.runtime.stepper import StageStepper
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan
 
@@ -61,7 +61,9 @@ class Agent:
         self.module = workload.build_stage(cfg, s, self.S).to(device)
         self.opt = workload.make_optimizer(cfg, self.module.parameters())
         self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
-                                    1.0 / job.num_microbatches, workload.loss_fn)
+                                    1.0 / job.num_microbatches, workload.loss_fn,
+                                    precision=cfg.precision)
+        self.stepper = StageStepper(self.module, self.opt, cfg, s, self.S, store)
         if resume_part is not None:  # this stage's DCP part of the checkpoint resumed from
             load_stage(self.module, self.opt, resume_part, lr=cfg.lr)
         self.inc = incarnation  # which process of this worker we are (membership)
@@ -71,7 +73,6 @@ class Agent:
         self.done = start_iteration - 1  # last iteration this worker has stepped
         self.version, self._refused = -1, -1
         self.job_hash = job.identity_hash()
-        self.snapshots: dict[int, tuple[dict, dict]] = {}  # iteration -> pre-step state
         self.world: Optional[World] = None
         self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
         self._saver: Optional[threading.Thread] = None  # the checkpoint part being written
@@ -193,11 +194,11 @@ class Agent:
             raise RuntimeError("no live worker holds trained state: resume from a checkpoint")
         r = min(holders) + 1
         if not self.fresh and self.done >= r:
-            sd, osd = self.snapshots[r]
-            self.module.load_state_dict(sd)
-            self.opt.load_state_dict(osd)
+            self.stepper.rollback(r)
             self.log(f"rolled back iterations {r}..{self.done} (plan v{plan.version})")
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k < r}
+        elif not self.fresh:
+            self.stepper.settle()  # our last step is the state we train on (and may send)
+        self.stepper.keep_before(r)
         peers = [w for w in self.world.workers if w[1] == self.me[1]]
         donors = [w for w in peers if not info[w][1]]
         takers = [w for w in peers if info[w][1]]
@@ -230,8 +231,7 @@ class Agent:
             newer = self._hold(it)
             if newer is not None:
                 return newer
-            committed = self.source.committed()
-            self.snapshots = {k: v for k, v in self.snapshots.items() if k > committed}
+            self.stepper.forget_committed(self.source.committed())
             self._iteration(plan, wp, self.done + 1)
         return None
 
@@ -266,6 +266,7 @@ class Agent:
     # ---- one iteration ----------------------------------------------------------------
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
         self.plan_actions = wp.actions
+        self.stepper.settle()  # the previous step is final before its parameters are used
         self._batches.clear()
         self._busy = 0.0
         self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
@@ -358,12 +359,12 @@ class Agent:
             p.grad = flat[off:off + p.numel()].view_as(p).clone()
             off += p.numel()
         losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
-        self.snapshots[it] = ({k: v.detach().clone() for k, v in self.module.state_dict().items()},
-                              copy.deepcopy(self.opt.state_dict()))
-        self.opt.step()
+        self.stepper.step(it, self.version)
         self.compute.reset()
         self.done = it
         final = it == self.iterations - 1  # the summary needs the checksum only at the end
+        if final or (self.writer and self._due(it)):
+            self.stepper.settle()  # what is published or saved must be final
         n = sum(1 for a in self.plan_actions if a.op == "F")
         self.last_compute = (it, self._busy / max(n, 1))
         self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
