@@ -4,6 +4,7 @@ torch is imported inside the commands so that `recycle plan` stays fast.
 """
 from __future__ import annotations
 
+import os
 from typing import List, Optional
 
 import typer
@@ -87,7 +88,7 @@ def train_cmd(
         cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr,
                      precision=precision, lr_schedule=lr_schedule, warmup_iters=warmup,
                      total_iters=iterations, min_lr_ratio=min_lr_ratio, clip=clip,
-                     data=data or "")
+                     data=os.path.abspath(data) if data else "")
         kills = [parse_event(k) for k in kill]
         rejoins = [parse_event(r) for r in rejoin]
         stalls = [parse_stall(s) for s in stall]
@@ -116,7 +117,6 @@ def train_cmd(
         if checkpoint_every < 1:
             raise ValueError(f"--checkpoint-every must be at least 1, not {checkpoint_every}")
         if checkpoint_dir:  # checked now, not after training has started
-            import os
             if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
                 raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not a directory")
             os.makedirs(checkpoint_dir, exist_ok=True)
@@ -124,6 +124,11 @@ def train_cmd(
                 raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
         from executor.inputs.workload_name import check_workload  # after the cheap checks
         workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
+        if data:
+            from executor.data.token_file import check_data, with_data
+            check_data(data, cfg.vocab, cfg.micro_batch_size, cfg.seq_len,
+                       spec.replicas * spec.microbatches)
+            workload = with_data(workload, cfg)
         if resume:
             where, man = read_checkpoint(resume, spec, cfg, iterations, model)
             if man.model.get("lr") != cfg.lr:

@@ -24,6 +24,7 @@ from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store, local_workers_hint, pick_device
 from executor.launch.faults import fault_iterations
 from executor.compute.model import ModelConfig
+from executor.data.token_file import with_data
 from executor.inputs.workload_name import DEFAULT_MODEL, load_workload
 from executor.runtime.rendezvous import StorePlanSource
 from planner.job import JobSpec
@@ -78,7 +79,8 @@ def main(argv=None, world_size: int | None = None) -> int:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
     try:  # the run's --model, importable here too (same code on every machine)
-        workload = load_workload(conf.get("workload", DEFAULT_MODEL))
+        workload = with_data(load_workload(conf.get("workload", DEFAULT_MODEL)),
+                             ModelConfig.from_dict(conf["model"]))
     except ValueError as exc:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2

@@ -20,7 +20,7 @@ def _register_parts() -> None:
     from planner.commands.cli import register as planner_commands
     planner_commands(app, bench)
     parts = (("executor.cli", app), ("executor.bench_cli", bench), ("api.cli", app),
-             ("executor.node.cli", app),
+             ("executor.node.cli", app), ("executor.data.cli", app),
              ("recycle.demo", app),
              ("recycle.chaos.cli", app))
     for module, group in parts:

@@ -181,6 +181,9 @@ class Workload:
     loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss
     microbatch: Callable[[ModelConfig, int, int], tuple[Tensor, Tensor]] = data.microbatch
     make_optimizer: Callable[[ModelConfig, Iterable[Tensor]], torch.optim.Optimizer] = make_optimizer
+    # The first stage takes LongTensor[b, seq_len] token ids and loss_fn next-token targets
+    # of the same shape: `recycle train --data FILE` may then feed it a token file.
+    reads_tokens: bool = False
 
 
-DEFAULT_WORKLOAD = Workload()
+DEFAULT_WORKLOAD = Workload(reads_tokens=True)
