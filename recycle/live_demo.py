@@ -7,7 +7,9 @@ the service for plans, heartbeat to it and report suspects. Worker 1:0 is SIGKIL
 middle of an iteration; the service declares it failed and publishes the re-routed plan,
 the survivors roll back the iteration and go on; the worker is restarted, posts its
 recovery, loads its state from its live peer and the service moves everyone back to the
-full plan. Finally the losses are shown next to a one-process reference run.
+full plan. The model trains on real text every machine has (the Python standard library's
+own sources, tokenized byte by byte by `recycle data prepare`). Finally the losses are shown
+next to a one-process reference run, and plotted (demo-loss.png).
 """
 from __future__ import annotations
 
@@ -24,8 +26,10 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-D, S, M, ITERATIONS = 2, 2, 2, 6
-KILL, REJOIN = (1, 0, 2), (1, 0, 4)  # replica, stage, iteration
+D, S, M, ITERATIONS = 2, 2, 2, 12
+KILL, REJOIN = (1, 0, 3), (1, 0, 7)  # replica, stage, iteration
+MODEL = "gpt"
+TEXT = ("json", "asyncio", "email", "logging")  # standard-library packages trained on
 
 
 def _free_port() -> int:
@@ -64,13 +68,20 @@ def live_demo(out_dir: str, console: Console) -> bool:
     from executor.launch.launcher import Coordinator
     from executor.compute.model import ModelConfig
     from executor.compute.reference import compare, train_reference
+    from executor.data.prepare import prepare, stdlib_dir
+    from executor.data.token_file import with_data
+    from executor.inputs.workload_name import load_workload
     from executor.sources.service_source import ServiceWatch
     from planner.job import JobSpec
 
     torch.set_num_threads(1)
-    cfg = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
     console.rule("[bold]2. A live cluster: 2 replicas x 2 stages, driven by the plan service")
     tmp = tempfile.mkdtemp(prefix="recycle-demo-", dir=os.path.abspath(out_dir))
+    data = prepare([os.path.join(stdlib_dir(), p) for p in TEXT], os.path.join(tmp, "text.bin"))
+    console.print(f"recycle data prepare: {data.token_file.tokens:,} byte tokens from "
+                  f"{data.files} files of the standard library ({', '.join(TEXT)})")
+    cfg = ModelConfig(vocab=256, seq_len=32, d_model=32, n_heads=2, n_layers=2,
+                      micro_batch_size=4, lr=1e-2, data=data.token_file.path)
     admin = secrets.token_urlsafe(16)
     service, url = _start_service(tmp, admin)
     try:
@@ -87,7 +98,7 @@ def live_demo(out_dir: str, console: Console) -> bool:
         watch = ServiceWatch(url, job_id, token, timeout_s=30)
         coord = Coordinator(cfg, watch.plan.job, ITERATIONS, service=watch, kills=[KILL],
                             rejoins=[REJOIN], timeout=4.0, deadline_s=120,
-                            run_dir=os.path.join(tmp, "run"), console=console)
+                            run_dir=os.path.join(tmp, "run"), console=console, model=MODEL)
         t0 = time.monotonic()
         res = coord.run()
         wall = time.monotonic() - t0
@@ -112,12 +123,15 @@ def live_demo(out_dir: str, console: Console) -> bool:
     if res.summary is None:
         console.print(f"[red]training halted: {res.halted}[/]")
         return False
-    ref = train_reference(cfg, D, M, ITERATIONS, S)
+    ref = train_reference(cfg, D, M, ITERATIONS, S,
+                          workload=with_data(load_workload(MODEL), cfg))
     table = Table("iteration", "loss (SIGKILL + rejoin)", "loss (no failure)", "|diff|",
                   title=f"Losses, {wall:.1f} s of training")
     for i, (a, b) in enumerate(zip(res.summary.losses, ref.losses)):
         table.add_row(str(i), f"{a:.6f}", f"{b:.6f}", f"{abs(a - b):.1e}")
     console.print(table)
+    png = plot_losses(out_dir, res.summary.losses, ref.losses)
+    console.print(f"loss curves with and without the failure: [bold]{png}[/]")
     diffs = compare(res.summary, ref, 1e-5)
     if diffs:
         console.print("[red bold]MISMATCH[/]: " + "; ".join(diffs))
@@ -126,3 +140,25 @@ def live_demo(out_dir: str, console: Console) -> bool:
                       "checksum equals the failure-free run within 1e-5. Worker logs: "
                       f"{run_dir}")
     return not diffs
+
+
+def plot_losses(out_dir: str, failed: list[float], clean: list[float]) -> str:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    its = range(len(clean))
+    ax.plot(its, clean, "o-", lw=3, alpha=0.4, label="no failure (one-process reference)")
+    ax.plot(its, failed, "x--", color="black", label=f"SIGKILL of {KILL[0]}:{KILL[1]}, rejoin")
+    for it, what in ((KILL[2], "SIGKILL"), (REJOIN[2], "rejoin")):
+        ax.axvline(it, color="red" if what == "SIGKILL" else "green", ls=":")
+        ax.annotate(what, (it, max(clean)), rotation=90, va="top", ha="right", fontsize=8)
+    ax.set(xlabel="iteration", ylabel="training loss (nats per byte)",
+           title=f"{MODEL} on standard-library source text, {D}x{S} grid")
+    ax.legend()
+    path = os.path.join(out_dir, "demo-loss.png")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
