@@ -30,9 +30,8 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.graph import GradientEdge, Node
-from torch.distributed.pipelining._backward import (_get_grad_fn_or_grad_acc,
-                                                    construct_reverse_graph, reverse_closure)
+from torch.autograd.graph import GradientEdge, Node, _engine_run_backward
+from torch.distributed.pipelining._backward import reverse_closure
 
 
 @dataclass
@@ -41,7 +40,8 @@ class Group:
     params: list[Tensor]
     nodes: list[Node]  # intermediates: where these parameters' subgraph meets the trunk
     accs: list[Node] = field(default_factory=list)  # the parameters' AccumulateGrad nodes
-    grads: list[tuple] = field(default_factory=list)  # per node, its captured grad_outputs
+    outs: list[list[int]] = field(default_factory=list)  # per node, its outputs that get a grad
+    grads: list[tuple] = field(default_factory=list)  # per node, the captured gradients of outs
 
 
 @dataclass
@@ -84,40 +84,68 @@ def _tensors(value) -> list[Tensor]:
     return []
 
 
-def _n_outputs(node: Node) -> int:
-    return len(node._input_metadata)  # forward outputs of the op = gradients it receives
+def _walk(roots: list[Node]):
+    """One pass over the graph: each node's consumers, which of its outputs receive a
+    gradient (the GradientEdges to capture), and the AccumulateGrad node of each leaf."""
+    consumers: dict[Node, list[Node]] = collections.defaultdict(list)
+    outputs: dict[Node, set] = collections.defaultdict(set)
+    accs: dict[int, Node] = {}  # id(leaf tensor) -> its AccumulateGrad
+    seen, stack = set(roots), list(roots)
+    while stack:
+        n = stack.pop()
+        nexts = n.next_functions
+        if not nexts and type(n).__name__ == "AccumulateGrad":
+            accs[id(n.variable)] = n
+        for c, nr in nexts:
+            if c is None:
+                continue
+            consumers[c].append(n)
+            outputs[c].add(nr)
+            if c not in seen:
+                seen.add(c)
+                stack.append(c)
+    return consumers, outputs, accs
 
 
-def plan_groups(roots: list[Node], trunk: list[Node], params: Sequence[Tensor]
+def plan_groups(roots: list[Tensor], trunk: list[Tensor], params: Sequence[Tensor]
                 ) -> tuple[list[Group], list[Tensor]]:
     """Group the parameters by the trunk nodes they join it at (torch's get_param_groups,
-    plus the parameters it drops). Returns (groups, parameters reachable from the roots that
-    never meet the trunk); unreachable parameters (unused this micro-batch) are in neither."""
-    reverse = construct_reverse_graph(roots)
-    trunk_closure, _ = reverse_closure(trunk, set(), reverse)
+    with its reverse_closure). trunk: the tensors the trunk starts from (stage input
+    leaves, first-stage seeds). Returns (groups, stray): stray parameters reach a root
+    without meeting the trunk (torch leaves them without gradient); parameters unused by
+    this graph are in neither."""
+    root_nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
+    consumers, outputs, accs = _walk(root_nodes)
+    for t in roots:
+        if t.grad_fn is not None:
+            outputs[t.grad_fn].add(t.output_nr)
+    starts = [t.grad_fn if t.grad_fn is not None else accs.get(id(t)) for t in trunk]
+    trunk_closure, _ = reverse_closure([n for n in starts if n is not None], set(), consumers)
+    root_set = set(root_nodes)
     by_node: dict[Node, Group] = {}
     stray: list[Tensor] = []
     for p in params:
-        acc = _get_grad_fn_or_grad_acc(p)
-        if acc not in reverse:
+        acc = accs.get(id(p))
+        if acc is None:
             continue  # not used by this micro-batch's graph: no gradient, as in autograd
-        _, meets = reverse_closure([acc], trunk_closure, reverse)
-        if not meets:
+        closure, meets = reverse_closure([acc], trunk_closure, consumers)
+        if not meets or closure & root_set:  # (also) reaches the output past the trunk
             stray.append(p)
             continue
-        grp = Group([], [], accs=[])
-        nodes = dict.fromkeys(meets)  # ordered set
-        for other in {id(by_node[n]): by_node[n] for n in meets if n in by_node}.values():
-            grp.params += other.params  # p shares a node with it: one group
+        merged = {id(by_node[n]): by_node[n] for n in meets if n in by_node}
+        grp = Group([], list(meets))
+        for other in merged.values():  # shares a trunk node with p: one group
+            grp.params += other.params
             grp.accs += other.accs
-            nodes.update(dict.fromkeys(other.nodes))
+            grp.nodes += [n for n in other.nodes if n not in meets]
         grp.params.append(p)
         grp.accs.append(acc)
-        grp.nodes = list(nodes)
         for n in grp.nodes:
             by_node[n] = grp
-    unique = {id(g): g for g in by_node.values()}
-    return list(unique.values()), stray
+    groups = list({id(g): g for g in by_node.values()}.values())
+    for grp in groups:
+        grp.outs = [sorted(outputs[n]) for n in grp.nodes]
+    return groups, stray
 
 
 def accumulate(p: Tensor, g: Optional[Tensor]) -> None:
@@ -137,10 +165,9 @@ def backward_input(roots: list[Tensor], grads: list[Optional[Tensor]], inputs: l
     loss). inputs: the stage's input leaves that need grad; seeds: extra trunk starts (first
     stage). Returns (gradient per input or None, what W needs, parameters not deferred:
     their gradients are accumulated here)."""
-    root_nodes = [_get_grad_fn_or_grad_acc(t) for t in roots]
-    trunk = [_get_grad_fn_or_grad_acc(t) for t in list(inputs) + list(seeds)]
-    groups, stray = plan_groups(root_nodes, trunk, params)
-    edges = [GradientEdge(n, i) for grp in groups for n in grp.nodes for i in range(_n_outputs(n))]
+    groups, stray = plan_groups(roots, list(inputs) + list(seeds), params)
+    edges = [GradientEdge(n, i) for grp in groups for n, outs in zip(grp.nodes, grp.outs)
+             for i in outs]
     wanted = list(inputs) + list(stray) + edges
     if not wanted:
         return [None] * len(inputs), PendingW([]), stray
@@ -151,8 +178,25 @@ def backward_input(roots: list[Tensor], grads: list[Optional[Tensor]], inputs: l
         accumulate(p, g)
     it = iter(got[k + len(stray):])
     for grp in groups:
-        grp.grads = [tuple(next(it) for _ in range(_n_outputs(n))) for n in grp.nodes]
+        grp.grads = [tuple(next(it) for _ in outs) for outs in grp.outs]
     return list(got[:k]), PendingW(groups), stray
+
+
+def _grad(roots: list, grads: list, inputs: list) -> tuple:
+    """torch.autograd.grad(roots, inputs, grads, allow_unused=True) without its per-call
+    Python checks of the gradients' shapes (about 25 us a call, one call per group): the
+    gradients are the very tensors autograd captured for these roots in I."""
+    return _engine_run_backward(tuple(roots), tuple(grads), False, False, tuple(inputs), True,
+                                accumulate_grad=False)
+
+
+def _clamp(outs: list[int], gs: tuple):
+    def hook(grad_outputs):
+        grad_outputs = list(grad_outputs)
+        for i, g in zip(outs, gs):
+            grad_outputs[i] = g
+        return tuple(grad_outputs)
+    return hook
 
 
 def backward_weight(pending: PendingW) -> None:
@@ -160,19 +204,18 @@ def backward_weight(pending: PendingW) -> None:
     call per group: a call from several intermediates would re-run the trunk between them)."""
     for grp in pending.groups:
         roots, root_grads = [], []
-        for n, gs in zip(grp.nodes, grp.grads):
-            for i, g in enumerate(gs):
+        for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
+            for i, g in zip(outs, gs):
                 if g is not None:
                     roots.append(GradientEdge(n, i))
                     root_grads.append(g)
         handles = []
         if len(grp.nodes) > 1:  # a node below another of the group: keep its captured total
-            for n, gs in zip(grp.nodes, grp.grads):
-                handles.append(n.register_prehook(lambda _, gs=gs: gs))
+            for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
+                handles.append(n.register_prehook(_clamp(outs, gs)))
         try:
             if roots:
-                dws = torch.autograd.grad(roots, [GradientEdge(a, 0) for a in grp.accs],
-                                          grad_outputs=root_grads, allow_unused=True)
+                dws = _grad(roots, root_grads, [GradientEdge(a, 0) for a in grp.accs])
                 for p, g in zip(grp.params, dws):
                     accumulate(p, g)
         finally:

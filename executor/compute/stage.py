@@ -102,7 +102,7 @@ class StageCompute:
                     raise ValueError("the last stage needs targets to compute the loss")
                 loss = self.loss_fn(out, targets.to(self.device))
                 self._losses[g] = loss.detach()
-                roots, result, floats = [loss * self.loss_scale], loss.detach(), 0
+                roots, result, floats = [loss], loss.detach(), 0  # seeded with loss_scale
             else:
                 outs = [out] if isinstance(out, Tensor) else list(out)
                 if self.precision == "bf16":  # half the bytes on the wire, as autocast computes
@@ -162,8 +162,8 @@ class StageCompute:
         return self._after_f.pop(g)
 
     def _roots(self, st: _AfterF, grad) -> tuple[list[Tensor], list]:
-        if grad is None:
-            return st.roots, [None] * len(st.roots)
+        if grad is None:  # the loss, back-propagated as loss * loss_scale
+            return st.roots, [torch.full_like(r, self.loss_scale) for r in st.roots]
         pairs = [(r, gr.to(device=self.device, dtype=r.dtype))
                  for r, gr in zip(st.roots, _as_list(grad)) if r.requires_grad]
         return [r for r, _ in pairs], [gr for _, gr in pairs]
