@@ -245,3 +245,34 @@ def test_held_bytes_from_i_to_w():
     assert comp.held_bytes(0) == 0 and comp.pending() == []
     # W done: the graph is gone, and with it what F saved (x is still ours: its bytes stay)
     assert ledger.alive_bytes() <= x.untyped_storage().nbytes()
+
+
+class _Branchy(nn.Module):
+    """Takes a different path (and so a different autograd graph) on odd micro-batches."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        torch.manual_seed(14)
+        self.a, self.b = nn.Linear(d, d), nn.Linear(d, d)
+        self.odd = False
+
+    def forward(self, h):
+        h = torch.tanh(self.a(h))
+        return self.b(h) + h if self.odd else h
+
+
+def test_graph_analysis_is_reused_until_the_structure_changes():
+    module, ref = _Branchy(CFG.d_model), _Branchy(CFG.d_model)
+    comp = StageCompute(module, False, False, 1.0)
+    gen = torch.Generator().manual_seed(6)
+    for g, odd in enumerate([False, False, True, True, False]):
+        module.odd = ref.odd = odd
+        h = torch.randn(CFG.micro_batch_size, CFG.seq_len, CFG.d_model, generator=gen)
+        grad = torch.randn(h.shape, generator=gen)
+        comp.forward(g, h)
+        comp.backward_input(g, grad)
+        comp.backward_weight(g)
+        torch.autograd.backward(ref(h), grad)
+    assert comp._plans.analyses == 3  # even, odd, even again: one analysis per change
+    for a, b in zip(module.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)

@@ -84,68 +84,112 @@ def _tensors(value) -> list[Tensor]:
     return []
 
 
-def _walk(roots: list[Node]):
-    """One pass over the graph: each node's consumers, which of its outputs receive a
-    gradient (the GradientEdges to capture), and the AccumulateGrad node of each leaf."""
-    consumers: dict[Node, list[Node]] = collections.defaultdict(list)
-    outputs: dict[Node, set] = collections.defaultdict(set)
-    accs: dict[int, Node] = {}  # id(leaf tensor) -> its AccumulateGrad
-    seen, stack = set(roots), list(roots)
-    while stack:
-        n = stack.pop()
-        nexts = n.next_functions
-        if not nexts and type(n).__name__ == "AccumulateGrad":
-            accs[id(n.variable)] = n
-        for c, nr in nexts:
+def _walk(roots: list[Node], tags: dict) -> tuple[list[Node], tuple]:
+    """One pass over the graph from the roots: the nodes in a deterministic order, and a
+    key of the graph's structure (each node's type, its edges as (node index, output
+    number), and the tag of the leaf an AccumulateGrad feeds). Two micro-batches through
+    the same code have equal keys, so the analysis of the first serves the next."""
+    index = {n: i for i, n in enumerate(roots)}
+    order, key, todo = list(roots), [], 0
+    while todo < len(order):  # breadth-first, in next_functions order: deterministic
+        n = order[todo]
+        todo += 1
+        edges = []
+        for c, nr in n.next_functions:
             if c is None:
+                edges.append(None)
                 continue
-            consumers[c].append(n)
-            outputs[c].add(nr)
-            if c not in seen:
-                seen.add(c)
-                stack.append(c)
-    return consumers, outputs, accs
+            i = index.get(c)
+            if i is None:
+                i = index[c] = len(order)
+                order.append(c)
+            edges.append((i, nr))
+        tag = tags.get(id(n.variable)) if not edges and type(n).__name__ == "AccumulateGrad" \
+            else None
+        key.append((type(n), tuple(edges), tag))
+    return order, tuple(key)
 
 
-def plan_groups(roots: list[Tensor], trunk: list[Tensor], params: Sequence[Tensor]
-                ) -> tuple[list[Group], list[Tensor]]:
-    """Group the parameters by the trunk nodes they join it at (torch's get_param_groups,
-    with its reverse_closure). trunk: the tensors the trunk starts from (stage input
-    leaves, first-stage seeds). Returns (groups, stray): stray parameters reach a root
-    without meeting the trunk (torch leaves them without gradient); parameters unused by
-    this graph are in neither."""
-    root_nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
-    consumers, outputs, accs = _walk(root_nodes)
-    for t in roots:
-        if t.grad_fn is not None:
-            outputs[t.grad_fn].add(t.output_nr)
-    starts = [t.grad_fn if t.grad_fn is not None else accs.get(id(t)) for t in trunk]
-    trunk_closure, _ = reverse_closure([n for n in starts if n is not None], set(), consumers)
-    root_set = set(root_nodes)
-    by_node: dict[Node, Group] = {}
-    stray: list[Tensor] = []
-    for p in params:
-        acc = accs.get(id(p))
+@dataclass
+class _Plan:
+    """plan_groups' answer in node indices of _walk's order and parameter indices."""
+    groups: list[tuple[list[int], list[list[int]], list[int], list[int]]]  # nodes, outs, params, accs
+    stray: list[int]
+
+
+def _analyse(key: tuple, n_roots: int, root_outs: list, starts: list[int], n_params: int) -> _Plan:
+    consumers: dict[int, list[int]] = collections.defaultdict(list)
+    outputs: dict[int, set] = collections.defaultdict(set)
+    accs: dict = {}  # leaf tag -> index of its AccumulateGrad
+    for n, (_, edges, tag) in enumerate(key):
+        if tag is not None:
+            accs[tag] = n
+        for e in edges:
+            if e is not None:
+                consumers[e[0]].append(n)
+                outputs[e[0]].add(e[1])
+    for n, nr in enumerate(root_outs):
+        outputs[n].add(nr)
+    trunk_closure, _ = reverse_closure(starts, set(), consumers)
+    root_set = set(range(n_roots))
+    by_node: dict[int, list] = {}  # node -> its group [nodes, params]
+    stray: list[int] = []
+    for p in range(n_params):
+        acc = accs.get(("param", p))
         if acc is None:
             continue  # not used by this micro-batch's graph: no gradient, as in autograd
         closure, meets = reverse_closure([acc], trunk_closure, consumers)
         if not meets or closure & root_set:  # (also) reaches the output past the trunk
             stray.append(p)
             continue
-        merged = {id(by_node[n]): by_node[n] for n in meets if n in by_node}
-        grp = Group([], list(meets))
-        for other in merged.values():  # shares a trunk node with p: one group
-            grp.params += other.params
-            grp.accs += other.accs
-            grp.nodes += [n for n in other.nodes if n not in meets]
-        grp.params.append(p)
-        grp.accs.append(acc)
-        for n in grp.nodes:
+        grp = [sorted(meets), [p]]
+        for other in {id(by_node[n]): by_node[n] for n in meets if n in by_node}.values():
+            grp[0] = sorted(set(grp[0]) | set(other[0]))  # shares a trunk node: one group
+            grp[1] = sorted(grp[1] + other[1])
+        for n in grp[0]:
             by_node[n] = grp
     groups = list({id(g): g for g in by_node.values()}.values())
-    for grp in groups:
-        grp.outs = [sorted(outputs[n]) for n in grp.nodes]
-    return groups, stray
+    return _Plan([(nodes, [sorted(outputs[n]) for n in nodes], ps, [accs[("param", i)] for i in ps])
+                  for nodes, ps in groups], stray)
+
+
+class GraphPlans:
+    """plan_groups with memory: the analysis of the last graph structure seen (a stage runs
+    the same code on every micro-batch; only a structure change re-analyses)."""
+
+    def __init__(self, params: Sequence[Tensor]):
+        self.params = list(params)
+        self._tags = {id(p): ("param", i) for i, p in enumerate(self.params)}
+        self._key, self._plan = None, None
+        self.analyses = 0  # how often the graph had to be analysed (tests, benchmarks)
+
+    def plan_groups(self, roots: list[Tensor], trunk: list[Tensor]
+                    ) -> tuple[list[Group], list[Tensor]]:
+        """Group the parameters by the trunk nodes they join it at (torch's
+        get_param_groups, with its reverse_closure). trunk: the tensors the trunk starts
+        from (stage input leaves, first-stage seeds). Returns (groups, stray): stray
+        parameters reach a root without meeting the trunk (torch leaves them without
+        gradient); parameters unused by this graph are in neither."""
+        tags = dict(self._tags)
+        tags.update((id(t), ("trunk", j)) for j, t in enumerate(trunk) if t.grad_fn is None)
+        root_nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
+        order, key = _walk(root_nodes, tags)
+        index = {n: i for i, n in enumerate(order)} if any(t.grad_fn is not None for t in trunk) \
+            else {}
+        seeds = tuple(index.get(t.grad_fn, -1) for t in trunk if t.grad_fn is not None)
+        root_outs = tuple(t.output_nr for t in roots if t.grad_fn is not None)
+        full_key = (key, seeds, root_outs)
+        if full_key != self._key:
+            starts = [i for i in seeds if i >= 0] + [
+                n for n, (_, _, tag) in enumerate(key) if tag is not None and tag[0] == "trunk"]
+            self._plan = _analyse(key, len(root_nodes), list(root_outs), starts, len(self.params))
+            self._key = full_key
+            self.analyses += 1
+        plan = self._plan
+        groups = [Group([self.params[i] for i in ps], [order[n] for n in nodes],
+                        accs=[order[n] for n in accs], outs=outs)
+                  for nodes, outs, ps, accs in plan.groups]
+        return groups, [self.params[i] for i in plan.stray]
 
 
 def accumulate(p: Tensor, g: Optional[Tensor]) -> None:
@@ -159,13 +203,13 @@ def accumulate(p: Tensor, g: Optional[Tensor]) -> None:
 
 
 def backward_input(roots: list[Tensor], grads: list[Optional[Tensor]], inputs: list[Tensor],
-                   seeds: list[Tensor], params: Sequence[Tensor]
+                   seeds: list[Tensor], plans: GraphPlans
                    ) -> tuple[list[Optional[Tensor]], PendingW, list[Tensor]]:
     """I. roots: tensors to back-propagate from, with their gradients (None: ones, for a
     loss). inputs: the stage's input leaves that need grad; seeds: extra trunk starts (first
     stage). Returns (gradient per input or None, what W needs, parameters not deferred:
     their gradients are accumulated here)."""
-    groups, stray = plan_groups(roots, list(inputs) + list(seeds), params)
+    groups, stray = plans.plan_groups(roots, list(inputs) + list(seeds))
     edges = [GradientEdge(n, i) for grp in groups for n, outs in zip(grp.nodes, grp.outs)
              for i in outs]
     wanted = list(inputs) + list(stray) + edges

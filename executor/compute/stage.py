@@ -68,6 +68,7 @@ class StageCompute:
         self.loss_fn = loss_fn
         self.track_memory = track_memory  # record saved tensors for held_bytes (profiling)
         self._params = [p for p in module.parameters() if p.requires_grad]
+        self._plans = split_backward.GraphPlans(self._params)  # the graph analysis, reused
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._reported: set[int] = set()  # parameters already reported as not deferred
         self._after_f: dict[int, _AfterF] = {}
@@ -93,7 +94,9 @@ class StageCompute:
         xs = [t.detach().requires_grad_(True) if t.is_floating_point() else t.detach() for t in xs]
         leaves = [t for t in xs if t.requires_grad]
         ledger = SavedLedger(self._params) if self.track_memory else None
-        seeding = split_backward.seeding_trunk(xs) if self.is_first else nullcontext([])
+        # ids/masks have no autograd node: the modules they enter start the trunk instead
+        ids = self.is_first and any(not t.is_floating_point() for t in xs)
+        seeding = split_backward.seeding_trunk(xs) if ids else nullcontext([])
         with torch.enable_grad(), autocast(self.precision, self.device), seeding as seeds, \
                 (ledger.recording() if ledger else nullcontext()):
             out = self.module(*xs) if not bare else self.module(xs[0])
@@ -123,7 +126,7 @@ class StageCompute:
         st = self._take_after_f(g, grad)
         roots, grads = self._roots(st, grad)
         gx, pending, stray = split_backward.backward_input(roots, grads, st.leaves, st.seeds,
-                                                           self._params)
+                                                           self._plans)
         self._report(stray)
         self._after_i[g] = (pending, st.ledger)
         return self._input_message(st, gx)
