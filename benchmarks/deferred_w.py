@@ -42,6 +42,7 @@ LEGACY_COMMIT = "e9536fd"
 SIZES = {  # name -> ModelConfig overrides
     "tiny": dict(),
     "bench": dict(vocab=256, seq_len=64, d_model=128, n_heads=4, n_layers=4, micro_batch_size=8),
+    "large": dict(vocab=256, seq_len=128, d_model=256, n_heads=4, n_layers=4, micro_batch_size=8),
 }
 
 
@@ -192,7 +193,8 @@ def main() -> None:
         f"holds from F to B). custom = executor/compute/wgrad.py at {LEGACY_COMMIT} (GPT only).", "",
         "Sizes: tiny = ModelConfig() (d_model 32, seq 16, micro-batch 4, 4 layers, vocab 64); "
         "bench = d_model 128, seq 64, micro-batch 8, 4 layers, vocab 256 (the executor "
-        "benchmark's model). S=2: each stage holds 2 layers.", ""]
+        "benchmark's model); large = d_model 256, seq 128, micro-batch 8, 4 layers, vocab 256. "
+        "S=2: each stage holds 2 layers.", ""]
     with open(args.out, "w") as f:
         f.write("\n".join(head + lines) + "\n")
     print(f"wrote {args.out}")
