@@ -276,3 +276,31 @@ def test_graph_analysis_is_reused_until_the_structure_changes():
     assert comp._plans.analyses == 3  # even, odd, even again: one analysis per change
     for a, b in zip(module.parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
+
+
+class _PassThrough(nn.Module):
+    """Adds a parameter of the activation's own shape: autograd hands the received gradient
+    to it unchanged."""
+
+    def __init__(self):
+        super().__init__()
+        self.bias = nn.Parameter(torch.zeros(CFG.micro_batch_size, CFG.seq_len, CFG.d_model))
+
+    def forward(self, h):
+        return h + self.bias
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_parameter_gradient_does_not_alias_the_received_gradient(split):
+    comp = StageCompute(_PassThrough(), False, False, 1.0)
+    h = torch.randn(CFG.micro_batch_size, CFG.seq_len, CFG.d_model)
+    msg = torch.randn(h.shape)
+    comp.forward(0, h)
+    if split:
+        comp.backward_input(0, msg)
+        comp.backward_weight(0)
+    else:
+        comp.backward_full(0, msg)
+    want = msg.clone()
+    msg.zero_()  # the runtime may reuse its receive buffer for the next micro-batch
+    torch.testing.assert_close(comp.module.bias.grad, want, atol=0, rtol=0)

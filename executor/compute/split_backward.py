@@ -196,8 +196,8 @@ def accumulate(p: Tensor, g: Optional[Tensor]) -> None:
     """AccumulateGrad's rule: the first gradient is taken, later ones added."""
     if g is None:
         return
-    if p.grad is None:
-        p.grad = g.detach() if g.stride() == p.stride() else torch.empty_like(p).copy_(g)
+    if p.grad is None:  # a copy: g may be a tensor others hold (a received gradient that
+        p.grad = torch.empty_like(p).copy_(g)  # autograd passed through unchanged)
     else:
         p.grad.add_(g)
 
