@@ -304,3 +304,48 @@ def test_parameter_gradient_does_not_alias_the_received_gradient(split):
     want = msg.clone()
     msg.zero_()  # the runtime may reuse its receive buffer for the next micro-batch
     torch.testing.assert_close(comp.module.bias.grad, want, atol=0, rtol=0)
+
+
+class _Siblings(nn.Module):
+    """Llama-style parallel projections: q, k, v of one input; SwiGLU's w1 and w3."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        torch.manual_seed(15)
+        self.norm1, self.norm2 = nn.RMSNorm(d), nn.RMSNorm(d)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(d, d, bias=False) for _ in range(4))
+        self.w1, self.w3, self.w2 = (nn.Linear(d, 2 * d, bias=False), nn.Linear(d, 2 * d, bias=False),
+                                     nn.Linear(2 * d, d, bias=False))
+
+    def forward(self, x):
+        h = self.norm1(x)
+        x = x + self.wo(torch.tanh(self.wq(h) * self.wk(h)) + self.wv(h))
+        h = self.norm2(x)
+        return x + self.w2(F.silu(self.w1(h)) * self.w3(h))
+
+
+def test_sibling_projections_share_one_w_call():
+    module, ref = _Siblings(CFG.d_model), _Siblings(CFG.d_model)
+    comp = StageCompute(module, False, False, 1.0)
+    gen = torch.Generator().manual_seed(7)
+    h = torch.randn(CFG.micro_batch_size, CFG.seq_len, CFG.d_model, generator=gen)
+    grad = torch.randn(h.shape, generator=gen)
+    comp.forward(0, h)
+    with FlopCounterMode(display=False) as fi:
+        gx = comp.backward_input(0, grad)
+    calls = [sorted(n for n, p in module.named_parameters() if any(p is q for q in grp.params))
+             for grp in comp._after_i[0][0].groups]
+    assert sorted(calls) == sorted([["norm1.weight"], ["wk.weight", "wq.weight", "wv.weight"],
+                                    ["wo.weight"], ["norm2.weight"], ["w1.weight", "w3.weight"],
+                                    ["w2.weight"]])
+    with FlopCounterMode(display=False) as fw:
+        comp.backward_weight(0)
+    x = h.clone().requires_grad_(True)
+    y = ref(x)
+    with FlopCounterMode(display=False) as fb:
+        torch.autograd.backward(y, grad)
+    # merged calls re-run nothing of I: together they do one plain backward's products
+    assert fi.get_total_flops() + fw.get_total_flops() == fb.get_total_flops()
+    torch.testing.assert_close(gx, x.grad, atol=1e-6, rtol=0)
+    for a, b in zip(module.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)

@@ -41,6 +41,7 @@ class Group:
     nodes: list[Node]  # intermediates: where these parameters' subgraph meets the trunk
     accs: list[Node] = field(default_factory=list)  # the parameters' AccumulateGrad nodes
     outs: list[list[int]] = field(default_factory=list)  # per node, its outputs that get a grad
+    clamp: bool = False  # a parameter joins the trunk at several nodes, one below another
     grads: list[tuple] = field(default_factory=list)  # per node, the captured gradients of outs
 
 
@@ -113,7 +114,7 @@ def _walk(roots: list[Node], tags: dict) -> tuple[list[Node], tuple]:
 @dataclass
 class _Plan:
     """plan_groups' answer in node indices of _walk's order and parameter indices."""
-    groups: list[tuple[list[int], list[list[int]], list[int], list[int]]]  # nodes, outs, params, accs
+    groups: list[tuple]  # per W call: nodes, their outs, params, accs, clamp
     stray: list[int]
 
 
@@ -148,9 +149,41 @@ def _analyse(key: tuple, n_roots: int, root_outs: list, starts: list[int], n_par
             grp[1] = sorted(grp[1] + other[1])
         for n in grp[0]:
             by_node[n] = grp
-    groups = list({id(g): g for g in by_node.values()}.values())
-    return _Plan([(nodes, [sorted(outputs[n]) for n in nodes], ps, [accs[("param", i)] for i in ps])
-                  for nodes, ps in groups], stray)
+    groups = [(nodes, ps, len(nodes) > 1) for nodes, ps in
+              {id(g): g for g in by_node.values()}.values()]
+    return _Plan([(nodes, [sorted(outputs[n]) for n in nodes], ps, [accs[("param", i)] for i in ps],
+                   clamp) for nodes, ps, clamp in _merge_siblings(groups, key)], stray)
+
+
+def _merge_siblings(groups: list, key: tuple) -> list:
+    """One W call may serve several groups if none of their intermediates can reach
+    another (q, k and v projections of one input; SwiGLU's two input projections): no
+    trunk node lies between them, so autograd runs nothing of I's part. Groups of a chain
+    (every layer of a sequential model) stay one call each."""
+    single = {nodes[0] for nodes, _, clamp in groups if not clamp}
+    below: dict[int, set] = {}
+    for n in single:  # which other intermediates lie below n (once per graph structure)
+        seen, stack, hit = set(), [e[0] for e in key[n][1] if e is not None], set()
+        while stack:
+            c = stack.pop()
+            if c not in seen:
+                seen.add(c)
+                if c in single:
+                    hit.add(c)
+                stack.extend(e[0] for e in key[c][1] if e is not None)
+        below[n] = hit
+    merged: list = []
+    for nodes, ps, clamp in groups:
+        n = nodes[0]
+        for m in merged:
+            if not clamp and not m[2] and all(
+                    o not in below[n] and n not in below[o] for o in m[0]):
+                m[0].append(n)
+                m[1].extend(ps)
+                break
+        else:
+            merged.append([list(nodes), list(ps), clamp])
+    return merged
 
 
 class GraphPlans:
@@ -187,8 +220,8 @@ class GraphPlans:
             self.analyses += 1
         plan = self._plan
         groups = [Group([self.params[i] for i in ps], [order[n] for n in nodes],
-                        accs=[order[n] for n in accs], outs=outs)
-                  for nodes, outs, ps, accs in plan.groups]
+                        accs=[order[n] for n in accs], outs=outs, clamp=clamp)
+                  for nodes, outs, ps, accs, clamp in plan.groups]
         return groups, [self.params[i] for i in plan.stray]
 
 
@@ -245,7 +278,8 @@ def _clamp(outs: list[int], gs: tuple):
 
 def backward_weight(pending: PendingW) -> None:
     """W. Per group, autograd from the captured gradients into its parameters only (one
-    call per group: a call from several intermediates would re-run the trunk between them)."""
+    call per group: a call from intermediates of a chain would re-run the trunk between
+    them; groups whose intermediates are siblings were merged into one)."""
     for grp in pending.groups:
         roots, root_grads = [], []
         for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
@@ -254,7 +288,7 @@ def backward_weight(pending: PendingW) -> None:
                     roots.append(GradientEdge(n, i))
                     root_grads.append(g)
         handles = []
-        if len(grp.nodes) > 1:  # a node below another of the group: keep its captured total
+        if grp.clamp:  # a node below another of the group: keep its captured total
             for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
                 handles.append(n.register_prehook(_clamp(outs, gs)))
         try:
