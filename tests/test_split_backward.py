@@ -349,3 +349,31 @@ def test_sibling_projections_share_one_w_call():
     torch.testing.assert_close(gx, x.grad, atol=1e-6, rtol=0)
     for a, b in zip(module.parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
+
+
+class _RawIds(nn.Module):
+    """A first stage that indexes its own table with the ids: no submodule sees them."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        torch.manual_seed(16)
+        self.table = nn.Parameter(torch.randn(CFG.vocab, d))
+        self.proj = nn.Parameter(torch.randn(d, d) / d ** 0.5)
+
+    def forward(self, tokens):
+        return torch.tanh(self.table[tokens] @ self.proj)
+
+
+def test_first_stage_whose_ids_enter_no_module_defers_everything_to_w():
+    module, ref = _RawIds(CFG.d_model), _RawIds(CFG.d_model)
+    comp = StageCompute(module, True, False, 1.0)
+    tok, _ = DEFAULT_WORKLOAD.microbatch(CFG, 0, 0)
+    out = comp.forward(0, tok)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(8))
+    with FlopCounterMode(display=False) as fi:
+        assert comp.backward_input(0, grad) is None
+    assert fi.get_total_flops() == 0 and all(p.grad is None for p in module.parameters())
+    comp.backward_weight(0)
+    torch.autograd.backward(ref(tok), grad)
+    for a, b in zip(module.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
