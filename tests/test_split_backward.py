@@ -377,3 +377,21 @@ def test_first_stage_whose_ids_enter_no_module_defers_everything_to_w():
     torch.autograd.backward(ref(tok), grad)
     for a, b in zip(module.parameters(), ref.parameters()):
         torch.testing.assert_close(a.grad, b.grad, atol=1e-6, rtol=0)
+
+
+class _Detached(nn.Module):
+    def __init__(self, d: int):
+        super().__init__()
+        self.lin = nn.Linear(d, d)
+
+    def forward(self, h):
+        return self.lin(h).detach()  # sends a tensor that needs no gradient
+
+
+def test_stage_whose_output_needs_no_gradient():
+    comp = StageCompute(_Detached(CFG.d_model), False, False, 1.0)
+    h = torch.randn(CFG.micro_batch_size, CFG.seq_len, CFG.d_model)
+    out = comp.forward(0, h)
+    torch.testing.assert_close(comp.backward_input(0, torch.ones_like(out)), torch.zeros_like(h))
+    comp.backward_weight(0)
+    assert comp.pending() == [] and comp.module.lin.weight.grad is None

@@ -9,7 +9,7 @@ W run autograd from the captured gradients into the parameters only. Autograd co
 input of a node's backward only when it leads to a requested input, so I never runs a
 weight-gradient product and W never re-runs the trunk.
 
-Why not call torch's two functions directly (the graph helpers are reused):
+Why not call torch's two functions directly (their reverse_closure is reused):
 - the first stage's input (token ids, or data that needs no grad) has no autograd node, so
   torch finds no trunk; PipelineStage then runs the whole backward in W. Here the trunk is
   seeded by the outputs of modules called with the stage input (`seeding_trunk`), and a
@@ -19,7 +19,10 @@ Why not call torch's two functions directly (the graph helpers are reused):
   themselves (GradientEdge inputs), so the first stage's I stops at its first layer;
 - a parameter whose subgraph reaches the output without meeting the trunk is silently
   left without gradient by torch; here it gets its gradient during I (correct, just not
-  deferred) and is returned so the caller can report it once, by name.
+  deferred) and is returned so the caller can report it once, by name;
+- torch analyses the graph on every micro-batch and makes one W call per group; here the
+  analysis is keyed by the graph's structure and reused, and groups whose intermediates
+  cannot reach one another (q, k, v of one input) share one W call.
 """
 from __future__ import annotations
 
@@ -242,6 +245,8 @@ def backward_input(roots: list[Tensor], grads: list[Optional[Tensor]], inputs: l
     loss). inputs: the stage's input leaves that need grad; seeds: extra trunk starts (first
     stage). Returns (gradient per input or None, what W needs, parameters not deferred:
     their gradients are accumulated here)."""
+    if not roots:  # nothing this stage sent needed a gradient
+        return [None] * len(inputs), PendingW([]), []
     groups, stray = plans.plan_groups(roots, list(inputs) + list(seeds))
     edges = [GradientEdge(n, i) for grp in groups for n, outs in zip(grp.nodes, grp.outs)
              for i in outs]
