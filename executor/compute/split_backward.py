@@ -33,7 +33,7 @@ from typing import Iterator, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
-from torch.autograd.graph import GradientEdge, Node, _engine_run_backward
+from torch.autograd.graph import GradientEdge, Node
 from torch.distributed.pipelining._backward import reverse_closure
 
 
@@ -268,8 +268,16 @@ def _grad(roots: list, grads: list, inputs: list) -> tuple:
     """torch.autograd.grad(roots, inputs, grads, allow_unused=True) without its per-call
     Python checks of the gradients' shapes (about 25 us a call, one call per group): the
     gradients are the very tensors autograd captured for these roots in I."""
+    if _engine_run_backward is None:  # a torch without it: the public call
+        return torch.autograd.grad(roots, inputs, grads, allow_unused=True)
     return _engine_run_backward(tuple(roots), tuple(grads), False, False, tuple(inputs), True,
                                 accumulate_grad=False)
+
+
+try:  # private, but what torch.autograd.grad itself calls
+    from torch.autograd.graph import _engine_run_backward
+except ImportError:  # pragma: no cover
+    _engine_run_backward = None
 
 
 def _clamp(outs: list[int], gs: tuple):
