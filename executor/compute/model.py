@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from executor.compute import data
-from executor.compute.wgrad import Embedding, LayerNorm, Linear, normal_
+from executor.compute.layers import Embedding, LayerNorm, Linear, normal_
 
 
 @dataclass(frozen=True)
@@ -175,8 +175,8 @@ class Workload:
     build_stage(cfg, stage, stages) must be deterministic (every replica builds the same
     parameters); loss_fn(last_stage_output, targets) returns the unscaled mean loss of a
     micro-batch; microbatch(cfg, iteration, g) -> (first-stage input, targets) must depend
-    only on its arguments. For deferred `W`, build models from executor.compute.wgrad's layers;
-    other parameters get their gradients during `I`."""
+    only on its arguments. Any module's weight gradients are deferred to `W`
+    (executor/compute/split_backward.py); activations may be a Tensor or a tuple of them."""
     build_stage: StageFactory = build_stage
     loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss
     microbatch: Callable[[ModelConfig, int, int], tuple[Tensor, Tensor]] = data.microbatch

@@ -27,7 +27,6 @@ import torch
 
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import StageCompute
-from executor.compute.wgrad import store_bytes
 from planner.job import Cost, JobSpec, Memory, P2P
 
 
@@ -110,13 +109,15 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     act = store = 0
     for r in range(repeats + 1):
         keep = r > 0  # the first round warms up kernels and allocators
+        comp.track_memory = not keep  # memory on the warm-up round: no hooks in timed ones
         with _Timer(dev) as tm:
             comp.forward(0, x, targets)
         t["F"].append(tm.us)
         with _Timer(dev) as tm:
             comp.backward_input(0, grad)
         t["I"].append(tm.us)
-        store = store_bytes(comp._after_i[0], params)
+        if not keep:
+            store = comp.held_bytes(0)  # what the micro-batch keeps from I to W
         with _Timer(dev) as tm:
             comp.backward_weight(0)
         t["W"].append(tm.us)

@@ -1,10 +1,20 @@
 """One worker's compute: F, I, W and B of its stage on individual micro-batches.
 
-Per micro-batch g the state moves F -> (graph kept) -> I -> (weight-gradient store kept)
--> W -> gone; B is I and W back to back. What a micro-batch holds from its F until its W
-is exactly what the planner's memory model charges (DESIGN section 4, constraint 6), and
-`pending()` lists those micro-batches. Communication is not done here: F returns the
+Per micro-batch g the state moves F -> (graph kept) -> I -> (the graph below the captured
+gradients kept) -> W -> gone; B is one plain backward. What a micro-batch holds from its F
+until its W is what the planner's memory model charges (DESIGN section 4, constraint 6),
+and `pending()` lists those micro-batches. Communication is not done here: F returns the
 activation to send, I returns the gradient to send.
+
+Activations are a Tensor or a tuple of Tensors of any shape and dtype; a tuple reaches the
+stage module as positional arguments (torch.distributed.pipelining's convention). The
+gradient message of an activation is the tuple of gradients of its floating-point tensors
+in order, or a single Tensor when the activation is one floating Tensor; non-floating
+tensors (ids, masks) get none. Under precision="bf16" the floating activations a stage
+sends are bf16, so their gradients come back in bf16 too.
+
+Deferred W works on any autograd graph (executor/compute/split_backward.py); a parameter
+it cannot defer gets its gradient in I and is reported once, by name.
 
 Loss scaling: the last stage back-propagates loss * loss_scale with loss_scale =
 1/(D*M), so the SUM of gradients over all D*M micro-batches (all-reduced across live
@@ -12,13 +22,20 @@ peers) is the global-batch mean gradient, wherever each micro-batch was routed.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional
+import logging
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Callable, Optional, Union
 
 import torch
 from torch import Tensor, nn
 
+from executor.compute import split_backward
+from executor.compute.memory import SavedLedger
 from executor.compute.model import lm_loss
-from executor.compute.wgrad import deferring, run_store
+
+log = logging.getLogger("recycle.compute")
+Activation = Union[Tensor, tuple]
 
 
 def autocast(precision: str, device: torch.device):
@@ -26,17 +43,36 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+def _as_list(grad) -> list:
+    return [grad] if isinstance(grad, Tensor) else list(grad)
+
+
+@dataclass
+class _AfterF:
+    leaves: list[Tensor]  # the stage input's floating tensors, as leaves (not first stage)
+    seeds: list[Tensor]  # first stage: trunk starts (split_backward.seeding_trunk)
+    roots: list[Tensor]  # floating outputs (or the scaled loss) to back-propagate from
+    floats: int  # floating tensors in the output: the gradient message's length
+    bare: bool  # the input activation was one Tensor (its gradient message is one Tensor)
+    ledger: Optional[SavedLedger] = field(default=None)
+
+
 class StageCompute:
     def __init__(self, module: nn.Module, is_first: bool, is_last: bool, loss_scale: float,
-                 loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss, precision: str = "fp32"):
+                 loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss, precision: str = "fp32",
+                 track_memory: bool = False):
         self.module = module
         self.precision = precision  # bf16: forward under autocast, fp32 master weights
         self.is_first, self.is_last = is_first, is_last
         self.loss_scale = float(loss_scale)
         self.loss_fn = loss_fn
-        # g -> (stage input leaf or None, root to back-propagate from, weight-grad store)
-        self._after_f: dict[int, tuple[Optional[Tensor], Tensor, list]] = {}
-        self._after_i: dict[int, list] = {}  # g -> weight-gradient store awaiting W
+        self.track_memory = track_memory  # record saved tensors for held_bytes (profiling)
+        self._params = [p for p in module.parameters() if p.requires_grad]
+        self._plans = split_backward.GraphPlans(self._params)  # the graph analysis, reused
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        self._reported: set[int] = set()  # parameters already reported as not deferred
+        self._after_f: dict[int, _AfterF] = {}
+        self._after_i: dict[int, tuple[split_backward.PendingW, Optional[SavedLedger]]] = {}
         self._losses: dict[int, Tensor] = {}  # g -> unscaled loss (kept as a tensor: no sync)
 
     @property
@@ -45,58 +81,108 @@ class StageCompute:
         return p.device if p is not None else torch.device("cpu")
 
     # ---- actions ----------------------------------------------------------------------
-    def forward(self, g: int, x: Tensor, targets: Optional[Tensor] = None) -> Tensor:
-        """F. x: tokens on the first stage, else the received activation. Returns the
-        activation to send (detached), or on the last stage the detached unscaled loss."""
+    def forward(self, g: int, x: Activation, targets: Optional[Tensor] = None) -> Activation:
+        """F. x: the first stage's input, else the received activation (a Tensor or a tuple
+        of Tensors). Returns the activation to send (detached), or on the last stage the
+        detached unscaled loss."""
         if g in self._after_f or g in self._after_i:
             raise RuntimeError(f"F of micro-batch {g} twice without finishing its backward")
-        x = x.to(self.device)
-        if not self.is_first:  # a fresh leaf: I stops here and reads its .grad
-            x = x.detach().requires_grad_(True)
-        store: list = []
-        with torch.enable_grad(), deferring(store), autocast(self.precision, self.device):
-            out = self.module(x)
+        bare = isinstance(x, Tensor)
+        xs = [t.to(self.device) for t in ([x] if bare else x)]
+        # fresh leaves: I stops here (reads their gradients); on the first stage a floating
+        # input is a leaf too, only to mark the trunk: its gradient is never computed
+        xs = [t.detach().requires_grad_(True) if t.is_floating_point() else t.detach() for t in xs]
+        leaves = [t for t in xs if t.requires_grad]
+        ledger = SavedLedger(self._params) if self.track_memory else None
+        # ids/masks have no autograd node: the modules they enter start the trunk instead
+        ids = self.is_first and any(not t.is_floating_point() for t in xs)
+        seeding = split_backward.seeding_trunk(xs) if ids else nullcontext([])
+        with torch.enable_grad(), autocast(self.precision, self.device), seeding as seeds, \
+                (ledger.recording() if ledger else nullcontext()):
+            out = self.module(*xs) if not bare else self.module(xs[0])
             if self.is_last:
                 if targets is None:
                     raise ValueError("the last stage needs targets to compute the loss")
                 loss = self.loss_fn(out, targets.to(self.device))
                 self._losses[g] = loss.detach()
-                root, result = loss * self.loss_scale, loss.detach()
+                roots, result, floats = [loss], loss.detach(), 0  # seeded with loss_scale
             else:
-                root, result = out, out.detach()
-        self._after_f[g] = (None if self.is_first else x, root, store)
+                outs = [out] if isinstance(out, Tensor) else list(out)
+                if self.precision == "bf16":  # half the bytes on the wire, as autocast computes
+                    outs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in outs]
+                roots = [t for t in outs if t.is_floating_point()]
+                floats = len(roots)
+                result = outs[0].detach() if isinstance(out, Tensor) else \
+                    tuple(t.detach() for t in outs)
+        seeds = list(seeds) + (leaves if self.is_first else [])
+        self._after_f[g] = _AfterF([] if self.is_first else leaves, seeds, roots, floats, bare,
+                                   ledger)
         return result
 
-    def backward_input(self, g: int, grad: Optional[Tensor] = None) -> Optional[Tensor]:
-        """I. grad: gradient w.r.t. this stage's output (None on the last stage). Returns
-        the gradient w.r.t. the stage input (None on the first stage). Frees the graph;
-        keeps only the (input, grad_output) pairs W needs."""
-        if g not in self._after_f:
-            raise RuntimeError(f"I of micro-batch {g} without a pending F")
-        if self.is_last != (grad is None):
-            raise ValueError("grad must be None exactly on the last stage")
-        x, root, store = self._after_f.pop(g)
-        if grad is None:
-            torch.autograd.backward(root)
-        else:
-            torch.autograd.backward(root, grad.to(self.device))
-        self._after_i[g] = store
-        if x is None:
-            return None
-        return x.grad if x.grad is not None else torch.zeros_like(x)
+    def backward_input(self, g: int, grad=None):
+        """I. grad: the gradient message for this stage's output (None on the last stage).
+        Returns the gradient message for the stage input (None on the first stage), having
+        computed no weight gradient that can be deferred to W."""
+        st = self._take_after_f(g, grad)
+        roots, grads = self._roots(st, grad)
+        gx, pending, stray = split_backward.backward_input(roots, grads, st.leaves, st.seeds,
+                                                           self._plans)
+        self._report(stray)
+        self._after_i[g] = (pending, st.ledger)
+        return self._input_message(st, gx)
 
     def backward_weight(self, g: int) -> None:
-        """W. Accumulates the weight gradients of micro-batch g into param.grad from what
-        I stored: one product per layer, no second traversal of the graph."""
+        """W. Accumulates the weight gradients of micro-batch g into param.grad, from the
+        gradients I captured, without re-running I's part of the graph."""
         if g not in self._after_i:
             raise RuntimeError(f"W of micro-batch {g} without a finished I")
-        run_store(self._after_i.pop(g))
+        split_backward.backward_weight(self._after_i.pop(g)[0])
 
-    def backward_full(self, g: int, grad: Optional[Tensor] = None) -> Optional[Tensor]:
-        """B = I then W."""
-        gx = self.backward_input(g, grad)
-        self.backward_weight(g)
-        return gx
+    def backward_full(self, g: int, grad=None):
+        """B: one plain backward, weight and input gradients in one traversal."""
+        st = self._take_after_f(g, grad)
+        roots, grads = self._roots(st, grad)
+        wanted = st.leaves + self._params  # not the first stage's input: nobody needs it
+        if roots:
+            got = torch.autograd.grad(roots, wanted, grads, allow_unused=True)
+            for p, gp in zip(self._params, got[len(st.leaves):]):
+                split_backward.accumulate(p, gp)
+            gx = list(got[:len(st.leaves)])
+        else:
+            gx = [None] * len(st.leaves)
+        return self._input_message(st, gx)
+
+    # ---- helpers ----------------------------------------------------------------------
+    def _take_after_f(self, g: int, grad) -> _AfterF:
+        if g not in self._after_f:
+            raise RuntimeError(f"backward of micro-batch {g} without a pending F")
+        if self.is_last != (grad is None):
+            raise ValueError("grad must be None exactly on the last stage")
+        st = self._after_f[g]
+        if not self.is_last and len(_as_list(grad)) != st.floats:
+            raise ValueError(f"gradient message of micro-batch {g} has {len(_as_list(grad))} "
+                             f"tensors; the activation has {st.floats} floating ones")
+        return self._after_f.pop(g)
+
+    def _roots(self, st: _AfterF, grad) -> tuple[list[Tensor], list]:
+        if grad is None:  # the loss, back-propagated as loss * loss_scale
+            return st.roots, [torch.full_like(r, self.loss_scale) for r in st.roots]
+        pairs = [(r, gr.to(device=self.device, dtype=r.dtype))
+                 for r, gr in zip(st.roots, _as_list(grad)) if r.requires_grad]
+        return [r for r, _ in pairs], [gr for _, gr in pairs]
+
+    def _input_message(self, st: _AfterF, gx: list):
+        if self.is_first:
+            return None
+        grads = [gi if gi is not None else torch.zeros_like(x) for x, gi in zip(st.leaves, gx)]
+        return grads[0] if st.bare else tuple(grads)
+
+    def _report(self, stray: list[Tensor]) -> None:
+        new = [p for p in stray if id(p) not in self._reported]
+        if new:
+            self._reported.update(id(p) for p in new)
+            names = ", ".join(self._names.get(id(p), "?") for p in new)
+            log.warning("weight gradient not deferred to W (computed in I): %s", names)
 
     # ---- state ------------------------------------------------------------------------
     def loss(self, g: int) -> float:
@@ -111,6 +197,21 @@ class StageCompute:
     def pending(self) -> list[int]:
         """Micro-batches whose F ran but whose W (or B) has not: the activation memory held."""
         return sorted(set(self._after_f) | set(self._after_i))
+
+    def held_bytes(self, g: int) -> int:
+        """Bytes micro-batch g keeps alive now (needs track_memory=True): the tensors its F
+        saved for backward that are still alive, plus on the way to W the gradients I
+        captured for it."""
+        if g in self._after_f:
+            ledger, extra = self._after_f[g].ledger, 0
+        elif g in self._after_i:
+            pending, ledger = self._after_i[g]
+            extra = pending.grad_bytes()
+        else:
+            return 0
+        if ledger is None:
+            raise RuntimeError("held_bytes needs StageCompute(track_memory=True)")
+        return ledger.alive_bytes() + extra
 
     def zero_grad(self) -> None:
         for p in self.module.parameters():

@@ -1,0 +1,315 @@
+"""Split backward for any autograd graph: `I` computes only input gradients, `W` only
+weight gradients, and I + W does the work of one plain backward.
+
+The mechanism is torch.distributed.pipelining's (`_backward.stage_backward_input` /
+`stage_backward_weight`): walk the graph once after F, find for every parameter the
+"intermediate" nodes where its subgraph joins the trunk (the nodes on a path from the stage
+input to the stage output), capture the gradient flowing into those nodes during I, and in
+W run autograd from the captured gradients into the parameters only. Autograd computes an
+input of a node's backward only when it leads to a requested input, so I never runs a
+weight-gradient product and W never re-runs the trunk.
+
+Why not call torch's two functions directly (their reverse_closure is reused):
+- the first stage's input (token ids, or data that needs no grad) has no autograd node, so
+  torch finds no trunk; PipelineStage then runs the whole backward in W. Here the trunk is
+  seeded by the outputs of modules called with the stage input (`seeding_trunk`), and a
+  floating input is made a leaf that requires grad but is never differentiated;
+- torch's I differentiates to the stage input and captures with node pre-hooks, which fire
+  only on nodes I executes; here I asks autograd for the gradients at the intermediates
+  themselves (GradientEdge inputs), so the first stage's I stops at its first layer;
+- a parameter whose subgraph reaches the output without meeting the trunk is silently
+  left without gradient by torch; here it gets its gradient during I (correct, just not
+  deferred) and is returned so the caller can report it once, by name;
+- torch analyses the graph on every micro-batch and makes one W call per group; here the
+  analysis is keyed by the graph's structure and reused, and groups whose intermediates
+  cannot reach one another (q, k, v of one input) share one W call.
+"""
+from __future__ import annotations
+
+import collections
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence
+
+import torch
+from torch import Tensor, nn
+from torch.autograd.graph import GradientEdge, Node
+from torch.distributed.pipelining._backward import reverse_closure
+
+
+@dataclass
+class Group:
+    """Parameters that share the trunk nodes their gradients flow in from."""
+    params: list[Tensor]
+    nodes: list[Node]  # intermediates: where these parameters' subgraph meets the trunk
+    accs: list[Node] = field(default_factory=list)  # the parameters' AccumulateGrad nodes
+    outs: list[list[int]] = field(default_factory=list)  # per node, its outputs that get a grad
+    clamp: bool = False  # a parameter joins the trunk at several nodes, one below another
+    grads: list[tuple] = field(default_factory=list)  # per node, the captured gradients of outs
+
+
+@dataclass
+class PendingW:
+    """What I leaves for W: the groups with their captured gradients. Holding the nodes keeps
+    alive the part of the graph below them (what W must traverse); the rest is freed."""
+    groups: list[Group]
+
+    def grad_bytes(self) -> int:
+        return sum(t.untyped_storage().nbytes() for grp in self.groups for gs in grp.grads
+                   for t in gs if t is not None)
+
+
+@contextmanager
+def seeding_trunk(stage_input: Sequence[Tensor]) -> Iterator[list[Tensor]]:
+    """First stage: collect the outputs of every module called with one of the stage's input
+    tensors (an nn.Embedding on token ids, the first Linear on features). Their autograd
+    nodes start the trunk that the input itself, needing no grad, cannot provide."""
+    ids = {id(t) for t in stage_input}
+    seeds: list[Tensor] = []
+
+    def hook(module, args, output):
+        if any(id(a) in ids for a in args if isinstance(a, Tensor)):
+            seeds.extend(t for t in _tensors(output) if t.requires_grad)
+
+    handle = nn.modules.module.register_module_forward_hook(hook)
+    try:
+        yield seeds
+    finally:
+        handle.remove()
+
+
+def _tensors(value) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    if isinstance(value, dict):
+        return [t for v in value.values() for t in _tensors(v)]
+    return []
+
+
+def _walk(roots: list[Node], tags: dict) -> tuple[list[Node], tuple]:
+    """One pass over the graph from the roots: the nodes in a deterministic order, and a
+    key of the graph's structure (each node's type, its edges as (node index, output
+    number), and the tag of the leaf an AccumulateGrad feeds). Two micro-batches through
+    the same code have equal keys, so the analysis of the first serves the next."""
+    index = {n: i for i, n in enumerate(roots)}
+    order, key, todo = list(roots), [], 0
+    while todo < len(order):  # breadth-first, in next_functions order: deterministic
+        n = order[todo]
+        todo += 1
+        edges = []
+        for c, nr in n.next_functions:
+            if c is None:
+                edges.append(None)
+                continue
+            i = index.get(c)
+            if i is None:
+                i = index[c] = len(order)
+                order.append(c)
+            edges.append((i, nr))
+        tag = tags.get(id(n.variable)) if not edges and type(n).__name__ == "AccumulateGrad" \
+            else None
+        key.append((type(n), tuple(edges), tag))
+    return order, tuple(key)
+
+
+@dataclass
+class _Plan:
+    """plan_groups' answer in node indices of _walk's order and parameter indices."""
+    groups: list[tuple]  # per W call: nodes, their outs, params, accs, clamp
+    stray: list[int]
+
+
+def _analyse(key: tuple, n_roots: int, root_outs: list, starts: list[int], n_params: int) -> _Plan:
+    consumers: dict[int, list[int]] = collections.defaultdict(list)
+    outputs: dict[int, set] = collections.defaultdict(set)
+    accs: dict = {}  # leaf tag -> index of its AccumulateGrad
+    for n, (_, edges, tag) in enumerate(key):
+        if tag is not None:
+            accs[tag] = n
+        for e in edges:
+            if e is not None:
+                consumers[e[0]].append(n)
+                outputs[e[0]].add(e[1])
+    for n, nr in enumerate(root_outs):
+        outputs[n].add(nr)
+    trunk_closure, _ = reverse_closure(starts, set(), consumers)
+    root_set = set(range(n_roots))
+    by_node: dict[int, list] = {}  # node -> its group [nodes, params]
+    stray: list[int] = []
+    for p in range(n_params):
+        acc = accs.get(("param", p))
+        if acc is None:
+            continue  # not used by this micro-batch's graph: no gradient, as in autograd
+        closure, meets = reverse_closure([acc], trunk_closure, consumers)
+        if not meets or closure & root_set:  # (also) reaches the output past the trunk
+            stray.append(p)
+            continue
+        grp = [sorted(meets), [p]]
+        for other in {id(by_node[n]): by_node[n] for n in meets if n in by_node}.values():
+            grp[0] = sorted(set(grp[0]) | set(other[0]))  # shares a trunk node: one group
+            grp[1] = sorted(grp[1] + other[1])
+        for n in grp[0]:
+            by_node[n] = grp
+    groups = [(nodes, ps, len(nodes) > 1) for nodes, ps in
+              {id(g): g for g in by_node.values()}.values()]
+    return _Plan([(nodes, [sorted(outputs[n]) for n in nodes], ps, [accs[("param", i)] for i in ps],
+                   clamp) for nodes, ps, clamp in _merge_siblings(groups, key)], stray)
+
+
+def _merge_siblings(groups: list, key: tuple) -> list:
+    """One W call may serve several groups if none of their intermediates can reach
+    another (q, k and v projections of one input; SwiGLU's two input projections): no
+    trunk node lies between them, so autograd runs nothing of I's part. Groups of a chain
+    (every layer of a sequential model) stay one call each."""
+    single = {nodes[0] for nodes, _, clamp in groups if not clamp}
+    below: dict[int, set] = {}
+    for n in single:  # which other intermediates lie below n (once per graph structure)
+        seen, stack, hit = set(), [e[0] for e in key[n][1] if e is not None], set()
+        while stack:
+            c = stack.pop()
+            if c not in seen:
+                seen.add(c)
+                if c in single:
+                    hit.add(c)
+                stack.extend(e[0] for e in key[c][1] if e is not None)
+        below[n] = hit
+    merged: list = []
+    for nodes, ps, clamp in groups:
+        n = nodes[0]
+        for m in merged:
+            if not clamp and not m[2] and all(
+                    o not in below[n] and n not in below[o] for o in m[0]):
+                m[0].append(n)
+                m[1].extend(ps)
+                break
+        else:
+            merged.append([list(nodes), list(ps), clamp])
+    return merged
+
+
+class GraphPlans:
+    """plan_groups with memory: the analysis of the last graph structure seen (a stage runs
+    the same code on every micro-batch; only a structure change re-analyses)."""
+
+    def __init__(self, params: Sequence[Tensor]):
+        self.params = list(params)
+        self._tags = {id(p): ("param", i) for i, p in enumerate(self.params)}
+        self._key, self._plan = None, None
+        self.analyses = 0  # how often the graph had to be analysed (tests, benchmarks)
+
+    def plan_groups(self, roots: list[Tensor], trunk: list[Tensor]
+                    ) -> tuple[list[Group], list[Tensor]]:
+        """Group the parameters by the trunk nodes they join it at (torch's
+        get_param_groups, with its reverse_closure). trunk: the tensors the trunk starts
+        from (stage input leaves, first-stage seeds). Returns (groups, stray): stray
+        parameters reach a root without meeting the trunk (torch leaves them without
+        gradient); parameters unused by this graph are in neither."""
+        tags = dict(self._tags)
+        tags.update((id(t), ("trunk", j)) for j, t in enumerate(trunk) if t.grad_fn is None)
+        root_nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
+        order, key = _walk(root_nodes, tags)
+        index = {n: i for i, n in enumerate(order)} if any(t.grad_fn is not None for t in trunk) \
+            else {}
+        seeds = tuple(index.get(t.grad_fn, -1) for t in trunk if t.grad_fn is not None)
+        root_outs = tuple(t.output_nr for t in roots if t.grad_fn is not None)
+        full_key = (key, seeds, root_outs)
+        if full_key != self._key:
+            starts = [i for i in seeds if i >= 0] + [
+                n for n, (_, _, tag) in enumerate(key) if tag is not None and tag[0] == "trunk"]
+            self._plan = _analyse(key, len(root_nodes), list(root_outs), starts, len(self.params))
+            self._key = full_key
+            self.analyses += 1
+        plan = self._plan
+        groups = [Group([self.params[i] for i in ps], [order[n] for n in nodes],
+                        accs=[order[n] for n in accs], outs=outs, clamp=clamp)
+                  for nodes, outs, ps, accs, clamp in plan.groups]
+        return groups, [self.params[i] for i in plan.stray]
+
+
+def accumulate(p: Tensor, g: Optional[Tensor]) -> None:
+    """AccumulateGrad's rule: the first gradient is taken, later ones added."""
+    if g is None:
+        return
+    if p.grad is None:  # a copy: g may be a tensor others hold (a received gradient that
+        p.grad = torch.empty_like(p).copy_(g)  # autograd passed through unchanged)
+    else:
+        p.grad.add_(g)
+
+
+def backward_input(roots: list[Tensor], grads: list[Optional[Tensor]], inputs: list[Tensor],
+                   seeds: list[Tensor], plans: GraphPlans
+                   ) -> tuple[list[Optional[Tensor]], PendingW, list[Tensor]]:
+    """I. roots: tensors to back-propagate from, with their gradients (None: ones, for a
+    loss). inputs: the stage's input leaves that need grad; seeds: extra trunk starts (first
+    stage). Returns (gradient per input or None, what W needs, parameters not deferred:
+    their gradients are accumulated here)."""
+    if not roots:  # nothing this stage sent needed a gradient
+        return [None] * len(inputs), PendingW([]), []
+    groups, stray = plans.plan_groups(roots, list(inputs) + list(seeds))
+    edges = [GradientEdge(n, i) for grp in groups for n, outs in zip(grp.nodes, grp.outs)
+             for i in outs]
+    wanted = list(inputs) + list(stray) + edges
+    if not wanted:
+        return [None] * len(inputs), PendingW([]), stray
+    got = torch.autograd.grad(roots, wanted, grad_outputs=grads, retain_graph=bool(groups),
+                              allow_unused=True)
+    k = len(inputs)
+    for p, g in zip(stray, got[k:k + len(stray)]):
+        accumulate(p, g)
+    it = iter(got[k + len(stray):])
+    for grp in groups:
+        grp.grads = [tuple(next(it) for _ in outs) for outs in grp.outs]
+    return list(got[:k]), PendingW(groups), stray
+
+
+def _grad(roots: list, grads: list, inputs: list) -> tuple:
+    """torch.autograd.grad(roots, inputs, grads, allow_unused=True) without its per-call
+    Python checks of the gradients' shapes (about 25 us a call, one call per group): the
+    gradients are the very tensors autograd captured for these roots in I."""
+    if _engine_run_backward is None:  # a torch without it: the public call
+        return torch.autograd.grad(roots, inputs, grads, allow_unused=True)
+    return _engine_run_backward(tuple(roots), tuple(grads), False, False, tuple(inputs), True,
+                                accumulate_grad=False)
+
+
+try:  # private, but what torch.autograd.grad itself calls
+    from torch.autograd.graph import _engine_run_backward
+except ImportError:  # pragma: no cover
+    _engine_run_backward = None
+
+
+def _clamp(outs: list[int], gs: tuple):
+    def hook(grad_outputs):
+        grad_outputs = list(grad_outputs)
+        for i, g in zip(outs, gs):
+            grad_outputs[i] = g
+        return tuple(grad_outputs)
+    return hook
+
+
+def backward_weight(pending: PendingW) -> None:
+    """W. Per group, autograd from the captured gradients into its parameters only (one
+    call per group: a call from intermediates of a chain would re-run the trunk between
+    them; groups whose intermediates are siblings were merged into one)."""
+    for grp in pending.groups:
+        roots, root_grads = [], []
+        for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
+            for i, g in zip(outs, gs):
+                if g is not None:
+                    roots.append(GradientEdge(n, i))
+                    root_grads.append(g)
+        handles = []
+        if grp.clamp:  # a node below another of the group: keep its captured total
+            for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
+                handles.append(n.register_prehook(_clamp(outs, gs)))
+        try:
+            if roots:
+                dws = _grad(roots, root_grads, [GradientEdge(a, 0) for a in grp.accs])
+                for p, g in zip(grp.params, dws):
+                    accumulate(p, g)
+        finally:
+            for h in handles:
+                h.remove()
+    pending.groups.clear()
