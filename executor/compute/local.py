@@ -98,6 +98,8 @@ class LocalRunner:
         self.epoch += 1
 
     def fail(self, failed: Sequence[Sequence[int]]) -> None:
+        for w in self.workers.values():  # the aborted iteration re-runs from its start
+            w.stepper.keep_before(self._it)
         dead = {tuple(f) for f in failed}
         union = sorted({tuple(f) for f in self.plan.failed} | dead)
         self.switch(solve(self.plan.job, union, solver="greedy", mode=_mode(self.plan)))
@@ -105,6 +107,7 @@ class LocalRunner:
     # ---- one iteration --------------------------------------------------------------
     def iteration(self, it: int, abort_midway: bool = False) -> float:
         plan, S = self.plan, self.S
+        self._it = it
         queues = {w.key: list(w.actions) for w in plan.workers}
         pos = {k: 0 for k in queues}
         acts: dict[Key, torch.Tensor] = {}   # (stage, g) -> output of that stage

@@ -31,6 +31,9 @@ from torch import nn
 from executor.optim.clip import NormBoard, NormWaitTimeout, coefficient, global_norm, scale_, stage_sq_norm
 from executor.optim.schedule import lr_at, set_lr
 from executor.optim.snapshot import StageSnapshots
+from executor.runtime.comm import CommError, Superseded
+
+_PLAN_COUNTER = "plan/version"  # rendezvous.publish_plan's: newest version + 1
 
 
 @dataclass
@@ -74,11 +77,13 @@ class StageStepper:
         # The agent's log (timestamped, per worker); by default the process's stdout,
         # which is the worker's log file.
         self.log = log or (lambda msg: print(f"[stage {stage}] {msg}", flush=True))
-        # Called while settle() waits for other stages' norms; may raise to leave (the
-        # agent can set it to raise Superseded when a newer plan is out).
-        self.newer: Optional[Callable[[], None]] = None
+        # Polled while settle() waits for other stages' norms: returns a newer plan or
+        # None (the agent's `lambda: self._next_plan(0)`). A newer plan means a stage
+        # failed before publishing its norm: leave (Superseded) and roll back. Without
+        # it, the in-process launcher's plan counter in the store is watched instead.
+        self.newer: Optional[Callable[[], object]] = None
         timeout = getattr(store, "timeout", None)
-        self.wait_s = max(4 * timeout.total_seconds(), 10.0) if timeout else 60.0
+        self.wait_s = max(3 * timeout.total_seconds(), 5.0) if timeout else 60.0
 
     def step(self, it: int, version: int) -> None:
         """Snapshot the pre-step state of iteration `it`, then step (plan `version`)."""
@@ -117,9 +122,9 @@ class StageStepper:
             return
         t0 = time.perf_counter()
         try:
-            sums = self.board.wait(pend.version, pend.it, self.wait_s, self.newer)
-        except NormWaitTimeout as exc:
-            from executor.runtime.comm import CommError  # the agent aborts and re-syncs
+            sums = self.board.wait(pend.version, pend.it, self.wait_s,
+                                   lambda: self._leave_if_newer(pend.version))
+        except NormWaitTimeout as exc:  # the agent aborts the iteration and re-syncs
             raise CommError(str(exc)) from exc
         t1 = time.perf_counter()
         self.stats.settle_wait_s += t1 - t0
@@ -127,7 +132,7 @@ class StageStepper:
         norm = global_norm(sums)
         c = coefficient(norm, self.cfg.clip)
         if c < 1.0:
-            self.snapshots.restore(pend.it)
+            self.snapshots.redo_from(pend.it)
             scale_(pend.grads, c)
             saved = [p.grad for p in self.params]
             for p, g in zip(self.params, pend.grads):
@@ -144,6 +149,17 @@ class StageStepper:
                      f"(waited {(t1 - t0) * 1e3:.2f} ms for the norms)")
         self.snapshots.copy_ahead(pend.it + 1)
 
+    def _leave_if_newer(self, version: int) -> None:
+        if self.newer is not None:
+            plan = self.newer()
+            if plan is not None:
+                raise Superseded(plan)
+        elif self.store.check([_PLAN_COUNTER]):
+            newest = int(self.store.add(_PLAN_COUNTER, 0)) - 1
+            if newest > version:
+                raise CommError(f"plan v{newest} is out while waiting for the gradient "
+                                f"norms of plan v{version}")
+
     def rollback(self, r: int) -> None:
         """Restore the state before step `r` (which this worker took)."""
         self.pending = None  # a step of r or later is undone, settled or not
@@ -153,7 +169,7 @@ class StageStepper:
         """Forget snapshots of iterations >= r (they will be re-run)."""
         if self.pending is not None and self.pending.it >= r:
             self.pending = None
-        self.snapshots.cancel_ahead()  # the state may be replaced now (loaded from a peer)
+        self.snapshots.restart(r)  # buffers as before r's aborted forward, if we have them
         self.snapshots.drop(lambda it: it < r)
 
     def forget_committed(self, committed: int) -> None:
