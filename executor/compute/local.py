@@ -65,6 +65,7 @@ class LocalRunner:
         self.S, self.n = job.stages, job.replicas * job.microbatches
         self.store = dist.HashStore()  # where the stages' gradient norms meet (clipping)
         self.epoch = 0  # plans switched to: the version the norms are keyed by
+        self._it = 0  # the iteration in flight (an aborted one re-runs from its start)
         self.workers: dict[Key, _Worker] = {}
         for w in plan.workers:
             self.workers[w.key] = self._new_worker(w.stage)
