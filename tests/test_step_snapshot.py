@@ -2,6 +2,7 @@
 bit-for-bit, including AdamW's lazily created state, with buffers allocated once."""
 import dataclasses
 
+import pytest
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -11,6 +12,14 @@ from executor.optim.clip import NormBoard, coefficient, global_norm, scale_, sta
 from executor.runtime.stepper import StageStepper
 
 CFG = ModelConfig()
+
+
+@pytest.fixture(autouse=True)
+def one_thread():  # as the workers; idle OpenMP threads spin on a shared machine
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
 
 
 def stage(seed=0) -> tuple[nn.Module, torch.optim.Optimizer]:

@@ -43,6 +43,16 @@ def cfg_for(clip: float = CLIP, **kw) -> ModelConfig:
                        min_lr_ratio=0.2, **kw)
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """The in-process parts use one thread, as every worker does (RECYCLE_THREADS): on a
+    shared machine idle OpenMP threads spinning cost more than they bring at these sizes."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 def one_line_exit_2(r, says):
     err = r.stderr if getattr(r, "stderr", None) else r.output
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]

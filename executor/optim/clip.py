@@ -67,6 +67,9 @@ class NormBoard:
     def publish(self, version: int, it: int, stage: int, sq: float) -> None:
         self.store.set(self.key(version, it, stage), float(sq).hex())
 
+    def forget(self, version: int, it: int, stage: int) -> None:
+        self.store.delete_key(self.key(version, it, stage))
+
     def _keys(self, version: int, it: int) -> list[str]:
         return [self.key(version, it, s) for s in range(self.stages)]
 

@@ -73,6 +73,7 @@ class StageStepper:
                 raise ValueError("clipping by the global norm needs the run's store")
             self.board = NormBoard(store, stages)
         self.pending: Optional[_Pending] = None
+        self.published: list[tuple[int, int]] = []  # (version, iteration) of our norm keys
         self.stats = StepStats()
         # The agent's log (timestamped, per worker); by default the process's stdout,
         # which is the worker's log file.
@@ -97,6 +98,7 @@ class StageStepper:
         if self.board is not None:
             grads = [p.grad for p in self.params]
             self.board.publish(version, it, self.stage, stage_sq_norm(grads))
+            self.published.append((version, it))
             sums = self.board.ready(version, it)
             if sums is None:
                 self.stats.optimistic += 1
@@ -177,6 +179,11 @@ class StageStepper:
         an unsettled step may still have to be redone from)."""
         keep = self.pending.it if self.pending is not None else None
         self.snapshots.drop(lambda it: it > committed or it == keep)
+        if self.board is not None:  # every worker has settled committed - 1: its keys go
+            done = [k for k in self.published if k[1] < committed]
+            self.published = [k for k in self.published if k[1] >= committed]
+            for version, it in done:
+                self.board.forget(version, it, self.stage)
 
     def snapshot_bytes(self) -> int:
         """Extra memory the kept snapshots hold."""
