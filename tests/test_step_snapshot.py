@@ -1,4 +1,4 @@
-"""The pre-step snapshot (executor/optim/snapshot.py) and the stepper's rollback and redo:
+"""The pre-step snapshot (executor/optim/snapshot.py) and the stepper's rollback, redo and settle:
 bit-for-bit, including AdamW's lazily created state, with buffers allocated once."""
 import dataclasses
 
@@ -119,3 +119,35 @@ def test_optimistic_step_redone_under_the_clip_equals_the_clipped_step():
             o.step()
     assert same(state(m1, o1), state(r1, p1)) and same(state(m0, o0), state(r0, p0))
     assert NormBoard(store, 2).ready(0, 1) is not None  # keys: (version, iteration, stage)
+
+
+def test_settle_never_waits_for_a_norm_that_cannot_come():
+    """A stage that failed before publishing its norm: settle() leaves as soon as a newer
+    plan is out (agent hook, or the launcher's plan counter), else after its limit; all
+    as CommError, which the agent turns into an abort and a rollback."""
+    from executor.runtime.comm import CommError, Superseded
+    cfg = dataclasses.replace(CFG, clip=0.5)
+    for how in ("hook", "counter", "limit"):
+        store = dist.HashStore()
+        m, opt = stage()
+        st = StageStepper(m, opt, cfg, 1, 2, store, log=lambda msg: None)
+        set_grads(m, grads(m, 0))
+        st.step(0, 3)  # stage 0 never publishes for (v3, iteration 0)
+        st.wait_s = 0.3 if how == "limit" else 60.0
+        if how == "hook":
+            newer = type("Plan", (), {"version": 4})()
+            st.newer = lambda: newer
+        elif how == "counter":
+            store.add("plan/version", 5)  # rendezvous.publish_plan: newest version + 1
+        with pytest.raises(CommError) as err:
+            st.settle()
+        assert isinstance(err.value, Superseded) == (how == "hook"), err.value
+        st.rollback(0)  # what the agent does on the new plan: the optimistic step is undone
+        assert not any(opt.state.values())
+    # settled iterations' keys leave the store once committed
+    st = StageStepper(*stage(), cfg, 0, 1, store, log=lambda msg: None)
+    for it in range(3):
+        set_grads(st.module, grads(st.module, it))
+        st.step(it, 7)
+    st.forget_committed(2)
+    assert [store.check([NormBoard.key(7, i, 0)]) for i in range(3)] == [False, False, True]
