@@ -70,8 +70,8 @@ def train_cmd(
     from executor.checkpoint import read_checkpoint
     from executor.launch.faults import check_faults, parse_slow
     from executor.launch.launcher import parse_event, parse_stall, train
-    from executor.inputs.train_options import (check_local_workers, check_train_options,
-                                               check_training, grid_of, resume_changes)
+    from executor.inputs.train_options import check_local_workers, check_train_options, grid_of
+    from executor.inputs.train_options import check_training, resume_changes
     from planner.inputs.limits import check_plannable, load_spec
     from planner.job import JobSpec
 
