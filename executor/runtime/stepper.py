@@ -18,6 +18,11 @@ So each stage publishes its squared norm for (plan version, iteration) and then:
     (zero-bubble's optimizer post-validation). Both ways give the very same bits as a
     step with the coefficient known up front: the snapshot restore is exact.
 Counters (`stats`) say how often each case happened and what the redos cost.
+
+Contract with the caller: an optimistic step keeps references to the gradient tensors
+(p.grad at step time) until settle(); the caller may drop them (p.grad = None) but must
+not change them in place before the next settle() (no in-place zeroing or reuse of one
+flat gradient buffer for the next iteration before settle()).
 """
 from __future__ import annotations
 
