@@ -151,3 +151,16 @@ def test_settle_never_waits_for_a_norm_that_cannot_come():
         st.step(it, 7)
     st.forget_committed(2)
     assert [store.check([NormBoard.key(7, i, 0)]) for i in range(3)] == [False, False, True]
+
+
+def test_gradients_changed_before_settle_are_refused_not_used():
+    cfg = dataclasses.replace(CFG, clip=0.5)
+    store = dist.HashStore()
+    m, opt = stage()
+    st = StageStepper(m, opt, cfg, 1, 2, store, log=lambda msg: None)
+    set_grads(m, grads(m, 0))
+    st.step(0, 0)  # optimistic: stage 0's norm is not in
+    next(m.parameters()).grad.zero_()  # e.g. a caller reusing the gradient buffer
+    NormBoard(store, 2).publish(0, 0, 0, 100.0)  # the clip applies: a redo is due
+    with pytest.raises(RuntimeError, match="changed in place"):
+        st.settle()

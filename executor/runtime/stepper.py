@@ -63,6 +63,7 @@ class _Pending:
     it: int
     version: int
     grads: list  # the step's gradients (the agent drops p.grad right after the step)
+    versions: list  # their autograd version counters: an in-place change shows
 
 
 class StageStepper:
@@ -107,7 +108,7 @@ class StageStepper:
             sums = self.board.ready(version, it)
             if sums is None:
                 self.stats.optimistic += 1
-                self.pending = _Pending(it, version, grads)
+                self.pending = _Pending(it, version, grads, _versions(grads))
                 final = False
             else:
                 self.stats.exact += 1
@@ -136,6 +137,9 @@ class StageStepper:
         t1 = time.perf_counter()
         self.stats.settle_wait_s += t1 - t0
         self.pending = None
+        if _versions(pend.grads) != pend.versions:  # a redo from them would be wrong
+            raise RuntimeError(f"the gradients of step {pend.it} changed in place before "
+                               "settle(): the stepper's contract (module docstring)")
         norm = global_norm(sums)
         c = coefficient(norm, self.cfg.clip)
         if c < 1.0:
@@ -196,3 +200,7 @@ class StageStepper:
 
     def held(self) -> Optional[int]:
         return max(self.snapshots.held) if self.snapshots.held else None
+
+
+def _versions(grads) -> list:
+    return [g._version if g is not None else None for g in grads]
