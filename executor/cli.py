@@ -37,7 +37,7 @@ def train_cmd(
     stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
     summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
     reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),
-    resume: Optional[str] = typer.Option(None, "--resume", help="continue from this checkpoint directory (or the newest one under it); --lr, if it differs, is honoured"),
+    resume: Optional[str] = typer.Option(None, "--resume", help="continue from this checkpoint directory (or the newest one under it); --lr and the other training settings (schedule, --iterations, --clip, --precision), if they differ, are honoured"),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", "--checkpoint", help="where checkpoints (torch.distributed.checkpoint) go (default: RUN_DIR/checkpoints)"),
     checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
@@ -59,7 +59,7 @@ def train_cmd(
     precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (autocast; fp32 master weights and gradients)"),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine decay to --min-lr-ratio x --lr after --warmup"),
     warmup: int = typer.Option(0, "--warmup", help="iterations of linear learning-rate warm-up"),
-    min_lr_ratio: float = typer.Option(0.1, "--min-lr-ratio", help="cosine floor as a fraction of --lr"),
+    min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="cosine floor as a fraction of --lr [default: 0.1]"),
     clip: float = typer.Option(0.0, "--clip", help="clip gradients to this global norm over the whole model (0: off)"),
     data: Optional[str] = typer.Option(None, "--data", help="token file from `recycle data prepare` (default: the model's synthetic data)"),
     split: str = typer.Option("layers", "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the profiled per-layer cost, needs --job from `recycle profile`)"),
@@ -72,6 +72,7 @@ def train_cmd(
     from executor.launch.faults import check_faults, parse_slow
     from executor.launch.launcher import parse_event, parse_stall, train
     from executor.inputs.train_options import check_local_workers, check_train_options, grid_of
+    from executor.inputs.train_options import check_training, resume_changes
     from planner.inputs.limits import check_plannable, load_spec
     from planner.job import JobSpec
 
@@ -85,6 +86,9 @@ def train_cmd(
                             summary=summary, checkpoint=None, d_model=d_model,
                             layers=layers, heads=heads, seq_len=seq_len,
                             micro_batch_size=micro_batch_size, vocab=vocab, lr=lr)
+        min_lr_ratio = check_training(precision=precision, lr_schedule=lr_schedule,
+                                      warmup=warmup, min_lr_ratio=min_lr_ratio, clip=clip,
+                                      iterations=iterations)
         cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr,
                      precision=precision, lr_schedule=lr_schedule, warmup_iters=warmup,
                      total_iters=iterations, min_lr_ratio=min_lr_ratio, clip=clip,
@@ -131,9 +135,8 @@ def train_cmd(
             workload = with_data(workload, cfg)
         if resume:
             where, man = read_checkpoint(resume, spec, cfg, iterations, model)
-            if man.model.get("lr") != cfg.lr:
-                console.print(f"resuming {where} with --lr {cfg.lr:g} (it trained with "
-                              f"{man.model.get('lr')!r})")
+            for note in resume_changes(man.model, cfg):
+                console.print(f"resuming {where} with {note}")
     if reference:
         from executor.compute.reference import train_reference
         result = train_reference(cfg, replicas, microbatches, iterations, stages,

@@ -1,9 +1,11 @@
 """The manifest of a checkpoint (recycle.json) and the checks `--resume` makes on it.
 
 Resuming must continue the same training: the grid (D, S, M) and every model field that
-shapes parameters or data must match, else exit 2 with the field named. The learning
-rate is the one exception: `--lr` on resume is honoured (the optimizer's saved lr is
-replaced), so a run can be continued with another rate; the CLI says so when it differs.
+shapes parameters or data must match, else exit 2 with the field named. The training
+settings applied afresh at every step are the exception (RESUMABLE): the learning rate
+and its schedule (the rate is a pure function of the iteration, set before each step),
+the schedule's horizon total_iters (a longer run), clipping and precision. A resume may
+change them; the CLI says which differ.
 """
 from __future__ import annotations
 
@@ -15,7 +17,8 @@ from typing import Optional
 FORMAT = "recycle.ckpt/v2"
 MANIFEST = "recycle.json"
 # Model fields that may differ on resume (honoured); any other difference is refused.
-RESUMABLE = {"lr"}
+RESUMABLE = {"lr", "total_iters", "lr_schedule", "warmup_iters", "min_lr_ratio", "clip",
+             "precision"}
 FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "weight_decay": "weight decay",
          "betas": "Adam betas", "workload": "--model"}
 

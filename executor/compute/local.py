@@ -14,6 +14,10 @@ failures_by_iteration maps an iteration to either
     plan is solved for the grown failed set, and the iteration re-runs from the start;
   * a Plan to switch to at the start of it (e.g. a worker coming back: it copies its
     stage's parameters and optimizer state from a live peer, DESIGN section 6).
+
+Each worker steps through the workers' own StageStepper (learning-rate schedule,
+clipping by the global norm with optimistic steps and redos), the stages' norms meeting
+in an in-process c10d HashStore; every step is settled at the end of its iteration.
 """
 from __future__ import annotations
 
@@ -22,11 +26,13 @@ from dataclasses import dataclass
 from typing import Mapping, Optional, Sequence, Union
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.reference import Summary, checksum, snapshot
 from executor.compute.stage import StageCompute
+from executor.runtime.stepper import StageStepper
 from planner.solvers.backends import solve
 from planner.plan import Plan
 from planner.solvers.timeline import Mode
@@ -44,6 +50,7 @@ class _Worker:
     module: nn.Module
     compute: StageCompute
     opt: torch.optim.Optimizer
+    stepper: StageStepper
 
 
 def _mode(plan: Plan) -> Mode:
@@ -56,6 +63,9 @@ class LocalRunner:
         self.cfg, self.wl, self.plan = cfg, workload, plan
         job = plan.job
         self.S, self.n = job.stages, job.replicas * job.microbatches
+        self.store = dist.HashStore()  # where the stages' gradient norms meet (clipping)
+        self.epoch = 0  # plans switched to: the version the norms are keyed by
+        self._it = 0  # the iteration in flight (an aborted one re-runs from its start)
         self.workers: dict[Key, _Worker] = {}
         for w in plan.workers:
             self.workers[w.key] = self._new_worker(w.stage)
@@ -63,8 +73,11 @@ class LocalRunner:
     def _new_worker(self, stage: int) -> _Worker:
         module = self.wl.build_stage(self.cfg, stage, self.S)
         compute = StageCompute(module, stage == 0, stage == self.S - 1, 1.0 / self.n,
-                               loss_fn=self.wl.loss_fn)
-        return _Worker(module, compute, self.wl.make_optimizer(self.cfg, module.parameters()))
+                               loss_fn=self.wl.loss_fn, precision=self.cfg.precision)
+        opt = self.wl.make_optimizer(self.cfg, module.parameters())
+        stepper = StageStepper(module, opt, self.cfg, stage, self.S, self.store,
+                               log=lambda msg: None)
+        return _Worker(module, compute, opt, stepper)
 
     # ---- plan changes (at iteration boundaries only) --------------------------------
     def switch(self, plan: Plan) -> None:
@@ -83,8 +96,11 @@ class LocalRunner:
             w.opt.load_state_dict(copy.deepcopy(donor.opt.state_dict()))
             self.workers[key] = w
         self.plan = plan
+        self.epoch += 1
 
     def fail(self, failed: Sequence[Sequence[int]]) -> None:
+        for w in self.workers.values():  # the aborted iteration re-runs from its start
+            w.stepper.keep_before(self._it)
         dead = {tuple(f) for f in failed}
         union = sorted({tuple(f) for f in self.plan.failed} | dead)
         self.switch(solve(self.plan.job, union, solver="greedy", mode=_mode(self.plan)))
@@ -92,6 +108,7 @@ class LocalRunner:
     # ---- one iteration --------------------------------------------------------------
     def iteration(self, it: int, abort_midway: bool = False) -> float:
         plan, S = self.plan, self.S
+        self._it = it
         queues = {w.key: list(w.actions) for w in plan.workers}
         pos = {k: 0 for k in queues}
         acts: dict[Key, torch.Tensor] = {}   # (stage, g) -> output of that stage
@@ -132,7 +149,7 @@ class LocalRunner:
             w = self.workers[key]
             if a.op == "OPT":
                 peers = sorted(k for k in queues if k[1] == s)
-                self._all_reduce_step([self.workers[k] for k in peers])
+                self._all_reduce_step([self.workers[k] for k in peers], it)
                 for k in peers:
                     pos[k] += 1
                 continue
@@ -158,10 +175,12 @@ class LocalRunner:
             done += 1
         if sorted(losses) != list(range(self.n)):
             raise RuntimeError(f"iteration {it} computed losses for {sorted(losses)}")
+        for w in self.workers.values():  # every stage's norm is in: steps become final
+            w.stepper.settle()
+            w.stepper.forget_committed(it)
         return sum(losses[g] for g in range(self.n)) / self.n
 
-    @staticmethod
-    def _all_reduce_step(peers: list[_Worker]) -> None:
+    def _all_reduce_step(self, peers: list[_Worker], it: int) -> None:
         """OPT: sum each parameter's gradient over the live peers (fixed order, so every
         peer gets the identical sum), then step each peer's optimizer."""
         for w in peers:
@@ -177,7 +196,7 @@ class LocalRunner:
             for p in params:
                 p.grad = total.clone()
         for w in peers:
-            w.opt.step()
+            w.stepper.step(it, self.epoch)
             w.compute.zero_grad()
 
     def summary(self, losses: list[float]) -> Summary:

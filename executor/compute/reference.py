@@ -2,9 +2,13 @@
 
 Iteration i trains on micro-batches g = 0..D*M-1 of data.microbatch(cfg, i, g), each loss
 scaled by 1/(D*M), one AdamW per stage (AdamW is element-wise, so per-stage optimizers
-equal one optimizer over the whole model; no clipping, which would need a barrier across
-stages). The layers run their native ops here (no deferred W), so this also checks the
-I/W split of every distributed or local run against ordinary autograd.
+equal one optimizer over the whole model), at the learning rate of iteration i
+(optim/schedule.py), with gradients clipped by the global norm over all stages
+(optim/clip.py: per-stage float64 sums added in stage order, as the workers do).
+bf16: each stage's forward (and the loss) runs under autocast, as StageCompute does, so
+the stage boundaries see the same dtypes. The layers run their native ops here (no
+deferred W), so this also checks the I/W split of every distributed or local run against
+ordinary autograd.
 """
 from __future__ import annotations
 
@@ -16,6 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.compute.stage import autocast
+from executor.optim.clip import coefficient, global_norm, scale_, stage_sq_norm
+from executor.optim.schedule import lr_at, set_lr
 
 
 @dataclass
@@ -30,6 +37,8 @@ class Summary:
     # Multi-process runs: each plan version trained under (version, failed, speeds,
     # incarnations, first iteration, micro-batches per worker), so a run can be checked.
     plans: Optional[list[dict]] = field(default=None, compare=False)
+    # The reference: global gradient norm per iteration (before clipping); not serialised.
+    grad_norms: Optional[list[float]] = field(default=None, compare=False)
 
     def to_json(self) -> str:
         d = {"losses": self.losses, "param_checksums": self.param_checksums}
@@ -98,19 +107,28 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
     opts = [wl.make_optimizer(cfg, m.parameters()) for m in modules]
     n = replicas * microbatches
     scale = 1.0 / n
-    losses = []
+    losses, norms = [], []
     for it in range(iterations):
         total = 0.0
         for g in range(n):
             x, targets = wl.microbatch(cfg, it, g)
-            for m in modules:
-                x = m(x)
-            loss = wl.loss_fn(x, targets)
+            for s, m in enumerate(modules):
+                with autocast(cfg.precision, x.device):
+                    x = m(x)
+                    if s == stages - 1:
+                        x = wl.loss_fn(x, targets)
+            loss = x
             (loss * scale).backward()
             total += float(loss.detach())
         losses.append(total / n)
-        for opt in opts:
+        grads = [[p.grad for p in m.parameters()] for m in modules]
+        norms.append(global_norm([stage_sq_norm(gs) for gs in grads]))
+        c = coefficient(norms[-1], cfg.clip) if cfg.clip > 0 else 1.0
+        for opt, gs in zip(opts, grads):
+            if c < 1.0:
+                scale_(gs, c)
+            set_lr(opt, lr_at(cfg, it))
             opt.step()
             opt.zero_grad(set_to_none=True)
     return Summary(losses=losses, param_checksums=[checksum(m) for m in modules],
-                   state=[snapshot(m) for m in modules])
+                   state=[snapshot(m) for m in modules], grad_norms=norms)

@@ -61,3 +61,50 @@ def check_local_workers(replicas: int, stages: int) -> None:
         raise ValueError(f"{replicas}x{stages} = {replicas * stages} worker processes on this "
                          f"machine is over {MAX_LOCAL_WORKERS}; run them under torchrun "
                          f"with --external")
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+def check_training(*, precision: str, lr_schedule: str, warmup: int,
+                   min_lr_ratio: Optional[float], clip: float, iterations: int) -> float:
+    """--precision, --lr-schedule, --warmup, --min-lr-ratio and --clip (docs/executor.md,
+    "Training features"). Returns the cosine floor to use (--min-lr-ratio or 0.1)."""
+    from executor.optim.schedule import SCHEDULES
+    if precision not in PRECISIONS:
+        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+    if lr_schedule not in SCHEDULES:
+        raise ValueError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, "
+                         f"not {lr_schedule!r}")
+    if warmup < 0:
+        raise ValueError(f"--warmup must be 0 or more iterations, not {warmup}")
+    if not (math.isfinite(clip) and clip >= 0):
+        raise ValueError(f"--clip must be a finite norm >= 0 (0: off), not {clip:g}")
+    if min_lr_ratio is not None:
+        if lr_schedule != "cosine":
+            raise ValueError("--min-lr-ratio sets the floor of --lr-schedule cosine; "
+                             f"it does nothing with {lr_schedule!r}")
+        if not 0 <= min_lr_ratio <= 1:  # NaN fails both comparisons
+            raise ValueError(f"--min-lr-ratio must be within [0, 1], not {min_lr_ratio:g}")
+    if lr_schedule == "cosine" and warmup >= iterations:
+        raise ValueError(f"--warmup {warmup} leaves no iteration for the cosine decay of "
+                         f"--iterations {iterations}: use fewer warm-up iterations")
+    return 0.1 if min_lr_ratio is None else float(min_lr_ratio)
+
+
+# Training settings a resume may change: each is applied per step from the config, so
+# the continued run honours it from its first iteration on (checkpoint/manifest.py).
+TRAINING_FLAGS = {"lr": "--lr", "total_iters": "--iterations (the schedule's horizon)",
+                  "lr_schedule": "--lr-schedule", "warmup_iters": "--warmup",
+                  "min_lr_ratio": "--min-lr-ratio", "clip": "--clip",
+                  "precision": "--precision"}
+
+
+def resume_changes(saved: dict, cfg) -> list[str]:
+    """What this resumed run trains differently from its checkpoint, one note each."""
+    mine = cfg.to_dict()
+    from executor.compute.model import ModelConfig  # checkpoints from before a field
+    theirs = {**ModelConfig().to_dict(), **saved}
+    return [f"{flag} {mine[k]!r} (it trained with {theirs[k]!r})"
+            for k, flag in TRAINING_FLAGS.items() if mine[k] != theirs[k]
+            and not (k == "total_iters" and cfg.lr_schedule == "constant")]  # unused then

@@ -1,68 +1,206 @@
 """The optimizer step of one stage worker, and the pre-step state rollback restores.
 
 The agent hands over a stage whose gradients are already summed over its live peers;
-the stepper keeps what a later rollback to "before step it" needs and steps. `settle()`
-is called wherever the post-step parameters are about to be used or published (the
-next iteration's first action, entering a plan, a checkpoint, the final checksum): a
-step that must be corrected after the fact (gradient clipping by a norm other stages
-contribute to) is corrected there.
+the stepper keeps what a later rollback to "before step it" needs (optim/snapshot.py:
+pre-allocated slots, one foreach copy), sets the iteration's learning rate (a pure
+function of `it`, optim/schedule.py) and steps.
+
+Clipping by the global norm (cfg.clip > 0, optim/clip.py) needs every stage's gradient
+norm, and the staggered optimizer steps each stage as soon as its own all-reduce is done.
+So each stage publishes its squared norm for (plan version, iteration) and then:
+  * if every stage's norm is already in the store (a stage that steps late, typically
+    stage 0), it steps once with the exact clip coefficient;
+  * otherwise it steps optimistically, as if the clip did not apply, and keeps the
+    gradients. `settle()` -- called wherever the post-step parameters are about to be
+    used or published (the next iteration's first action, entering a plan, a checkpoint,
+    the final checksum) -- reads the norms (by then they are nearly always there) and, if
+    the clip applies, redoes the step from the pre-step snapshot with scaled gradients
+    (zero-bubble's optimizer post-validation). Both ways give the very same bits as a
+    step with the coefficient known up front: the snapshot restore is exact.
+Counters (`stats`) say how often each case happened and what the redos cost.
+
+Contract with the caller: an optimistic step keeps references to the gradient tensors
+(p.grad at step time) until settle(); the caller may drop them (p.grad = None) but must
+not change them in place before the next settle() (no in-place zeroing or reuse of one
+flat gradient buffer for the next iteration before settle()).
 """
 from __future__ import annotations
 
-import copy
-from typing import Optional
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable, Optional
 
 import torch
 from torch import nn
 
+from executor.optim.clip import NormBoard, NormWaitTimeout, coefficient, global_norm, scale_, stage_sq_norm
+from executor.optim.schedule import lr_at, set_lr
+from executor.optim.snapshot import StageSnapshots
+from executor.runtime.comm import CommError, Superseded
+
+_PLAN_COUNTER = "plan/version"  # rendezvous.publish_plan's: newest version + 1
+
+
+@dataclass
+class StepStats:
+    steps: int = 0
+    exact: int = 0  # clip: every norm was in at the step, no redo possible
+    optimistic: int = 0  # clip: stepped before some stage's norm was in
+    redos: int = 0  # optimistic steps the clip then applied to: redone
+    redo_s: float = 0.0  # wall time of the redos (restore + scale + step)
+    settle_wait_s: float = 0.0  # wall time settle() waited for other stages' norms
+    snapshot_s: float = 0.0  # wall time taking pre-step snapshots (host side)
+    step_s: float = 0.0  # wall time of the optimizer steps themselves (redos excluded)
+
+    def line(self) -> str:
+        d = asdict(self)
+        return " ".join(f"{k}={v:.4f}" if isinstance(v, float) else f"{k}={v}"
+                        for k, v in d.items())
+
+
+@dataclass
+class _Pending:
+    it: int
+    version: int
+    grads: list  # the step's gradients (the agent drops p.grad right after the step)
+    versions: list  # their autograd version counters: an in-place change shows
+
 
 class StageStepper:
     def __init__(self, module: nn.Module, opt: torch.optim.Optimizer, cfg, stage: int,
-                 stages: int, store=None):
+                 stages: int, store=None, *, log: Optional[Callable[[str], None]] = None):
         self.module, self.opt, self.cfg = module, opt, cfg
         self.stage, self.stages, self.store = stage, stages, store
-        self.snapshots: dict[int, tuple[dict, dict]] = {}  # iteration -> pre-step state
+        self.params = [p for group in opt.param_groups for p in group["params"]]
+        self.snapshots = StageSnapshots(module, opt)
+        self.board: Optional[NormBoard] = None
+        if cfg.clip > 0:
+            if store is None:
+                raise ValueError("clipping by the global norm needs the run's store")
+            self.board = NormBoard(store, stages)
+        self.pending: Optional[_Pending] = None
+        self.published: list[tuple[int, int]] = []  # (version, iteration) of our norm keys
+        self.stats = StepStats()
+        # The agent's log (timestamped, per worker); by default the process's stdout,
+        # which is the worker's log file.
+        self.log = log or (lambda msg: print(f"[stage {stage}] {msg}", flush=True))
+        # Polled while settle() waits for other stages' norms: returns a newer plan or
+        # None (the agent's `lambda: self._next_plan(0)`). A newer plan means a stage
+        # failed before publishing its norm: leave (Superseded) and roll back. Without
+        # it, the in-process launcher's plan counter in the store is watched instead.
+        self.newer: Optional[Callable[[], object]] = None
+        timeout = getattr(store, "timeout", None)
+        self.wait_s = max(3 * timeout.total_seconds(), 5.0) if timeout else 60.0
 
     def step(self, it: int, version: int) -> None:
         """Snapshot the pre-step state of iteration `it`, then step (plan `version`)."""
-        self.snapshots[it] = ({k: v.detach().clone() for k, v in self.module.state_dict().items()},
-                              copy.deepcopy(self.opt.state_dict()))
+        if self.pending is not None:
+            self.settle()  # defensive: a step is always taken from a final state
+        t0 = time.perf_counter()
+        self.snapshots.capture(it)
+        t1 = time.perf_counter()
+        set_lr(self.opt, lr_at(self.cfg, it))
+        final = True
+        if self.board is not None:
+            grads = [p.grad for p in self.params]
+            self.board.publish(version, it, self.stage, stage_sq_norm(grads))
+            self.published.append((version, it))
+            sums = self.board.ready(version, it)
+            if sums is None:
+                self.stats.optimistic += 1
+                self.pending = _Pending(it, version, grads, _versions(grads))
+                final = False
+            else:
+                self.stats.exact += 1
+                c = coefficient(global_norm(sums), self.cfg.clip)
+                if c < 1.0:
+                    scale_(grads, c)
         self.opt.step()
+        self.stats.steps += 1
+        self.stats.snapshot_s += t1 - t0
+        self.stats.step_s += time.perf_counter() - t1
+        if final:
+            self.snapshots.copy_ahead(it + 1)
 
     def settle(self) -> None:
-        """Make the last step final before its parameters are used (no-op without clipping)."""
+        """Make the last step final before its parameters are used: if it was taken
+        optimistically and the global norm says the clip applies, redo it."""
+        pend = self.pending
+        if pend is None:
+            return
+        t0 = time.perf_counter()
+        try:
+            sums = self.board.wait(pend.version, pend.it, self.wait_s,
+                                   lambda: self._leave_if_newer(pend.version))
+        except NormWaitTimeout as exc:  # the agent aborts the iteration and re-syncs
+            raise CommError(str(exc)) from exc
+        t1 = time.perf_counter()
+        self.stats.settle_wait_s += t1 - t0
+        self.pending = None
+        if _versions(pend.grads) != pend.versions:  # a redo from them would be wrong
+            raise RuntimeError(f"the gradients of step {pend.it} changed in place before "
+                               "settle(): the stepper's contract (module docstring)")
+        norm = global_norm(sums)
+        c = coefficient(norm, self.cfg.clip)
+        if c < 1.0:
+            self.snapshots.redo_from(pend.it)
+            scale_(pend.grads, c)
+            saved = [p.grad for p in self.params]
+            for p, g in zip(self.params, pend.grads):
+                p.grad = g
+            set_lr(self.opt, lr_at(self.cfg, pend.it))
+            self.opt.step()
+            for p, g in zip(self.params, saved):
+                p.grad = g
+            dt = time.perf_counter() - t1
+            self.stats.redos += 1
+            self.stats.redo_s += dt
+            self.log(f"clip: redid step {pend.it} (plan v{pend.version}): global norm "
+                     f"{norm:.6g} > {self.cfg.clip:g}, x{c:.6g}, {dt * 1e3:.2f} ms "
+                     f"(waited {(t1 - t0) * 1e3:.2f} ms for the norms)")
+        self.snapshots.copy_ahead(pend.it + 1)
+
+    def _leave_if_newer(self, version: int) -> None:
+        if self.newer is not None:
+            plan = self.newer()
+            if plan is not None:
+                raise Superseded(plan)
+        elif self.store.check([_PLAN_COUNTER]):
+            newest = int(self.store.add(_PLAN_COUNTER, 0)) - 1
+            if newest > version:
+                raise CommError(f"plan v{newest} is out while waiting for the gradient "
+                                f"norms of plan v{version}")
 
     def rollback(self, r: int) -> None:
         """Restore the state before step `r` (which this worker took)."""
-        sd, osd = self.snapshots[r]
-        self.module.load_state_dict(sd)
-        self.opt.load_state_dict(osd)
+        self.pending = None  # a step of r or later is undone, settled or not
+        self.snapshots.restore(r)
 
     def keep_before(self, r: int) -> None:
         """Forget snapshots of iterations >= r (they will be re-run)."""
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k < r}
+        if self.pending is not None and self.pending.it >= r:
+            self.pending = None
+        self.snapshots.restart(r)  # buffers as before r's aborted forward, if we have them
+        self.snapshots.drop(lambda it: it < r)
 
     def forget_committed(self, committed: int) -> None:
-        """Forget snapshots of iterations every live worker has stepped."""
-        self.snapshots = {k: v for k, v in self.snapshots.items() if k > committed}
+        """Forget snapshots of iterations every live worker has stepped (except the one
+        an unsettled step may still have to be redone from)."""
+        keep = self.pending.it if self.pending is not None else None
+        self.snapshots.drop(lambda it: it > committed or it == keep)
+        if self.board is not None:  # every worker has settled committed - 1: its keys go
+            done = [k for k in self.published if k[1] < committed]
+            self.published = [k for k in self.published if k[1] >= committed]
+            for version, it in done:
+                self.board.forget(version, it, self.stage)
 
     def snapshot_bytes(self) -> int:
         """Extra memory the kept snapshots hold."""
-        total = 0
-        for sd, osd in self.snapshots.values():
-            for t in _tensors(sd) + _tensors(osd):
-                total += t.numel() * t.element_size()
-        return total
+        return self.snapshots.held_bytes()
 
     def held(self) -> Optional[int]:
-        return max(self.snapshots) if self.snapshots else None
+        return max(self.snapshots.held) if self.snapshots.held else None
 
 
-def _tensors(obj) -> list:
-    if isinstance(obj, torch.Tensor):
-        return [obj]
-    if isinstance(obj, dict):
-        return [t for v in obj.values() for t in _tensors(v)]
-    if isinstance(obj, (list, tuple)):
-        return [t for v in obj for t in _tensors(v)]
-    return []
+def _versions(grads) -> list:
+    return [g._version if g is not None else None for g in grads]

@@ -1,0 +1,105 @@
+"""Clipping by the global gradient norm over the whole model, computed identically in the
+workers and the reference.
+
+Each stage contributes the float64 sum of its gradients' squares (per tensor in float64,
+then summed in parameter order); the global norm is the square root of the stage sums
+added in stage order. The coefficient is torch.nn.utils.clip_grad_norm_'s:
+max_norm / (norm + 1e-6), applied only when below 1 (multiplying by 1.0 changes no bit).
+
+In a pipeline each stage's sum lives in another process, and a stage steps as soon as its
+own all-reduce is done (staggered optimizer). Waiting for every stage's sum before stepping
+would be a cross-stage barrier. `NormBoard` is where the sums meet: each stage's workers
+publish theirs in the run's c10d store under (plan version, iteration, stage) (identical
+on every peer: it is taken after the all-reduce) and read the others' when they are there
+(no wait) or when the step must be final (runtime/stepper.py). Keys carry the plan version
+because a rolled-back iteration re-runs under a new version with other gradients.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable, Optional, Sequence
+
+import torch
+from torch import Tensor
+
+EPS = 1e-6  # clip_grad_norm_'s
+
+
+def stage_sq_norm(grads: Sequence[Optional[Tensor]]) -> float:
+    """Sum of squares of a stage's gradients, in float64, in parameter order."""
+    total = 0.0
+    for g in grads:
+        if g is not None:
+            total += float(g.detach().double().pow(2).sum())
+    return total
+
+
+def global_norm(stage_sums: Sequence[float]) -> float:
+    return math.sqrt(sum(stage_sums))
+
+
+def coefficient(norm: float, max_norm: float) -> float:
+    """The factor gradients are scaled by (1.0: the clip does not apply)."""
+    return min(1.0, max_norm / (norm + EPS))
+
+
+def scale_(grads: Sequence[Optional[Tensor]], c: float) -> None:
+    for g in grads:
+        if g is not None:
+            g.mul_(c)
+
+
+class NormWaitTimeout(RuntimeError):
+    """Some stage's sum did not come (it failed before its all-reduce finished)."""
+
+
+class NormBoard:
+    """The stages' squared gradient norms of one run, in a c10d store."""
+
+    def __init__(self, store, stages: int):
+        self.store, self.stages = store, stages
+
+    @staticmethod
+    def key(version: int, it: int, stage: int) -> str:
+        return f"recycle/clip/v{version}/i{it}/s{stage}"
+
+    def publish(self, version: int, it: int, stage: int, sq: float) -> None:
+        self.store.set(self.key(version, it, stage), float(sq).hex())
+
+    def forget(self, version: int, it: int, stage: int) -> None:
+        self.store.delete_key(self.key(version, it, stage))
+
+    def _keys(self, version: int, it: int) -> list[str]:
+        return [self.key(version, it, s) for s in range(self.stages)]
+
+    def _read(self, keys: list[str]) -> list[float]:
+        return [float.fromhex(v.decode()) for v in self.store.multi_get(keys)]
+
+    def ready(self, version: int, it: int) -> Optional[list[float]]:
+        """Every stage's sum if all are in already (one round trip, never waits)."""
+        keys = self._keys(version, it)
+        return self._read(keys) if self.store.check(keys) else None
+
+    def wait(self, version: int, it: int, limit_s: float,
+             interrupt: Optional[Callable[[], None]] = None, check_s: float = 0.2) -> list[float]:
+        """Every stage's sum, waiting up to limit_s; every check_s `interrupt()` is called
+        and may raise (a newer plan is out: this iteration will be rolled back anyway).
+        Polls with check(), backing off to 2 ms (a round trip of ~0.1 ms each; the wait
+        usually ends within one backward of another stage): store.wait would return at
+        once but logs a C++ warning at every timeout, i.e. at every interrupt check."""
+        keys = self._keys(version, it)
+        start = checked = time.monotonic()
+        pause = 0.0002
+        while not self.store.check(keys):
+            now = time.monotonic()
+            if interrupt is not None and now - checked >= check_s:
+                checked = now
+                interrupt()
+            if now - start >= limit_s:
+                missing = [s for s, k in enumerate(keys) if not self.store.check([k])]
+                raise NormWaitTimeout(f"gradient norms of stages {missing} for iteration {it} "
+                                      f"(plan v{version}) did not come within {limit_s:g} s")
+            time.sleep(pause)
+            pause = min(2 * pause, 0.002)
+        return self._read(keys)
