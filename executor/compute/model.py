@@ -45,7 +45,7 @@ class ModelConfig:
     precision: str = "fp32"  # fp32 or bf16 (autocast; fp32 master weights and gradients)
     lr_schedule: str = "constant"  # constant or cosine (after warmup_iters of linear warm-up)
     warmup_iters: int = 0
-    total_iters: int = 0  # cosine horizon (0: the run's --iterations)
+    total_iters: int = 0  # cosine horizon (`recycle train` sets it to --iterations)
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     clip: float = 0.0  # clip gradients to this global norm over the whole model (0: off)
     data: str = ""  # token file (`recycle data prepare`); empty: the workload's own data

@@ -63,7 +63,8 @@ class Agent:
         self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
                                     1.0 / job.num_microbatches, workload.loss_fn,
                                     precision=cfg.precision)
-        self.stepper = StageStepper(self.module, self.opt, cfg, s, self.S, store)
+        self.stepper = StageStepper(self.module, self.opt, cfg, s, self.S, store, log=self.log)
+        self.stepper.newer = lambda: self._next_plan(0)  # a settle() wait leaves for a newer plan
         if resume_part is not None:  # this stage's DCP part of the checkpoint resumed from
             load_stage(self.module, self.opt, resume_part, lr=cfg.lr)
         self.inc = incarnation  # which process of this worker we are (membership)
@@ -137,6 +138,7 @@ class Agent:
             self.log(f"training halted: {exc}")
             return 0
         finally:
+            self.log(f"optimizer: {self.stepper.stats.line()}")
             self.finish_checkpoint()  # the last iteration's part, before the process ends
             if self.world is not None:
                 self.world.close()
