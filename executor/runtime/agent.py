@@ -34,12 +34,13 @@ import torch
 
 from executor.checkpoint import load_stage, save_state, stage_state
 from executor.checkpoint.manifest import iteration_dir
-from executor.runtime.comm import BWD, FWD, CommError, Superseded, World
+from executor.runtime.comm import CommError, Superseded, World
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
 from executor.compute.reference import checksum
 from executor.compute.stage import StageCompute
 from executor.runtime.stepper import StageStepper
+from executor.runtime.wire import ActivationSpecError
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan
 
@@ -76,7 +77,6 @@ class Agent:
         self.world: Optional[World] = None
         self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
         self._saver: Optional[threading.Thread] = None  # the checkpoint part being written
-        self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.d_model)
         self._batches: dict[int, tuple] = {}
         # Iterations in which an injected fault may target us: at their mid-point we wait
         # for the coordinator's go-ahead, so the signal lands mid-iteration.
@@ -136,10 +136,23 @@ class Agent:
         except TrainingHalted as exc:
             self.log(f"training halted: {exc}")
             return 0
+        except ActivationSpecError as exc:  # the model is wrong: no plan can help
+            return self._fatal(str(exc))
         finally:
             self.finish_checkpoint()  # the last iteration's part, before the process ends
             if self.world is not None:
                 self.world.close()
+
+    def _fatal(self, reason: str) -> int:
+        """Halt the run with `reason` (the coordinator publishes the halt), then exit 2.
+        Waits a little for the halt so that our exit is not taken for a failure first."""
+        self.log(f"fatal: {reason}")
+        self.source.send("fatal", reason=reason)
+        try:
+            self.source.wait_for_plan(10 ** 9, 4 * self.timeout_s)
+        except TrainingHalted:
+            pass
+        return 2
 
     def _role(self, plan: Plan) -> str:
         """Membership (docs/executor.md): 'enter' the plan if it admits this very process,
@@ -305,21 +318,21 @@ class Agent:
         if s == 0:
             x = self._batch(it, g)[0]
         else:
-            x = self.world.recv(self.act_shape, (plan.routes[g][s - 1], s - 1), it, g, FWD)
+            x = self.world.recv_activation(s - 1, (plan.routes[g][s - 1], s - 1), it, g)
         targets = self._batch(it, g)[1] if s == self.S - 1 else None
         out = self._timed(self.compute.forward, g, x, targets)
         if s < self.S - 1:
-            self.world.send(out, (plan.routes[g][s + 1], s + 1), it, g, FWD)
+            self.world.send_activation(out, s, (plan.routes[g][s + 1], s + 1), it, g)
 
     def _backward(self, plan: Plan, it: int, g: int, op: str) -> None:
         s = self.me[1]
         grad = None
         if s < self.S - 1:
-            grad = self.world.recv(self.act_shape, (plan.routes[g][s + 1], s + 1), it, g, BWD)
+            grad = self.world.recv_grad(s, (plan.routes[g][s + 1], s + 1), it, g)
         fn = self.compute.backward_input if op == "I" else self.compute.backward_full
         gx = self._timed(fn, g, grad)
         if s > 0:
-            self.world.send(gx, (plan.routes[g][s - 1], s - 1), it, g, BWD)
+            self.world.send_grad(gx, s - 1, (plan.routes[g][s - 1], s - 1), it, g)
 
     def _timed(self, fn, *args):
         """Compute, timed for the straggler detector: on CPU by the thread's CPU time (wall
