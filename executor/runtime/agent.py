@@ -288,12 +288,12 @@ class Agent:
         if sync:  # wall times, for the check that no iteration starts before all stepped
             self.log(f"iteration {it} entered at {time.time():.6f}")
         for k, a in enumerate(wp.actions):
-            if k == half:
-                wait = it in self.fault_iterations
-                # pid and host: a torchrun'd worker on the coordinator's host can be signalled
-                self.source.send("mid", it=it, wait=wait, pid=os.getpid(), host=HOST)
-                if wait:  # an injected signal may be due: let it land right here
-                    self.source.await_go(it, 4 * self.timeout_s)
+            if k == half and it in self.fault_iterations:
+                # An injected signal may be due: tell the coordinator (pid and host: a
+                # torchrun'd worker on its host can be signalled) and let it land right here.
+                # Only then: a store round trip per iteration on the critical path otherwise.
+                self.source.send("mid", it=it, wait=True, pid=os.getpid(), host=HOST)
+                self.source.await_go(it, 4 * self.timeout_s)
             if a.op == "F":
                 self._forward(plan, it, a.microbatch)
             elif a.op in ("I", "B"):
@@ -357,21 +357,26 @@ class Agent:
         On the last stage the per-micro-batch losses ride along in the same all-reduce
         (each g has one contributor, so the sum is exact): every last-stage peer that
         stepped can report all of the iteration's losses, even if the peer that computed
-        some of them dies right after."""
+        some of them dies right after. A stage with one live worker has nothing to sum:
+        no flattening, no copy back."""
         params = list(self.module.parameters())
-        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
         last = self.me[1] == self.S - 1
-        if last:
-            lv = torch.zeros(self.job.num_microbatches, device=self.device)
-            for g, v in self.compute.losses().items():
-                lv[g] = v
-            parts.append(lv)
-        flat = self.world.allreduce_stage(torch.cat(parts))
-        off = 0
-        for p in params:
-            p.grad = flat[off:off + p.numel()].view_as(p).clone()
-            off += p.numel()
-        losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
+        if self.world.stage_size == 1:
+            losses = self.compute.losses() if last else {}
+        else:
+            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                     for p in params]
+            if last:
+                lv = torch.zeros(self.job.num_microbatches, device=self.device)
+                for g, v in self.compute.losses().items():
+                    lv[g] = v
+                parts.append(lv)
+            flat = self.world.allreduce_stage(torch.cat(parts))
+            off = 0
+            for p in params:  # views of the summed buffer: it is ours, no copy needed
+                p.grad = flat[off:off + p.numel()].view_as(p)
+                off += p.numel()
+            losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
         self.stepper.step(it, self.version)
         self.compute.reset()
         self.done = it

@@ -126,6 +126,7 @@ class World:
                                    len(self.workers)) if self.nccl else self.ctrl
             # The stage's own group, built by its members only.
             peers = [w for w in self.workers if w[1] == me[1]]
+            self.stage_size = len(peers)
             sub = dist.PrefixStore(f"{pre}stage{me[1]}/", store)
             self.stage_group = (self._nccl(sub, peers.index(me), len(peers)) if self.nccl else
                                 dist.ProcessGroupGloo(sub, peers.index(me), len(peers), self.timeout))
