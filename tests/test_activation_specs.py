@@ -18,7 +18,7 @@ from executor.compute.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
-from executor.runtime.comm import World, connect_store, host_store
+from executor.runtime.comm import FWD, World, connect_store, host_store
 from executor.runtime.wire import ActivationSpec, ActivationSpecError
 
 CFG = ModelConfig(vocab=8, seq_len=6, d_model=8, n_heads=2, n_layers=2, micro_batch_size=2)
@@ -86,7 +86,11 @@ def _peer(port: int, q) -> None:
         store = connect_store("127.0.0.1", port, 10)
         w = World(store, 0, (0, 1), [(0, 0), (0, 1)], 10.0, newer=lambda: None)
         got = w.recv_activation(0, (0, 0), 0, 0)
+        # the spec is known now: the next receive is posted before its message is sent
+        assert w.post_early(0, (0, 0), 1, 3, FWD) and w.early_count() == 1
         single = w.recv_activation(1, (0, 0), 0, 0)
+        again = w.recv_activation(0, (0, 0), 1, 3)
+        assert w.early_count() == 0 and all(torch.equal(a, b) for a, b in zip(again, got))
         q.put(("recv", [(t.dtype, t.shape, t.tolist()) for t in got], single.tolist()))
         # gradients for the floating tensors only: bf16 hidden and float64 vector
         w.send_grad((torch.ones(2, 3, 4, dtype=torch.bfloat16), torch.full((5,), 2.0, dtype=torch.float64)),
@@ -110,6 +114,7 @@ def test_tuple_of_any_dtypes_is_one_message_and_grads_cover_floats():
         w.send = lambda t, *a, _s=w.send: sent.append(t) or _s(t, *a)
         w.send_activation(ACT, 0, (0, 1), 0, 0)
         w.send_activation(torch.arange(4, dtype=torch.int32), 1, (0, 1), 0, 0)
+        w.send_activation(ACT, 0, (0, 1), 1, 3)
         grads = w.recv_grad(0, (0, 1), 0, 0)
         w.flush()
         kind, *rest = q.get(timeout=30)
@@ -120,7 +125,7 @@ def test_tuple_of_any_dtypes_is_one_message_and_grads_cover_floats():
         assert single == [0, 1, 2, 3]
         # one message per hop: the tuple went as one uint8 buffer, the single tensor as itself
         assert [(t.dtype, t.numel()) for t in sent] == [(torch.uint8, 48 + 48 + 16 + 48),
-                                                        (torch.int32, 4)]
+                                                        (torch.int32, 4), (torch.uint8, 160)]
         assert isinstance(grads, tuple) and [g.dtype for g in grads] == [torch.bfloat16, torch.float64]
         assert grads[0].eq(1).all() and grads[1].eq(2).all()
         # the spec was agreed through the store, once, under this version

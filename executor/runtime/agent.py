@@ -34,7 +34,7 @@ import torch
 
 from executor.checkpoint import load_stage, save_state, stage_state
 from executor.checkpoint.manifest import iteration_dir
-from executor.runtime.comm import CommError, Superseded, World
+from executor.runtime.comm import BWD, FWD, CommError, Superseded, World
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
 from executor.compute.reference import checksum
@@ -287,7 +287,10 @@ class Agent:
         sync = plan.solver.optimizer == "synchronous"
         if sync:  # wall times, for the check that no iteration starts before all stepped
             self.log(f"iteration {it} entered at {time.time():.6f}")
+        self._recvs = self._receives(plan, wp)
+        self._ahead = 0
         for k, a in enumerate(wp.actions):
+            self._post_ahead(it, k)
             if k == half and it in self.fault_iterations:
                 # An injected signal may be due: tell the coordinator (pid and host: a
                 # torchrun'd worker on its host can be signalled) and let it land right here.
@@ -307,6 +310,26 @@ class Agent:
         self.world.flush()
         if sync:  # synchronous optimizer: nobody starts the next iteration before all stepped
             self.world.barrier()
+
+    def _receives(self, plan: Plan, wp: WorkerPlan) -> list[tuple]:
+        """This iteration's receives in plan order: (action index, boundary stage, sender,
+        micro-batch, direction)."""
+        s, out = self.me[1], []
+        for k, a in enumerate(wp.actions):
+            if a.op == "F" and s > 0:
+                out.append((k, s - 1, (plan.routes[a.microbatch][s - 1], s - 1), a.microbatch, FWD))
+            elif a.op in ("I", "B") and s < self.S - 1:
+                out.append((k, s, (plan.routes[a.microbatch][s + 1], s + 1), a.microbatch, BWD))
+        return out
+
+    def _post_ahead(self, it: int, k: int, window: int = 2) -> None:
+        """Before action k: keep the receives of the actions after it posted, at most
+        `window` ahead (a buffer each), so their messages move while we compute."""
+        while self._ahead < len(self._recvs) and self.world.early_count() < window:
+            idx, stage, frm, g, direction = self._recvs[self._ahead]
+            if idx > k and not self.world.post_early(stage, frm, it, g, direction):
+                return  # this boundary's spec is not known yet: its first receive tells
+            self._ahead += 1
 
     def _batch(self, it: int, g: int):
         if g not in self._batches:
