@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -77,7 +78,12 @@ class Agent:
         self.world: Optional[World] = None
         self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
         self._saver: Optional[threading.Thread] = None  # the checkpoint part being written
-        self._batches: dict[int, tuple] = {}
+        self._batches: dict[int, object] = {}  # g -> (input, targets) or its Future, this iteration
+        # Micro-batches of the next iteration, loaded on a thread while this one computes
+        # (a loader's work off the critical path). Only the first and last stage load data.
+        self.prefetch = s in (0, self.S - 1)
+        self._loader: Optional[ThreadPoolExecutor] = None
+        self._next_batches: dict[tuple[int, int], Future] = {}
         # Iterations in which an injected fault may target us: at their mid-point we wait
         # for the coordinator's go-ahead, so the signal lands mid-iteration.
         self.fault_iterations = set(fault_iterations)
@@ -139,6 +145,8 @@ class Agent:
         except ActivationSpecError as exc:  # the model is wrong: no plan can help
             return self._fatal(str(exc))
         finally:
+            if self._loader is not None:
+                self._loader.shutdown(wait=False, cancel_futures=True)
             self.finish_checkpoint()  # the last iteration's part, before the process ends
             if self.world is not None:
                 self.world.close()
@@ -280,7 +288,10 @@ class Agent:
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
         self.plan_actions = wp.actions
         self.stepper.settle()  # the previous step is final before its parameters are used
-        self._batches.clear()
+        self._batches = {g: f for (i, g), f in self._next_batches.items() if i == it}
+        self._next_batches.clear()
+        if self.prefetch and it + 1 < self.iterations:
+            self._load_ahead(it + 1, [a.microbatch for a in wp.actions if a.op == "F"])
         self._busy = 0.0
         self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         half = len(wp.actions) // 2
@@ -331,10 +342,21 @@ class Agent:
                 return  # this boundary's spec is not known yet: its first receive tells
             self._ahead += 1
 
+    def _load_ahead(self, it: int, gs: list[int]) -> None:
+        """Load iteration `it`'s micro-batches `gs` on the loader thread. They depend only on
+        (cfg, it, g), so a plan change or a rollback cannot make them wrong, only unused."""
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(1, thread_name_prefix="recycle-loader")
+        for g in gs:
+            self._next_batches[(it, g)] = self._loader.submit(self.wl.microbatch, self.cfg, it, g)
+
     def _batch(self, it: int, g: int):
-        if g not in self._batches:
-            self._batches[g] = self.wl.microbatch(self.cfg, it, g)
-        return self._batches[g]
+        got = self._batches.get(g)
+        if got is None:
+            got = self._batches[g] = self.wl.microbatch(self.cfg, it, g)
+        elif isinstance(got, Future):  # loaded ahead (usually done by now)
+            got = self._batches[g] = got.result()
+        return got
 
     def _forward(self, plan: Plan, it: int, g: int) -> None:
         s = self.me[1]
