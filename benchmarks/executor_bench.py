@@ -168,33 +168,70 @@ def _best(rounds: list[dict]) -> dict:
     return best
 
 
-def bench_config(d_model: int, n_layers: int, seq_len: int, micro_batch_size: int) -> ModelConfig:
-    return ModelConfig(vocab=256, seq_len=seq_len, d_model=d_model, n_heads=4, n_layers=n_layers,
-                       micro_batch_size=micro_batch_size)
+# The benchmark's shape for the GPT and for an import path (flags not given keep these).
+BENCH_SHAPE = dict(d_model=128, n_layers=4, n_heads=4, seq_len=64, vocab=256)
+
+
+def _tree() -> str:
+    """The commit measured (and whether the work tree had changes), for the record."""
+    import subprocess
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s"], text=True,
+                              capture_output=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               text=True, capture_output=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return (head[:100] + (" (with uncommitted changes)" if dirty else "")) or "unknown"
+
+
+def bench_config(model: str = DEFAULT_MODEL, d_model: Optional[int] = None,
+                 n_layers: Optional[int] = None, seq_len: Optional[int] = None,
+                 micro_batch_size: int = 8) -> ModelConfig:
+    """The model measured: a built-in family's flavour (`llama:debug`) fixes its shape as
+    `recycle train --model` does (a flag may repeat it, not contradict it: ValueError);
+    otherwise BENCH_SHAPE with the flags given."""
+    given = dict(d_model=d_model, n_layers=n_layers, seq_len=seq_len)
+    try:
+        from executor.models.families import architecture, split_name
+    except ImportError:  # a tree without the model families (issue 8, the models part)
+        named = None
+    else:
+        named = split_name(model)
+    if named is not None and named[1] is not None:
+        arch = architecture(model, **given)
+    else:
+        arch = {k: given[k] if given.get(k) is not None else v for k, v in BENCH_SHAPE.items()}
+    return ModelConfig(micro_batch_size=micro_batch_size, **arch)
 
 
 def run_executor_bench(out: str = "benchmarks/results/executor.md", *, stages: int = 2,
                        microbatches: int = 4, iterations: int = 12, warmup: int = 3,
-                       d_model: int = 128, n_layers: int = 4, seq_len: int = 64,
+                       d_model: Optional[int] = None, n_layers: Optional[int] = None,
+                       seq_len: Optional[int] = None,
                        micro_batch_size: int = 8, solver: str = "greedy", rounds: int = 2,
                        model: str = DEFAULT_MODEL, console: Optional[Console] = None) -> dict:
     console = console or Console()
     torch.set_num_threads(1)
     S, M = stages, microbatches
-    cfg = bench_config(d_model, n_layers, seq_len, micro_batch_size)
+    cfg = bench_config(model, d_model, n_layers, seq_len, micro_batch_size)
     wl = check_workload(model, cfg, S)  # ValueError (one line) if it does not load
     command = "recycle bench executor " + shlex.join([
         *(["--model", model] if model != DEFAULT_MODEL else []),
         "--out", out, "--stages", str(S), "--microbatches", str(M), "--iterations", str(iterations),
-        "--warmup", str(warmup), "--d-model", str(d_model), "--layers", str(n_layers),
-        "--seq-len", str(seq_len), "--micro-batch-size", str(micro_batch_size), "--solver", solver,
+        "--warmup", str(warmup),
+        *[a for flag, v in (("--d-model", d_model), ("--layers", n_layers), ("--seq-len", seq_len))
+          if v is not None for a in (flag, str(v))],
+        "--micro-batch-size", str(micro_batch_size), "--solver", solver,
         "--rounds", str(rounds)])
     res = {"command": command, "model": model, "config": cfg.to_dict(), "stages": S, "microbatches": M,
            "iterations": iterations, "warmup": warmup, "solver": solver, "rounds": rounds,
            "cores": os.cpu_count(), "machine": platform.processor() or platform.machine(),
-           "torch": torch.__version__, "load_start": os.getloadavg()[0], "rows": []}
+           "torch": torch.__version__, "load_start": os.getloadavg()[0], "tree": _tree(),
+           "rows": []}
     console.print(f"torch.distributed.pipelining 1f1b on {S} processes ...")
-    tok1 = M * micro_batch_size * seq_len  # D=1: tokens per iteration
+    tok1 = M * micro_batch_size * cfg.seq_len  # D=1: tokens per iteration
     t1f1b = [run_torch(cfg, S, M, iterations, warmup, "1f1b", model=model)]
     lat = res["latency_us"] = t1f1b[0].get("latency_us") or 5.0
     console.print(f"profiling (p2p latency {lat:.0f} us) ...")

@@ -14,6 +14,7 @@ def write_report(out_md: str, res: dict) -> None:
     lines = [
         "# Executor benchmark: ReCycle runtime vs torch.distributed.pipelining", "",
         f"Command: `{res['command']}`", "",
+        f"Tree: {res.get('tree', 'unknown')}", "",
         f"Model: {res.get('model', 'gpt')} d_model={c['d_model']}, layers={c['n_layers']}, heads={c['n_heads']}, "
         f"seq={c['seq_len']}, vocab={c['vocab']}, micro-batch {c['micro_batch_size']}; "
         f"S={res['stages']} stages, M={res['microbatches']} micro-batches per replica; "

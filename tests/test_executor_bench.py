@@ -20,7 +20,7 @@ from recycle.cli import app  # noqa: E402
 def test_timed_workers_run_and_report_the_breakdown(tmp_path):
     """The launcher's process target gained an argument (the service token) and the
     instrumented target did not follow: every benchmark worker died at start."""
-    cfg = bench_config(16, 2, 8, 2)
+    cfg = bench_config("gpt", 16, 2, 8, 2)
     coord = TimedCoordinator(cfg, JobSpec.uniform(1, 2, 2), 4, solver="greedy", timeout=10.0,
                              ckpt_every=10 ** 9, deadline_s=60, run_dir=str(tmp_path),
                              console=Console(file=open(os.devnull, "w")))
