@@ -87,7 +87,7 @@ def notes(res: dict) -> list[str]:
                    "rank hands its core to the busy one.")
     f = next((r for r in ok if "fused B" in r["name"]), None)
     if t and f:
-        out.append(f"- ReCycle D=1 with fused-B plans (autograd's own backward, no I/W split) vs "
+        out.append(f"- ReCycle D=1 with fused-B plans (no I/W split: B is StageCompute.backward_full) vs "
                    f"torch Schedule1F1B: {f['realised_ms']:.1f} vs {t['realised_ms']:.1f} ms/iter "
                    f"({f['realised_ms'] / t['realised_ms']:.2f}x; rounds: "
                    f"{', '.join(_fmt(v) for v in f['rounds_ms'])}); planned {f['planned_ms']:.1f} ms. "
@@ -103,10 +103,11 @@ def notes(res: dict) -> list[str]:
                    f"{max(r['procs'] for r in ours)} workers plus other jobs, see *load*); with that "
                    f"divided out the ratio is {alo:.2f} to {ahi:.2f}, which is what the runtime adds: "
                    f"gloo latency on loopback ({_fmt(res['latency_us'], 0)} us one way when measured, "
-                   "paid on every F and I hop of the critical path), Python dispatch per action, and "
-                   "per-iteration bookkeeping the plan does not model (flattening gradients for the "
-                   "all-reduce, the pre-step snapshot of parameters and AdamW state for rollback, "
-                   "store messages and the heartbeat thread).")
+                   "paid on every F and I hop of the critical path; receives are posted ahead, so "
+                   "a message sent before its action moves meanwhile), Python dispatch per action, "
+                   "and per-iteration work the plan does not model (the snapshot for rollback, "
+                   "flattening gradients for the all-reduce where a stage has peers, store messages "
+                   "and the heartbeat thread): the slowest worker's breakdown column.")
     base = next((r for r in ours if r["name"].startswith("ReCycle D=2") and not r.get("failed")), None)
     if base and base.get("losses"):
         for r in ours:
@@ -147,17 +148,17 @@ def notes(res: dict) -> list[str]:
         iw, nat = sum(r["I"] + r["W"] for r in prof), sum(r["native_backward"] for r in prof)
         out.append(f"- Backward split cost: per micro-batch, I + W take {iw / 1e3:.1f} ms over all "
                    f"stages against {nat / 1e3:.1f} ms for autograd's own backward (what torch's "
-                   f"schedules run), {100 * (iw / nat - 1):+.0f}%. ReCycle's plans pay this "
-                   "(executor/compute/wgrad.py's deferred weight gradients) on every micro-batch, which "
+                   f"schedules run), {100 * (iw / nat - 1):+.0f}%. ReCycle's split plans pay this "
+                   "(the deferred weight gradients of executor/compute/) on every micro-batch, which "
                    "eats most of what filling 1F1B's bubbles gains at S=2 (bubble share of 1F1B "
                    f"= (S-1)/(M+S-1) = {(res['stages'] - 1) / (res['microbatches'] + res['stages'] - 1):.0%}). "
                    "The torch 1F1B row is planned with that native backward.")
     out.append(f"- Data: generating one synthetic micro-batch costs "
                f"{res['data_ms_per_microbatch']:.1f} ms here (vs F of stage 0 "
-               f"{res['job_d1']['cost']['F'][0] / 1e3:.1f} ms). The agent generates micro-batches "
-               "inline at F on the first and last stage, on the critical path and outside the plan; "
-               "both runtimes here generate them before timing (a prefetching loader). Prefetching "
-               "in the agent would make that the default.")
+               f"{res['job_d1']['cost']['F'][0] / 1e3:.1f} ms). The agent loads the next "
+               "iteration's micro-batches on a loader thread while the current one computes "
+               "(first and last stage); here both runtimes generate all of them before timing, "
+               "so neither pays for data inside the measured iterations.")
     out.append("- Timing noise: the machine is shared; compare rows through the *load* column, "
                "and rerun the command for fresh numbers.")
     return out
