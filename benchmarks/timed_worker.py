@@ -35,12 +35,22 @@ GAUGES: dict[str, int] = {"snapshot_bytes": 0}  # largest extra memory the snaps
 _opt_t0 = [0.0]
 
 
+_inside: dict[str, int] = {}  # timer -> depth of timed calls in progress
+
+
 def _timed(fn, key: str):
+    """Adds fn's wall time to TIMERS[key], once: a timed call inside another of the same
+    timer (B calling I and W, in a StageCompute whose B is built from them) is not counted
+    twice, and one whose B is its own backward is counted too."""
     def wrap(*args, **kw):
+        if _inside.get(key):
+            return fn(*args, **kw)
+        _inside[key] = 1
         t0 = time.perf_counter()
         try:
             return fn(*args, **kw)
         finally:
+            _inside[key] = 0
             TIMERS[key] += time.perf_counter() - t0
     wrap.__name__ = fn.__name__
     return wrap
@@ -74,10 +84,10 @@ def _pregenerate() -> None:
 
 def install() -> None:
     _pregenerate()
-    # backward_full calls backward_input and backward_weight: wrapping those two counts B once
     for cls, name, key in ((stage.StageCompute, "forward", "fiw"),
                            (stage.StageCompute, "backward_input", "fiw"),
                            (stage.StageCompute, "backward_weight", "fiw"),
+                           (stage.StageCompute, "backward_full", "fiw"),
                            (comm.World, "_recv_into", "recv"), (comm.World, "flush", "flush"),
                            (comm.World, "allreduce_stage", "allreduce"),
                            (agent.Agent, "_step", "step"), (agent.Agent, "_batch", "data"),
