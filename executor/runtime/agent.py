@@ -403,10 +403,15 @@ class Agent:
         (each g has one contributor, so the sum is exact): every last-stage peer that
         stepped can report all of the iteration's losses, even if the peer that computed
         some of them dies right after. A stage with one live worker has nothing to sum:
-        no flattening, no copy back."""
+        no flattening, no copy back. Either way a parameter without a gradient steps on
+        zeros, as it does with peers (the sum needs a tensor): the update must not depend
+        on how many workers a stage has left."""
         params = list(self.module.parameters())
         last = self.me[1] == self.S - 1
         if self.world.stage_size == 1:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
             losses = self.compute.losses() if last else {}
         else:
             parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
