@@ -14,7 +14,8 @@ def write_report(out_md: str, res: dict) -> None:
     lines = [
         "# Executor benchmark: ReCycle runtime vs torch.distributed.pipelining", "",
         f"Command: `{res['command']}`", "",
-        f"Model: GPT d_model={c['d_model']}, layers={c['n_layers']}, heads={c['n_heads']}, "
+        f"Tree: {res.get('tree', 'unknown')}", "",
+        f"Model: {res.get('model', 'gpt')} d_model={c['d_model']}, layers={c['n_layers']}, heads={c['n_heads']}, "
         f"seq={c['seq_len']}, vocab={c['vocab']}, micro-batch {c['micro_batch_size']}; "
         f"S={res['stages']} stages, M={res['microbatches']} micro-batches per replica; "
         f"{res['iterations']} iterations, first {res['warmup']} excluded. gloo on loopback, "
@@ -24,12 +25,19 @@ def write_report(out_md: str, res: dict) -> None:
         f", p2p {res['job_d2']['p2p']} (measured gloo one-way latency {_fmt(res['latency_us'], 0)} us).", "",
         "| run | procs | failed | planned period (ms) | CPU-share bound (ms) | realised (ms/iter) "
         "| realised / planned | compute slowdown | realised / (planned x slowdown) "
-        "| per replica (ms/iter) | slowest worker: compute / comm wait / step bookkeeping / data+send+control / other (ms) | load |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+        "| tok/s | per replica (ms/iter) | slowest worker: compute / comm wait / snapshot / step bookkeeping / data+send+control / other (ms) "
+        "| snapshot (MB) | load |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in res["rows"]:
         if "error" in r:
             lines.append(f"| {r['name']} | {r['procs']} | - | {_fmt(r.get('planned_ms'))} | - "
-                         f"| n/a: {r['error']} | - | - | - | - | - | - |")
+                         f"| n/a: {r['error']} | - | - | - | - | - | - | - | - |")
+            continue
+        if "realised_ms" not in r:  # a run with a real kill: no steady period, its throughput
+            lines.append(f"| {r['name']} | {r['procs']} | {r.get('failed') or 'none'} "
+                         f"| {_fmt(r.get('planned_ms'))} | - | - | - | - | - "
+                         f"| {_fmt(r.get('run_tok_s'), 0)} (whole run) | - | - "
+                         f"| {_fmt(r.get('snapshot_mb'), 2)} | {_fmt(r.get('load_avg'))} |")
             continue
         ratio = r["realised_ms"] / r["planned_ms"] if r.get("planned_ms") else None
         b = r.get("breakdown_ms", {}).get(r.get("slowest"))
@@ -38,7 +46,8 @@ def write_report(out_md: str, res: dict) -> None:
         lines.append(f"| {r['name']} | {r['procs']} | {r.get('failed', '-') or 'none'} "
                      f"| {_fmt(r.get('planned_ms'))} | {_fmt(r.get('cpu_bound_ms'))} "
                      f"| {_fmt(r['realised_ms'])} | {_fmt(ratio, 2)} | {_fmt(r.get('slowdown'), 2)} "
-                     f"| {_fmt(r.get('adjusted_ratio'), 2)} | {reps} | {split} | {_fmt(r.get('load_avg'))} |")
+                     f"| {_fmt(r.get('adjusted_ratio'), 2)} | {_fmt(r.get('tok_s'), 0)} | {reps} | {split} "
+                     f"| {_fmt(r.get('snapshot_mb'), 2)} | {_fmt(r.get('load_avg'))} |")
     lines += ["", "Columns: *planned* is the plan's `metrics.period` for the profiled spec (for "
               "torch's 1F1B: our `1f1b` back-end on the same spec with B = autograd's backward); *CPU-share bound* is "
               "max(planned, all the plan's work / cores), since the plan assumes one core per "
@@ -47,7 +56,11 @@ def write_report(out_md: str, res: dict) -> None:
               "the time workers really spent in F/I/W and AdamW per iteration over what the "
               "plan gives them (mean over workers): how much slower compute ran than when "
               "profiled alone; the next column divides it out, leaving scheduling, "
-              "communication and Python overhead; *load* is the 1-min load average when the "
+              "communication and Python overhead; *tok/s* is the global batch (D x M x micro-batch "
+              "x seq tokens, unchanged by failures) over the realised period; *snapshot* is the "
+              "time per iteration in the stepper beyond the optimizer step (the pre-step copy "
+              "rollback keeps, runtime/stepper.py) and *snapshot (MB)* the most extra memory "
+              "its snapshots held on one worker; *load* is the 1-min load average when the "
               "run ended.", ""]
     lines += res.get("notes", [])
     os.makedirs(os.path.dirname(out_md) or ".", exist_ok=True)
@@ -74,7 +87,7 @@ def notes(res: dict) -> list[str]:
                    "rank hands its core to the busy one.")
     f = next((r for r in ok if "fused B" in r["name"]), None)
     if t and f:
-        out.append(f"- ReCycle D=1 with fused-B plans (autograd's own backward, no I/W split) vs "
+        out.append(f"- ReCycle D=1 with fused-B plans (no I/W split: B is StageCompute.backward_full) vs "
                    f"torch Schedule1F1B: {f['realised_ms']:.1f} vs {t['realised_ms']:.1f} ms/iter "
                    f"({f['realised_ms'] / t['realised_ms']:.2f}x; rounds: "
                    f"{', '.join(_fmt(v) for v in f['rounds_ms'])}); planned {f['planned_ms']:.1f} ms. "
@@ -90,10 +103,11 @@ def notes(res: dict) -> list[str]:
                    f"{max(r['procs'] for r in ours)} workers plus other jobs, see *load*); with that "
                    f"divided out the ratio is {alo:.2f} to {ahi:.2f}, which is what the runtime adds: "
                    f"gloo latency on loopback ({_fmt(res['latency_us'], 0)} us one way when measured, "
-                   "paid on every F and I hop of the critical path), Python dispatch per action, and "
-                   "per-iteration bookkeeping the plan does not model (flattening gradients for the "
-                   "all-reduce, the pre-step snapshot of parameters and AdamW state for rollback, "
-                   "store messages and the heartbeat thread).")
+                   "paid on every F and I hop of the critical path; receives are posted ahead, so "
+                   "a message sent before its action moves meanwhile), Python dispatch per action, "
+                   "and per-iteration work the plan does not model (the snapshot for rollback, "
+                   "flattening gradients for the all-reduce where a stage has peers, store messages "
+                   "and the heartbeat thread): the slowest worker's breakdown column.")
     base = next((r for r in ours if r["name"].startswith("ReCycle D=2") and not r.get("failed")), None)
     if base and base.get("losses"):
         for r in ours:
@@ -101,6 +115,28 @@ def notes(res: dict) -> list[str]:
                 d = max(abs(a - b) for a, b in zip(base["losses"], r["losses"]))
                 out.append(f"- Failed {r['failed']}: per-iteration losses match the failure-free "
                            f"D=2 run to {d:.1e} (re-routing keeps the global batch).")
+    none2 = next((r for r in ours if r["name"].startswith("ReCycle D=2") and not r.get("failed")), None)
+    one2 = next((r for r in ours if r["name"].startswith("ReCycle D=2") and r.get("failed") == "1:0"), None)
+    kill = next((r for r in rows if r.get("kills") and "run_tok_s" in r), None)
+    if none2 and one2:
+        line = (f"- Tokens/s, D=2: failure-free {none2['tok_s']:.0f}, one worker failed "
+                f"(1:0, steady state) {one2['tok_s']:.0f} ({one2['tok_s'] / none2['tok_s']:.2f}x; "
+                f"planned {none2['planned_ms'] / one2['planned_ms']:.2f}x)")
+        if kill and none2.get("run_tok_s"):
+            line += (f"; over the whole run after warm-up, failure-free {none2['run_tok_s']:.0f} "
+                     f"vs {kill['run_tok_s']:.0f} with worker {kill['kills'][0][0]}:{kill['kills'][0][1]} "
+                     f"SIGKILLed in iteration {kill['kills'][0][2]} (detection, rollback of the "
+                     f"iteration in flight, re-plan and the re-routed steady state included)")
+        out.append(line + ".")
+        if kill and none2.get("losses") and kill.get("losses"):
+            d = max(abs(a - b) for a, b in zip(none2["losses"], kill["losses"]))
+            out.append(f"- The run with the SIGKILL matches the failure-free D=2 run's losses to {d:.1e}.")
+    snaps = [r for r in ours if r.get("breakdown_ms")]
+    if snaps:
+        per = [r["breakdown_ms"][r["slowest"]]["snapshot"] for r in snaps]
+        out.append(f"- Snapshot for rollback (runtime/stepper.py): {min(per):.1f} to {max(per):.1f} "
+                   f"ms per iteration on the slowest worker, up to "
+                   f"{max(r.get('snapshot_mb', 0) for r in snaps):.2f} MB extra memory per worker.")
     out.append("- Zero-bubble schedules of torch.distributed.pipelining (ZBV, interleaved ZB) "
                "need several stages per rank, so they run the same model split into "
                f"{2 * res['stages']} chunks, 2 per rank (ZBV: chunks r and 2S-1-r; interleaved: "
@@ -112,17 +148,17 @@ def notes(res: dict) -> list[str]:
         iw, nat = sum(r["I"] + r["W"] for r in prof), sum(r["native_backward"] for r in prof)
         out.append(f"- Backward split cost: per micro-batch, I + W take {iw / 1e3:.1f} ms over all "
                    f"stages against {nat / 1e3:.1f} ms for autograd's own backward (what torch's "
-                   f"schedules run), {100 * (iw / nat - 1):+.0f}%. ReCycle's plans pay this "
-                   "(executor/compute/wgrad.py's deferred weight gradients) on every micro-batch, which "
+                   f"schedules run), {100 * (iw / nat - 1):+.0f}%. ReCycle's split plans pay this "
+                   "(the deferred weight gradients of executor/compute/) on every micro-batch, which "
                    "eats most of what filling 1F1B's bubbles gains at S=2 (bubble share of 1F1B "
                    f"= (S-1)/(M+S-1) = {(res['stages'] - 1) / (res['microbatches'] + res['stages'] - 1):.0%}). "
                    "The torch 1F1B row is planned with that native backward.")
     out.append(f"- Data: generating one synthetic micro-batch costs "
                f"{res['data_ms_per_microbatch']:.1f} ms here (vs F of stage 0 "
-               f"{res['job_d1']['cost']['F'][0] / 1e3:.1f} ms). The agent generates micro-batches "
-               "inline at F on the first and last stage, on the critical path and outside the plan; "
-               "both runtimes here generate them before timing (a prefetching loader). Prefetching "
-               "in the agent would make that the default.")
+               f"{res['job_d1']['cost']['F'][0] / 1e3:.1f} ms). The agent loads the next "
+               "iteration's micro-batches on a loader thread while the current one computes "
+               "(first and last stage); here both runtimes generate all of them before timing, "
+               "so neither pays for data inside the measured iterations.")
     out.append("- Timing noise: the machine is shared; compare rows through the *load* column, "
                "and rerun the command for fresh numbers.")
     return out

@@ -23,8 +23,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from executor.compute.data import microbatch
-from executor.compute.model import ModelConfig, build_stage, lm_loss, make_optimizer
+from executor.compute.model import ModelConfig
+from executor.inputs.workload_name import DEFAULT_MODEL, load_workload
 
 SCHEDULES = ("1f1b", "zbv", "izb")
 
@@ -60,31 +60,32 @@ def _stage_ids(kind: str, rank: int, S: int) -> list[int]:
 
 
 def _worker(rank: int, S: int, port: int, cfg_d: dict, M: int, iters: int, warmup: int,
-            kind: str, q) -> None:
+            kind: str, q, model: str = DEFAULT_MODEL) -> None:
     try:
         torch.set_num_threads(1)
         from torch.distributed.pipelining import (PipelineStage, Schedule1F1B,
                                                   ScheduleInterleavedZeroBubble,
                                                   ScheduleZBVZeroBubble)
         cfg = ModelConfig.from_dict(cfg_d)
+        wl = load_workload(model)  # the same Workload ReCycle's workers train
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
                                 rank=rank, world_size=S)
         lat = _pingpong(cfg, rank) if kind == "1f1b" and S > 1 else None
         ids = _stage_ids(kind, rank, S)
         n_stages = S if kind == "1f1b" else 2 * S
-        mods = [build_stage(cfg, i, n_stages) for i in ids]
+        mods = [wl.build_stage(cfg, i, n_stages) for i in ids]
         stages = [PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(mods, ids)]
-        opt = make_optimizer(cfg, [p for m in mods for p in m.parameters()])
+        opt = wl.make_optimizer(cfg, [p for m in mods for p in m.parameters()])
         if kind == "1f1b":
-            sched = Schedule1F1B(stages[0], M, loss_fn=lm_loss)
+            sched = Schedule1F1B(stages[0], M, loss_fn=wl.loss_fn)
         elif kind == "zbv":
-            sched = ScheduleZBVZeroBubble(stages, M, loss_fn=lm_loss)
+            sched = ScheduleZBVZeroBubble(stages, M, loss_fn=wl.loss_fn)
         else:
-            sched = ScheduleInterleavedZeroBubble(stages, M, loss_fn=lm_loss)
+            sched = ScheduleInterleavedZeroBubble(stages, M, loss_fn=wl.loss_fn)
         first, last = 0 in ids, n_stages - 1 in ids
         ends, losses = [], []
         # generated up front, as in ReCycle's benchmark workers (a prefetching loader)
-        data = [[microbatch(cfg, it, g) for g in range(M)] if first or last else None
+        data = [[wl.microbatch(cfg, it, g) for g in range(M)] if first or last else None
                 for it in range(iters)]
         for it in range(iters):
             mbs = data[it]
@@ -107,7 +108,7 @@ def _worker(rank: int, S: int, port: int, cfg_d: dict, M: int, iters: int, warmu
 
 
 def run_torch(cfg: ModelConfig, S: int, M: int, iters: int, warmup: int, kind: str,
-              timeout_s: float = 240.0) -> dict:
+              timeout_s: float = 240.0, model: str = DEFAULT_MODEL) -> dict:
     """Run one torch.distributed.pipelining schedule; per-iteration seconds per rank."""
     if kind not in SCHEDULES:
         raise ValueError(f"unknown schedule {kind!r}")
@@ -115,7 +116,7 @@ def run_torch(cfg: ModelConfig, S: int, M: int, iters: int, warmup: int, kind: s
     q = ctx.Queue()
     port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, S, port, cfg.to_dict(), M, iters, warmup,
-                                               kind, q)) for r in range(S)]
+                                               kind, q, model)) for r in range(S)]
     for p in procs:
         p.start()
     res, deadline = [], time.monotonic() + timeout_s

@@ -2,8 +2,8 @@
 as the launcher's process target (or run `python -m benchmarks.timed_worker`).
 
 Nothing in executor/ changes: in its own process only, this wraps StageCompute's F/I/W,
-every optimizer step (torch's global step hooks), World.recv/flush/allreduce_stage and
-Agent._step with timers, and StorePlanSource.send to stamp each per-iteration "done"
+every optimizer step (torch's global step hooks), World receives/flush/allreduce_stage,
+Agent._step and StageStepper.step (the snapshot for rollback) with timers, and StorePlanSource.send to stamp each per-iteration "done"
 message with the worker's clock ("wall", seconds) and the cumulative timers ("timers").
 It also generates every micro-batch the worker may need (all iterations, all g: re-routing
 can bring any) when the agent is built, as a prefetching data loader would: the synthetic
@@ -21,24 +21,36 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 
 from executor import worker
 from executor.compute import stage
-from executor.runtime import agent, comm, rendezvous
+from executor.runtime import agent, comm, rendezvous, stepper
 
 # cumulative seconds per category, sent with every per-iteration "done" message:
 #   fiw: StageCompute F/I/W; opt: optimizer steps; recv/flush/allreduce: waiting in comm;
-#   step: all of Agent._step (allreduce + opt + bookkeeping: flatten, snapshot, checksum)
+#   step: all of Agent._step (allreduce + stepper + bookkeeping: flatten, losses, messages)
+#   stepper: StageStepper.step (the pre-step snapshot for rollback + opt; T's stepper.py)
 #   data: generating micro-batches; send: posting isends; control: plan polling and
 #   messages to the coordinator through the store
 TIMERS: dict[str, float] = {k: 0.0 for k in ("fiw", "opt", "recv", "flush", "allreduce", "step",
-                                             "data", "send", "control")}
+                                             "stepper", "data", "send", "control")}
+GAUGES: dict[str, int] = {"snapshot_bytes": 0}  # largest extra memory the snapshots held
 _opt_t0 = [0.0]
 
 
+_inside: dict[str, int] = {}  # timer -> depth of timed calls in progress
+
+
 def _timed(fn, key: str):
+    """Adds fn's wall time to TIMERS[key], once: a timed call inside another of the same
+    timer (B calling I and W, in a StageCompute whose B is built from them) is not counted
+    twice, and one whose B is its own backward is counted too."""
     def wrap(*args, **kw):
+        if _inside.get(key):
+            return fn(*args, **kw)
+        _inside[key] = 1
         t0 = time.perf_counter()
         try:
             return fn(*args, **kw)
         finally:
+            _inside[key] = 0
             TIMERS[key] += time.perf_counter() - t0
     wrap.__name__ = fn.__name__
     return wrap
@@ -57,6 +69,7 @@ def _pregenerate() -> None:
 
     def pregen_init(self, *args, **kw):
         init(self, *args, **kw)
+        self.prefetch = False  # everything is generated up front here instead
         self._pregen = {}
         if self.me[1] in (0, self.S - 1):
             for it in range(self.iterations):
@@ -71,30 +84,38 @@ def _pregenerate() -> None:
 
 def install() -> None:
     _pregenerate()
-    # backward_full calls backward_input and backward_weight: wrapping those two counts B once
     for cls, name, key in ((stage.StageCompute, "forward", "fiw"),
                            (stage.StageCompute, "backward_input", "fiw"),
                            (stage.StageCompute, "backward_weight", "fiw"),
-                           (comm.World, "recv", "recv"), (comm.World, "flush", "flush"),
+                           (stage.StageCompute, "backward_full", "fiw"),
+                           (comm.World, "_recv_into", "recv"), (comm.World, "flush", "flush"),
                            (comm.World, "allreduce_stage", "allreduce"),
                            (agent.Agent, "_step", "step"), (agent.Agent, "_batch", "data"),
                            (comm.World, "send", "send"), (agent.Agent, "_next_plan", "control"),
                            (rendezvous.StorePlanSource, "committed", "control")):
         setattr(cls, name, _timed(getattr(cls, name), key))
+    step = _timed(stepper.StageStepper.step, "stepper")
+
+    def gauged_step(self, *args, **kw):
+        out = step(self, *args, **kw)
+        GAUGES["snapshot_bytes"] = max(GAUGES["snapshot_bytes"], self.snapshot_bytes())
+        return out
+    stepper.StageStepper.step = gauged_step
     register_optimizer_step_pre_hook(_opt_pre)
     register_optimizer_step_post_hook(_opt_post)
     send = _timed(rendezvous.StorePlanSource.send, "control")
 
     def timed_send(self, kind: str, **fields) -> None:
         if kind == "done" and not fields.get("sync"):
-            fields.update(wall=time.time(), timers=dict(TIMERS))
+            fields.update(wall=time.time(), timers=dict(TIMERS), gauges=dict(GAUGES))
         send(self, kind, **fields)
     rendezvous.StorePlanSource.send = timed_send
 
 
-def child(store: str, replica: int, stage: int, log_path: str) -> None:
+def child(store: str, replica: int, stage: int, log_path: str, token: str | None = None) -> None:
+    """executor.worker.child's signature: the launcher's process target."""
     install()
-    worker.child(store, replica, stage, log_path)
+    worker.child(store, replica, stage, log_path, token)
 
 
 if __name__ == "__main__":

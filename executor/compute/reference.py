@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
-from executor.compute.stage import autocast
+from executor.compute.stage import autocast, boundary_cast
 from executor.optim.clip import coefficient, global_norm, scale_, stage_sq_norm
 from executor.optim.schedule import lr_at, set_lr
 
@@ -113,10 +113,15 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
         for g in range(n):
             x, targets = wl.microbatch(cfg, it, g)
             for s, m in enumerate(modules):
-                with autocast(cfg.precision, x.device):
-                    x = m(x)
+                first = x[0] if isinstance(x, tuple) else x
+                with autocast(cfg.precision, first.device):
+                    x = m(*x) if isinstance(x, tuple) else m(x)
                     if s == stages - 1:
                         x = wl.loss_fn(x, targets)
+                    else:  # what the stage sends, as the workers send it
+                        out = boundary_cast([x] if isinstance(x, Tensor) else list(x),
+                                            cfg.precision)
+                        x = out[0] if isinstance(x, Tensor) else tuple(out)
             loss = x
             (loss * scale).backward()
             total += float(loss.detach())

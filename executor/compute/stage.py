@@ -43,6 +43,14 @@ def autocast(precision: str, device: torch.device):
     return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
 
 
+def boundary_cast(outs: list, precision: str) -> list:
+    """What a stage sends: under bf16 its floating outputs in bf16 (half the bytes on the
+    wire, as autocast computes them); the reference casts at the same places."""
+    if precision != "bf16":
+        return outs
+    return [t.to(torch.bfloat16) if t.is_floating_point() else t for t in outs]
+
+
 def _as_list(grad) -> list:
     return [grad] if isinstance(grad, Tensor) else list(grad)
 
@@ -107,9 +115,8 @@ class StageCompute:
                 self._losses[g] = loss.detach()
                 roots, result, floats = [loss], loss.detach(), 0  # seeded with loss_scale
             else:
-                outs = [out] if isinstance(out, Tensor) else list(out)
-                if self.precision == "bf16":  # half the bytes on the wire, as autocast computes
-                    outs = [t.to(torch.bfloat16) if t.is_floating_point() else t for t in outs]
+                outs = boundary_cast([out] if isinstance(out, Tensor) else list(out),
+                                     self.precision)
                 roots = [t for t in outs if t.is_floating_point()]
                 floats = len(roots)
                 result = outs[0].detach() if isinstance(out, Tensor) else \

@@ -121,6 +121,7 @@ class Coordinator:
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.reaped: set[int] = set()  # pids whose exit has been handled
         self.lost_worker: Optional[Worker] = None
+        self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
         self.failed: set[Worker] = set()
         # Membership: the incarnation each worker's newest plan admits (stamped on plans).
         self.incs = [[1] * self.S for _ in range(self.D)]
@@ -261,6 +262,8 @@ class Coordinator:
                     return self.halt(f"worker {wkey(self.lost_worker)} failed while the plan "
                                      f"service had lost the job ({self.service.lost})")
                 self.tick()
+                if self.fatal is not None:
+                    return self.halt(self.fatal)
                 if self.complete():
                     self.publish(final=True)
                     self.reap(self.timeout * 2)
@@ -363,6 +366,8 @@ class Coordinator:
                 self.losses.setdefault(m["it"], {})[int(g)] = loss
             if m["it"] == self.iterations - 1:
                 self.final_checks[w[1]] = m["checksum"]
+        elif kind == "fatal":  # e.g. a stage's output broke its activation spec
+            self.fatal = self.fatal or f"worker {wkey(w)}: {m['reason']}"
         elif kind == "suspect":
             if m["v"] == self.version and self.suspect_since is None:
                 self.suspect_since = time.monotonic()

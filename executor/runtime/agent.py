@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import torch
@@ -40,6 +41,7 @@ from executor.sources.plan_source import TrainingHalted
 from executor.compute.reference import checksum
 from executor.compute.stage import StageCompute
 from executor.runtime.stepper import StageStepper
+from executor.runtime.wire import ActivationSpecError
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan
 
@@ -77,8 +79,12 @@ class Agent:
         self.world: Optional[World] = None
         self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
         self._saver: Optional[threading.Thread] = None  # the checkpoint part being written
-        self.act_shape = (cfg.micro_batch_size, cfg.seq_len, cfg.d_model)
-        self._batches: dict[int, tuple] = {}
+        self._batches: dict[int, object] = {}  # g -> (input, targets) or its Future, this iteration
+        # Micro-batches of the next iteration, loaded on a thread while this one computes
+        # (a loader's work off the critical path). Only the first and last stage load data.
+        self.prefetch = s in (0, self.S - 1)
+        self._loader: Optional[ThreadPoolExecutor] = None
+        self._next_batches: dict[tuple[int, int], Future] = {}
         # Iterations in which an injected fault may target us: at their mid-point we wait
         # for the coordinator's go-ahead, so the signal lands mid-iteration.
         self.fault_iterations = set(fault_iterations)
@@ -137,11 +143,26 @@ class Agent:
         except TrainingHalted as exc:
             self.log(f"training halted: {exc}")
             return 0
+        except ActivationSpecError as exc:  # the model is wrong: no plan can help
+            return self._fatal(str(exc))
         finally:
             self.log(f"optimizer: {self.stepper.stats.line()}")
+            if self._loader is not None:
+                self._loader.shutdown(wait=False, cancel_futures=True)
             self.finish_checkpoint()  # the last iteration's part, before the process ends
             if self.world is not None:
                 self.world.close()
+
+    def _fatal(self, reason: str) -> int:
+        """Halt the run with `reason` (the coordinator publishes the halt), then exit 2.
+        Waits a little for the halt so that our exit is not taken for a failure first."""
+        self.log(f"fatal: {reason}")
+        self.source.send("fatal", reason=reason)
+        try:
+            self.source.wait_for_plan(10 ** 9, 4 * self.timeout_s)
+        except TrainingHalted:
+            pass
+        return 2
 
     def _role(self, plan: Plan) -> str:
         """Membership (docs/executor.md): 'enter' the plan if it admits this very process,
@@ -269,20 +290,26 @@ class Agent:
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
         self.plan_actions = wp.actions
         self.stepper.settle()  # the previous step is final before its parameters are used
-        self._batches.clear()
+        self._batches = {g: f for (i, g), f in self._next_batches.items() if i == it}
+        self._next_batches.clear()
+        if self.prefetch and it + 1 < self.iterations:
+            self._load_ahead(it + 1, [a.microbatch for a in wp.actions if a.op == "F"])
         self._busy = 0.0
         self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         half = len(wp.actions) // 2
         sync = plan.solver.optimizer == "synchronous"
         if sync:  # wall times, for the check that no iteration starts before all stepped
             self.log(f"iteration {it} entered at {time.time():.6f}")
+        self._recvs = self._receives(plan, wp)
+        self._ahead = 0
         for k, a in enumerate(wp.actions):
-            if k == half:
-                wait = it in self.fault_iterations
-                # pid and host: a torchrun'd worker on the coordinator's host can be signalled
-                self.source.send("mid", it=it, wait=wait, pid=os.getpid(), host=HOST)
-                if wait:  # an injected signal may be due: let it land right here
-                    self.source.await_go(it, 4 * self.timeout_s)
+            self._post_ahead(it, k)
+            if k == half and it in self.fault_iterations:
+                # An injected signal may be due: tell the coordinator (pid and host: a
+                # torchrun'd worker on its host can be signalled) and let it land right here.
+                # Only then: a store round trip per iteration on the critical path otherwise.
+                self.source.send("mid", it=it, wait=True, pid=os.getpid(), host=HOST)
+                self.source.await_go(it, 4 * self.timeout_s)
             if a.op == "F":
                 self._forward(plan, it, a.microbatch)
             elif a.op in ("I", "B"):
@@ -297,31 +324,62 @@ class Agent:
         if sync:  # synchronous optimizer: nobody starts the next iteration before all stepped
             self.world.barrier()
 
+    def _receives(self, plan: Plan, wp: WorkerPlan) -> list[tuple]:
+        """This iteration's receives in plan order: (action index, boundary stage, sender,
+        micro-batch, direction)."""
+        s, out = self.me[1], []
+        for k, a in enumerate(wp.actions):
+            if a.op == "F" and s > 0:
+                out.append((k, s - 1, (plan.routes[a.microbatch][s - 1], s - 1), a.microbatch, FWD))
+            elif a.op in ("I", "B") and s < self.S - 1:
+                out.append((k, s, (plan.routes[a.microbatch][s + 1], s + 1), a.microbatch, BWD))
+        return out
+
+    def _post_ahead(self, it: int, k: int, window: int = 2) -> None:
+        """Before action k: keep the receives of the actions after it posted, at most
+        `window` ahead (a buffer each), so their messages move while we compute."""
+        while self._ahead < len(self._recvs) and self.world.early_count() < window:
+            idx, stage, frm, g, direction = self._recvs[self._ahead]
+            if idx > k and not self.world.post_early(stage, frm, it, g, direction):
+                return  # this boundary's spec is not known yet: its first receive tells
+            self._ahead += 1
+
+    def _load_ahead(self, it: int, gs: list[int]) -> None:
+        """Load iteration `it`'s micro-batches `gs` on the loader thread. They depend only on
+        (cfg, it, g), so a plan change or a rollback cannot make them wrong, only unused."""
+        if self._loader is None:
+            self._loader = ThreadPoolExecutor(1, thread_name_prefix="recycle-loader")
+        for g in gs:
+            self._next_batches[(it, g)] = self._loader.submit(self.wl.microbatch, self.cfg, it, g)
+
     def _batch(self, it: int, g: int):
-        if g not in self._batches:
-            self._batches[g] = self.wl.microbatch(self.cfg, it, g)
-        return self._batches[g]
+        got = self._batches.get(g)
+        if got is None:
+            got = self._batches[g] = self.wl.microbatch(self.cfg, it, g)
+        elif isinstance(got, Future):  # loaded ahead (usually done by now)
+            got = self._batches[g] = got.result()
+        return got
 
     def _forward(self, plan: Plan, it: int, g: int) -> None:
         s = self.me[1]
         if s == 0:
             x = self._batch(it, g)[0]
         else:
-            x = self.world.recv(self.act_shape, (plan.routes[g][s - 1], s - 1), it, g, FWD)
+            x = self.world.recv_activation(s - 1, (plan.routes[g][s - 1], s - 1), it, g)
         targets = self._batch(it, g)[1] if s == self.S - 1 else None
         out = self._timed(self.compute.forward, g, x, targets)
         if s < self.S - 1:
-            self.world.send(out, (plan.routes[g][s + 1], s + 1), it, g, FWD)
+            self.world.send_activation(out, s, (plan.routes[g][s + 1], s + 1), it, g)
 
     def _backward(self, plan: Plan, it: int, g: int, op: str) -> None:
         s = self.me[1]
         grad = None
         if s < self.S - 1:
-            grad = self.world.recv(self.act_shape, (plan.routes[g][s + 1], s + 1), it, g, BWD)
+            grad = self.world.recv_grad(s, (plan.routes[g][s + 1], s + 1), it, g)
         fn = self.compute.backward_input if op == "I" else self.compute.backward_full
         gx = self._timed(fn, g, grad)
         if s > 0:
-            self.world.send(gx, (plan.routes[g][s - 1], s - 1), it, g, BWD)
+            self.world.send_grad(gx, s - 1, (plan.routes[g][s - 1], s - 1), it, g)
 
     def _timed(self, fn, *args):
         """Compute, timed for the straggler detector: on CPU by the thread's CPU time (wall
@@ -346,21 +404,31 @@ class Agent:
         On the last stage the per-micro-batch losses ride along in the same all-reduce
         (each g has one contributor, so the sum is exact): every last-stage peer that
         stepped can report all of the iteration's losses, even if the peer that computed
-        some of them dies right after."""
+        some of them dies right after. A stage with one live worker has nothing to sum:
+        no flattening, no copy back. Either way a parameter without a gradient steps on
+        zeros, as it does with peers (the sum needs a tensor): the update must not depend
+        on how many workers a stage has left."""
         params = list(self.module.parameters())
-        parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
         last = self.me[1] == self.S - 1
-        if last:
-            lv = torch.zeros(self.job.num_microbatches, device=self.device)
-            for g, v in self.compute.losses().items():
-                lv[g] = v
-            parts.append(lv)
-        flat = self.world.allreduce_stage(torch.cat(parts))
-        off = 0
-        for p in params:
-            p.grad = flat[off:off + p.numel()].view_as(p).clone()
-            off += p.numel()
-        losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
+        if self.world.stage_size == 1:
+            for p in params:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+            losses = self.compute.losses() if last else {}
+        else:
+            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                     for p in params]
+            if last:
+                lv = torch.zeros(self.job.num_microbatches, device=self.device)
+                for g, v in self.compute.losses().items():
+                    lv[g] = v
+                parts.append(lv)
+            flat = self.world.allreduce_stage(torch.cat(parts))
+            off = 0
+            for p in params:  # views of the summed buffer: it is ours, no copy needed
+                p.grad = flat[off:off + p.numel()].view_as(p)
+                off += p.numel()
+            losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
         self.stepper.step(it, self.version)
         self.compute.reset()
         self.done = it

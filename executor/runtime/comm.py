@@ -29,6 +29,8 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from executor.runtime.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
+
 Worker = tuple[int, int]
 FWD, BWD = 0, 1
 _BLOB_TAG = 1 << 24
@@ -108,6 +110,12 @@ class World:
         # (then the communicators are aborted, in close()). Tests run this path on gloo.
         self.poll_waits = self.nccl if poll_waits is None else poll_waits
         self._pending: list[tuple[dist.Work, torch.Tensor, Worker]] = []
+        # Receives posted ahead of their action: (iteration, g, direction) -> (work, buffer).
+        # gloo moves a message only once its receive is posted (a receive posted after the
+        # data was sent waited 70-130 us more on loopback, one posted before it 6 us).
+        self._early: dict[tuple[int, int, int], tuple[dist.Work, torch.Tensor]] = {}
+        self.store = store
+        self._specs: dict[int, ActivationSpec] = {}  # stage -> its output's agreed spec
         if newer is not None:
             self._meet(store, newer, missing or (lambda ws: None))
         # Process groups are built directly, each under its own explicit store prefix, not
@@ -122,6 +130,7 @@ class World:
                                    len(self.workers)) if self.nccl else self.ctrl
             # The stage's own group, built by its members only.
             peers = [w for w in self.workers if w[1] == me[1]]
+            self.stage_size = len(peers)
             sub = dist.PrefixStore(f"{pre}stage{me[1]}/", store)
             self.stage_group = (self._nccl(sub, peers.index(me), len(peers)) if self.nccl else
                                 dist.ProcessGroupGloo(sub, peers.index(me), len(peers), self.timeout))
@@ -193,15 +202,117 @@ class World:
 
     def recv(self, shape, frm: Worker, iteration: int, g: int, direction: int,
              dtype=torch.float32) -> torch.Tensor:
-        dev = self.device if self.nccl else torch.device("cpu")
-        buf = torch.empty(shape, dtype=dtype, device=dev)
+        return self._recv_into(lambda dev: torch.empty(shape, dtype=dtype, device=dev), frm,
+                               iteration, g, direction)
+
+    # ---- activations and gradients (any tensors; spec agreed once per version) ---------
+    def _spec_key(self, stage: int) -> str:
+        return f"recycle/v{self.version}/spec/{stage}"
+
+    def activation_spec(self, stage: int, out: Optional[Activation] = None) -> ActivationSpec:
+        """The spec of stage `stage`'s output under this plan version. Its first sender
+        publishes it (compare_set: the first of the stage's replicas wins and every other
+        must match); a receiver reads it once, waiting for the first sender if need be, and
+        caches it. One store round trip per boundary and version, none per message."""
+        spec = self._specs.get(stage)
+        if spec is not None:
+            return spec
+        key = self._spec_key(stage)
+        if out is not None:
+            mine = ActivationSpec.of(out, f"stage {stage}'s output")
+            agreed = ActivationSpec.from_json(self.store.compare_set(key, "", mine.to_json()))
+            if agreed != mine:
+                raise ActivationSpecError(
+                    f"stage {stage}'s output is {mine} on worker {self.me[0]}:{self.me[1]} "
+                    f"but {agreed} on another replica of the stage: replicas must build the "
+                    f"same stage")
+            spec = mine
+        else:
+            self._await_key(key, f"the spec of stage {stage}'s output")
+            spec = ActivationSpec.from_json(self.store.get(key))
+        self._specs[stage] = spec
+        return spec
+
+    def _await_key(self, key: str, what: str, poll_s: float = 0.0005, check_s: float = 0.2) -> None:
+        """Wait for a store key like a polled wait: deadline, or a newer plan dropping one
+        of this world's members (the publisher may be dead)."""
+        start = checked = time.monotonic()
+        limit = self.timeout.total_seconds()
+        while not self.store.check([key]):
+            now = time.monotonic()
+            if now - start > limit:
+                raise CommError(f"v{self.version} {what}: timed out after {limit:g} s")
+            if self._newer is not None and now - checked >= check_s:
+                checked = now
+                plan = self._newer()
+                if plan is not None and self._drops_member(plan):
+                    raise Superseded(plan)
+            time.sleep(poll_s)
+            poll_s = min(2 * poll_s, 0.005)
+
+    def send_activation(self, out: Activation, stage: int, to: Worker, iteration: int, g: int) -> None:
+        """Stage `stage`'s output of micro-batch g: checked against the agreed spec, one message."""
+        spec = self.activation_spec(stage, out)
+        spec.check(out, f"stage {stage}'s output for micro-batch {g}")
+        self.send(spec.pack(out), to, iteration, g, FWD)
+
+    def recv_activation(self, stage: int, frm: Worker, iteration: int, g: int) -> Activation:
+        """Stage `stage`'s output of micro-batch g, as the sender's tensors (views of one buffer)."""
+        spec = self.activation_spec(stage)
+        return spec.unpack(self._recv_into(spec.empty, frm, iteration, g, FWD))
+
+    def post_early(self, stage: int, frm: Worker, iteration: int, g: int, direction: int) -> bool:
+        """Post now the receive a later recv_activation/recv_grad of these arguments will
+        take, if this boundary's spec is known already (never waits). gloo only: NCCL runs
+        a communicator's p2p operations in order, so an early receive would hold back the
+        sends queued after it (two stages each waiting for the other's send)."""
+        key = (iteration, g, direction)
+        if self.nccl or key in self._early or stage not in self._specs:
+            return False
+        spec = self._specs[stage] if direction == FWD else self._specs[stage].grad()
+        if spec.empty_message:
+            return False
+        buf = spec.empty(self._wire_device)
+        self._early[key] = (self._post_recv(buf, frm, iteration, g, direction), buf)
+        return True
+
+    def early_count(self) -> int:
+        return len(self._early)
+
+    def send_grad(self, grads, stage: int, to: Worker, iteration: int, g: int) -> None:
+        """The gradient message for stage `stage`'s output of micro-batch g."""
+        spec = self.activation_spec(stage).grad()
+        if not spec.empty_message:
+            self.send(spec.pack(grad_message(spec, grads)), to, iteration, g, BWD)
+
+    def recv_grad(self, stage: int, frm: Worker, iteration: int, g: int):
+        spec = self.activation_spec(stage).grad()
+        if spec.empty_message:
+            return ()
+        return spec.unpack(self._recv_into(spec.empty, frm, iteration, g, BWD))
+
+    @property
+    def _wire_device(self) -> torch.device:
+        return self.device if self.nccl else torch.device("cpu")
+
+    def _post_recv(self, buf: torch.Tensor, frm: Worker, iteration: int, g: int,
+                   direction: int) -> dist.Work:
         try:  # posting may fail too when the peer's pair is already closed
-            work = self.data.recv([buf], self.rank_of[frm], self._tag(iteration, g, direction))
+            return self.data.recv([buf], self.rank_of[frm], self._tag(iteration, g, direction))
         except Exception as exc:
             raise CommError(f"v{self.version} recv of micro-batch {g} from {frm}: "
                             f"{str(exc)[:200]}", frm) from exc
+
+    def _recv_into(self, make_buf: Callable[[torch.device], torch.Tensor], frm: Worker,
+                   iteration: int, g: int, direction: int) -> torch.Tensor:
+        early = self._early.pop((iteration, g, direction), None)
+        if early is not None:  # posted ahead: its own buffer holds the message
+            work, buf = early
+        else:
+            buf = make_buf(self._wire_device)
+            work = self._post_recv(buf, frm, iteration, g, direction)
         self._wait(work, f"recv of micro-batch {g} from {frm}", frm)
-        return buf.to(self.device)
+        return buf if buf.device == self.device else buf.to(self.device)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, []
@@ -312,6 +423,7 @@ class World:
         timeout; its abort does not cut it short), so the groups are dropped on a
         background thread: the worker moves on to the next version meanwhile."""
         self._pending.clear()
+        self._early.clear()
         groups = []
         for name in ("stage_group", "data", "ctrl"):
             pg = getattr(self, name, None)

@@ -1,0 +1,75 @@
+"""End to end: ReCycle D=1 S=2 with receives posted ahead (the runtime's default) vs
+posted at their action, interleaved runs of the executor benchmark's model and workers
+(benchmarks/timed_worker.py). benchmarks/gloo_early_recv.py measures the per-hop effect.
+
+    PYTHONPATH=. python benchmarks/early_recv_ab.py [--rounds 6] [--fused] [--out FILE.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from rich.console import Console
+
+from benchmarks import timed_worker
+from benchmarks.executor_bench import TimedCoordinator, bench_config, steady_ms
+from executor.launch import launcher
+from executor.runtime import comm
+from planner.job import JobSpec
+from planner.solvers.timeline import Mode
+
+ITERS, WARMUP = 14, 3
+
+
+def child_at_action(store, replica, stage, log_path, token=None):
+    """The benchmark worker with every receive posted at its action."""
+    comm.World.post_early = lambda self, *a, **k: False
+    timed_worker.child(store, replica, stage, log_path, token)
+
+
+def _run(early: bool, split: bool) -> float:
+    target = timed_worker.child if early else child_at_action
+    saved, launcher.worker_child = launcher.worker_child, target
+    try:  # Coordinator.spawn reads launcher.worker_child
+        c = TimedCoordinator(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS, solver="greedy",
+                             timeout=30.0, ckpt_every=10 ** 9, deadline_s=300,
+                             mode=Mode(split_backward=split), console=Console(stderr=True, quiet=True))
+        c.spawn = lambda w: launcher.Coordinator.spawn(c, w)  # not the timed target swap
+        c.run()
+    finally:
+        launcher.worker_child = saved
+    return max(steady_ms(v, ITERS, WARMUP) for v in c.walls.values())
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--fused", action="store_true", help="fused-B plans instead of the I/W split")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    res: dict[str, list[float]] = {"ahead": [], "at action": []}
+    for _ in range(args.rounds):
+        res["ahead"].append(_run(True, not args.fused))
+        res["at action"].append(_run(False, not args.fused))
+    cmd = "PYTHONPATH=. python benchmarks/early_recv_ab.py --rounds " + str(args.rounds) + \
+        (" --fused" if args.fused else "") + (f" --out {args.out}" if args.out else "")
+    lines = ["# Receives posted ahead vs at their action, end to end", "", f"Command: `{cmd}`", "",
+             f"ReCycle D=1 S=2 ({'fused B' if args.fused else 'I/W split'}), the executor benchmark's "
+             f"GPT, {ITERS} iterations, first {WARMUP} excluded; realised ms/iter per run, runs "
+             f"interleaved; {os.cpu_count()} cores shared with other jobs (1-min load at the end "
+             f"{os.getloadavg()[0]:.1f}).", "",
+             "| receives | " + " | ".join(f"run {i + 1}" for i in range(args.rounds)) + " | median | best |",
+             "| --- |" + " --- |" * (args.rounds + 2)]
+    for k, v in res.items():
+        lines.append(f"| {k} | " + " | ".join(f"{x:.1f}" for x in v)
+                     + f" | {statistics.median(v):.1f} | {min(v):.1f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,86 @@
+"""End to end: `recycle train`'s workers with the next iteration's micro-batches loaded on
+the agent's loader thread (the default) vs generated inline at F, interleaved runs of
+the plain launcher (no benchmark instrumentation, no data generated up front).
+
+    PYTHONPATH=. python benchmarks/loader_ab.py [--rounds 3] [--out FILE.md]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+from rich.console import Console
+
+from benchmarks.executor_bench import bench_config
+from executor import worker
+from executor.launch import launcher
+from executor.launch.launcher import Coordinator
+from executor.runtime import agent
+from planner.job import JobSpec
+
+ITERS, WARMUP = 14, 3
+
+
+def child_inline(store, replica, stage, log_path, token=None):
+    """executor.worker.child with the loader thread off: every micro-batch inline at F."""
+    init = agent.Agent.__init__
+
+    def no_loader(self, *a, **k):
+        init(self, *a, **k)
+        self.prefetch = False
+    agent.Agent.__init__ = no_loader
+    worker.child(store, replica, stage, log_path, token)
+
+
+def _run(loader: bool) -> tuple[float, float]:
+    saved = launcher.worker_child
+    if not loader:
+        launcher.worker_child = child_inline
+    try:
+        c = Coordinator(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS, solver="greedy",
+                        timeout=30.0, ckpt_every=10 ** 9, deadline_s=300,
+                        console=Console(stderr=True, quiet=True))
+        res = c.run()
+    finally:
+        launcher.worker_child = saved
+    ends = [c.iteration_end[i] for i in sorted(c.iteration_end)]
+    return 1e3 * (ends[-1] - ends[WARMUP]) / (len(ends) - 1 - WARMUP), res.summary.losses[-1]
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    res: dict[str, list[float]] = {"loader thread": [], "inline at F": []}
+    last = set()
+    for _ in range(args.rounds):
+        for name, on in (("loader thread", True), ("inline at F", False)):
+            ms, loss = _run(on)
+            res[name].append(ms)
+            last.add(loss)
+    cmd = f"PYTHONPATH=. python benchmarks/loader_ab.py --rounds {args.rounds}" + \
+        (f" --out {args.out}" if args.out else "")
+    lines = ["# Micro-batches loaded ahead on a thread vs inline at F, end to end", "",
+             f"Command: `{cmd}`", "",
+             f"`recycle train` workers (ReCycle D=1 S=2, I/W split), the executor benchmark's GPT "
+             f"and its synthetic data, {ITERS} iterations, first {WARMUP} excluded; ms per "
+             f"iteration from the coordinator's iteration ends, runs interleaved; "
+             f"{os.cpu_count()} cores shared with other jobs (1-min load at the end "
+             f"{os.getloadavg()[0]:.1f}). Final losses of all runs: "
+             f"{', '.join(f'{v:.6f}' for v in sorted(last))} (the same data either way).", "",
+             "| data | " + " | ".join(f"run {i + 1}" for i in range(args.rounds)) + " | median | best |",
+             "| --- |" + " --- |" * (args.rounds + 2)]
+    for k, v in res.items():
+        lines.append(f"| {k} | " + " | ".join(f"{x:.1f}" for x in v)
+                     + f" | {statistics.median(v):.1f} | {min(v):.1f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+
+
+if __name__ == "__main__":
+    main()
