@@ -80,6 +80,7 @@ def test_output_changing_shape_halts_with_one_line(tmp_path):
     assert "stage 0's output for micro-batch" in res.halted, res.halted
     assert "was agreed for this stage boundary" in res.halted and "\n" not in res.halted
     assert "float64[2, 5, 24]" in res.halted and "float64[2, 6, 24]" in res.halted
+    assert res.model_error  # `recycle train` exits 2 on it, not 3 ("restore a checkpoint")
 
 
 # ---- the wire between two real processes ------------------------------------------------

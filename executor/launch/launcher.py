@@ -65,6 +65,7 @@ Worker = tuple[int, int]
 class TrainResult:
     summary: Optional[Summary]
     halted: Optional[str] = None
+    model_error: bool = False  # halted because a worker found the model itself wrong
     checkpoint: Optional[str] = None
     versions: int = 0
     run_dir: str = ""
@@ -430,7 +431,8 @@ class Coordinator:
                  if path else "no complete checkpoint yet")
         self.console.print(f"[red bold]training halted:[/] {reason}; {where}")
         return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
-                           run_dir=self.run_dir, events=self.events)
+                           run_dir=self.run_dir, events=self.events,
+                           model_error=reason == self.fatal)
 
     def final_checkpoint(self) -> None:
         """The last iteration's checkpoint: local workers have exited (their parts are
