@@ -72,12 +72,14 @@ def spread(values: list) -> float:
 
 
 def _saved_bytes(fn, exclude: set[int]) -> int:
-    """Bytes of distinct storages autograd saves for backward while fn runs."""
+    """Bytes of distinct storages autograd saves for backward while fn runs, less those
+    whose storage pointer is in exclude (the parameters': torch.nn.Linear saves its weight
+    as a transposed view, a different tensor on the same storage)."""
     seen: dict[int, int] = {}
 
     def pack(t):
-        if id(t) not in exclude:
-            st = t.untyped_storage()
+        st = t.untyped_storage()
+        if st.data_ptr() not in exclude:
             seen[st.data_ptr()] = st.nbytes()
         return t
 
@@ -141,7 +143,7 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
             nonlocal root
             out = module(xin)
             root = wl.loss_fn(out, targets) if last else out
-        act = _saved_bytes(fwd, params)
+        act = _saved_bytes(fwd, {p.untyped_storage().data_ptr() for p in module.parameters()})
         with _Timer(dev) as tm:
             torch.autograd.backward(root, grad)
         t["native_backward"].append(tm.us)

@@ -19,6 +19,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils import skip_init
 
 from executor.compute import data
 from executor.compute.model import ModelConfig, Workload, layer_range
@@ -56,7 +57,16 @@ def _normal(weight: Tensor, std: float, gen: torch.Generator) -> None:
     if weight.is_meta:  # shape-only construction (parameter counts of the big flavours)
         return
     with torch.no_grad():  # drawn on the CPU: the same bits whatever the device
-        weight.copy_(torch.randn(weight.shape, generator=gen) * std)
+        if weight.device.type == "cpu":
+            weight.normal_(0.0, std, generator=gen)
+        else:
+            weight.copy_(torch.empty(weight.shape).normal_(0.0, std, generator=gen))
+
+
+def _linear(n_in: int, n_out: int) -> nn.Linear:
+    """A bias-free Linear left uninitialised (the caller draws it: skips torch's kaiming
+    init, which cost as much again when building the big flavours)."""
+    return skip_init(nn.Linear, n_in, n_out, bias=False, device=torch.get_default_device())
 
 
 def rotary(seq_len: int, head_dim: int, device=None) -> tuple[Tensor, Tensor]:
@@ -82,10 +92,10 @@ class Attention(nn.Module):
         super().__init__()
         d, self.n_heads, self.n_kv = cfg.d_model, cfg.n_heads, kv_heads(cfg)
         self.head_dim = d // cfg.n_heads
-        self.wq = nn.Linear(d, self.n_heads * self.head_dim, bias=False)
-        self.wk = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
-        self.wv = nn.Linear(d, self.n_kv * self.head_dim, bias=False)
-        self.wo = nn.Linear(self.n_heads * self.head_dim, d, bias=False)
+        self.wq = _linear(d, self.n_heads * self.head_dim)
+        self.wk = _linear(d, self.n_kv * self.head_dim)
+        self.wv = _linear(d, self.n_kv * self.head_dim)
+        self.wo = _linear(self.n_heads * self.head_dim, d)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
         b, T, _ = x.shape
@@ -104,9 +114,9 @@ class FeedForward(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         d, h = cfg.d_model, ffn_width(cfg)
-        self.w1 = nn.Linear(d, h, bias=False)
-        self.w2 = nn.Linear(h, d, bias=False)
-        self.w3 = nn.Linear(d, h, bias=False)
+        self.w1 = _linear(d, h)
+        self.w2 = _linear(h, d)
+        self.w3 = _linear(d, h)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.w2(F.silu(self.w1(x)) * self.w3(x))
@@ -143,13 +153,14 @@ class LlamaStage(nn.Module):
         lo, hi = layer_range(cfg.n_layers, stage, stages, cfg.boundaries)
         self.tok_embeddings = None
         if stage == 0:
-            self.tok_embeddings = nn.Embedding(cfg.vocab, cfg.d_model)
+            self.tok_embeddings = skip_init(nn.Embedding, cfg.vocab, cfg.d_model,
+                                            device=torch.get_default_device())
             _normal(self.tok_embeddings.weight, 0.02, _gen(cfg, 0))
         self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(lo, hi)})
         self.norm = self.output = None
         if stage == stages - 1:
             self.norm = nn.RMSNorm(cfg.d_model, eps=NORM_EPS)
-            self.output = nn.Linear(cfg.d_model, cfg.vocab, bias=False)
+            self.output = _linear(cfg.d_model, cfg.vocab)
             _normal(self.output.weight, 0.02, _gen(cfg, cfg.n_layers + 1))
         # Not parameters and not in the state dict: recomputed on every build and device.
         cos, sin = rotary(cfg.seq_len, cfg.d_model // cfg.n_heads)
