@@ -89,9 +89,9 @@ def train_cmd(
             raise ValueError(f"--iterations must be at least 1, not {iterations}")
         if not timeout > 0:
             raise ValueError(f"--timeout must be positive, not {timeout:g}")
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model)
-        d_model, layers, heads, seq_len, vocab = (cfg.d_model, cfg.n_layers, cfg.n_heads,
-                                                  cfg.seq_len, cfg.vocab)  # as --model fixes them
+        from executor.models.families import flag_values  # as --model NAME[:FLAVOUR] fixes them
+        d_model, layers, heads, seq_len, vocab = flag_values(model, d_model, layers, heads,
+                                                             seq_len, vocab)
         check_train_options(solver=solver, store_port=store_port, run_dir=run_dir,
                             summary=summary, checkpoint=None, d_model=d_model,
                             layers=layers, heads=heads, seq_len=seq_len,

@@ -93,3 +93,11 @@ def architecture(name: str, **given: Optional[int]) -> dict:
             raise ValueError(f"{FLAGS[key]} {value} contradicts --model {label}, whose "
                              f"{key} is {shape[key]}; leave {FLAGS[key]} out")
     return shape
+
+
+def flag_values(name: str, d_model, layers, heads, seq_len, vocab) -> tuple[int, ...]:
+    """The architecture flags as --model NAME fixes them (None: the flavour's or default),
+    in the order given: for checks written against the flags."""
+    a = architecture(name, d_model=d_model, n_layers=layers, n_heads=heads,
+                     seq_len=seq_len, vocab=vocab)
+    return a["d_model"], a["n_layers"], a["n_heads"], a["seq_len"], a["vocab"]
