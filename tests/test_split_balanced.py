@@ -90,6 +90,8 @@ def test_profile_then_train_balanced_is_exact(tmp_path):
     bounds = balanced_boundaries(spec.layer_cost, 2)
     assert spec.layer_cost[-1] > spec.layer_cost[1] and bounds[0] > 2, (spec.layer_cost, bounds)
     assert f"balanced boundaries {list(bounds)}" in r.output
+    r = CliRunner().invoke(app, ["plan", str(job), "--fail", "0:1"])  # the planner ignores it
+    assert r.exit_code == 0, r.output
     run, ref, even = (tmp_path / f"{n}.json" for n in ("run", "ref", "even"))
     common = ["train", *SHAPE, "--iterations", "2"]
     r = CliRunner().invoke(app, [*common, "--job", str(job), "--kill", "0:1@1", "--timeout",
