@@ -144,7 +144,15 @@ def train_cmd(
                 console.print(f"resuming {where} with --lr {cfg.lr:g} (it trained with "
                               f"{man.model.get('lr')!r})")
     if reference:
+        import os
+
+        import torch
+
         from executor.compute.reference import train_reference
+        # the workers' thread count (executor/worker.py): matmuls sum in another order on
+        # more threads, and Adam turns that rounding into lr-sized steps where a gradient
+        # is near 0 (a GPT with vocab 8192 drifted 0.004 from its own workers on 2 cores)
+        torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
         result = train_reference(cfg, replicas, microbatches, iterations, stages,
                                  workload=workload)
         for i, loss in enumerate(result.losses):
