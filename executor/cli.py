@@ -26,7 +26,7 @@ def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, m
     return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, lr=lr, **arch, **training)
 
 
-_ARCH = "[default: the --model flavour's, else the GPT's {}]"
+_ARCH = "default: the --model flavour's, else {}"
 
 
 def train_cmd(
@@ -60,7 +60,7 @@ def train_cmd(
     d_model: Optional[int] = typer.Option(None, help=_ARCH.format(32)),
     layers: Optional[int] = typer.Option(None, help=_ARCH.format(4)),
     heads: Optional[int] = typer.Option(None, help=_ARCH.format(2)),
-    seq_len: Optional[int] = typer.Option(None, help=_ARCH.format(16) + "; may differ from a flavour's"),
+    seq_len: Optional[int] = typer.Option(None, help="default: the --model flavour's (which it may shorten), else 16"),
     micro_batch_size: int = typer.Option(4),
     vocab: Optional[int] = typer.Option(None, help=_ARCH.format(64)),
     seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
@@ -70,7 +70,7 @@ def train_cmd(
     min_lr_ratio: float = typer.Option(0.1, "--min-lr-ratio", help="cosine floor as a fraction of --lr"),
     clip: float = typer.Option(0.0, "--clip", help="clip gradients to this global norm over the whole model (0: off)"),
     data: Optional[str] = typer.Option(None, "--data", help="token file from `recycle data prepare` (default: the model's synthetic data)"),
-    split: Optional[str] = typer.Option(None, "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the per-layer costs of a --job from `recycle profile --split balanced`) [default: balanced if the --job has per-layer costs, else layers]"),
+    split: Optional[str] = typer.Option(None, "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the per-layer costs of a --job from `recycle profile --split balanced`); default: balanced if the --job has per-layer costs, else layers"),
 ):
     """Train a model (--model; default: the small built-in GPT) on a DxS grid of worker
     processes, surviving injected failures."""
@@ -188,7 +188,7 @@ def profile_cmd(
     d_model: Optional[int] = typer.Option(None, help=_ARCH.format(32)),
     layers: Optional[int] = typer.Option(None, help=_ARCH.format(4)),
     heads: Optional[int] = typer.Option(None, help=_ARCH.format(2)),
-    seq_len: Optional[int] = typer.Option(None, help=_ARCH.format(16) + "; may differ from a flavour's"),
+    seq_len: Optional[int] = typer.Option(None, help="default: the --model flavour's (which it may shorten), else 16"),
     micro_batch_size: int = typer.Option(4),
     vocab: Optional[int] = typer.Option(None, help=_ARCH.format(64)),
     seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
