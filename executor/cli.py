@@ -138,6 +138,10 @@ def train_cmd(
         cfg = split_config(cfg, split, spec, job, service)
         from executor.inputs.workload_name import check_workload  # after the cheap checks
         workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
+        if reference or not external:  # this machine's memory holds the model's state
+            from executor.models.footprint import check_fits
+            check_fits(model, workload, cfg, spec.stages, replicas=replicas, device=device,
+                       mode="reference" if reference else "workers")
         if resume:
             where, man = read_checkpoint(resume, spec, cfg, iterations, model)
             if man.model.get("lr") != cfg.lr:
@@ -213,6 +217,8 @@ def profile_cmd(
         check_split(split)
         from executor.inputs.workload_name import check_workload
         workload = check_workload(model, cfg, stages)
+        from executor.models.footprint import check_fits  # this machine holds a stage
+        check_fits(model, workload, cfg, stages, replicas=1, device=device, mode="profile")
         rows: list = []
         measure = profile
         if split == "balanced":  # per-layer costs first; cfg gets their boundaries

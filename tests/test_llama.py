@@ -150,3 +150,23 @@ def test_a_flavour_accepts_its_own_values_and_a_shorter_context(tmp_path):
                                  "--layers", "4", "--seq-len", "8", "--micro-batch-size", "1",
                                  "-s", "2", "--repeats", "1", "-o", str(job)])
     assert r.exit_code == 0, r.output
+
+
+def test_a_model_this_machine_cannot_hold_is_refused_before_any_worker_starts(tmp_path):
+    from executor.compute.profile import machine_memory
+    from executor.models.footprint import check_fits
+    if machine_memory() > 200 * 2**30:
+        pytest.skip("this machine could hold llama:8b's state 1.6 times over")
+    for args, says in [(["train", "-d", "2", "-s", "2"], "4 worker processes need 239.3 GB"),
+                       (["train", "--reference"], "one process (--reference) needs 119.7 GB")]:
+        r = CliRunner().invoke(app, [*args, "--model", "llama:8b", "--device", "cpu",
+                                     "--run-dir", str(tmp_path)])
+        one_line_exit_2(r, says)
+    assert not list(tmp_path.iterdir())  # no worker started, no log written
+    cfg = ModelConfig(**LLAMA["125m"].shape())
+    wl = workload()
+    check_fits("llama:125m", wl, cfg, 2, replicas=1, device="cpu", mode="profile",
+               budget=2**30)  # a stage of 62.3M parameters: 0.93 GB of state
+    with pytest.raises(ValueError, match="its largest stage needs 0.9 GB"):
+        check_fits("llama:125m", wl, cfg, 2, replicas=1, device="cpu", mode="profile",
+                   budget=2**29)
