@@ -226,8 +226,6 @@ def profile_cmd(
         spec = measure(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
                        workload=workload,
                        memory_budget=memory_budget, threads=threads, details=rows)
-        if split == "balanced":
-            spec, cfg = spec
         with open(out, "w") as fh:
             fh.write(spec.model_dump_json(indent=1))
         if details:
@@ -239,8 +237,9 @@ def profile_cmd(
         typer.echo(f"{s:>5} " + " ".join(f"{r[k]:>10.1f} {r['spread'][k]:>6.2f}" for k in ("F", "I", "W", "OPT"))
                    + f" {r['activation_bytes']:>11,}")
     if spec.layer_cost:
+        from executor.models.balance import balanced_boundaries
         typer.echo(f"per-layer F+I+W us [embedding, blocks, head]: {spec.layer_cost}; "
-                   f"balanced boundaries {list(cfg.boundaries)}")
+                   f"balanced boundaries {list(balanced_boundaries(spec.layer_cost, stages))}")
     typer.echo(f"wrote {out}: F={spec.cost.F} I={spec.cost.I} W={spec.cost.W} OPT={spec.cost.OPT} "
                f"activation={spec.memory.activation} capacity={spec.memory.capacity} "
                f"(median of {repeats}; spread = (max-min)/median)")

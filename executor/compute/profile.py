@@ -242,13 +242,13 @@ def profile_layers(cfg: ModelConfig, *, device: str = "cpu", repeats: int = 5,
 
 
 def profile_balanced(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
-                     device: str = "cpu", repeats: int = 5, **kw) -> tuple[JobSpec, ModelConfig]:
-    """Per-layer costs, the balanced boundaries they give, then the stages of that split
-    profiled as `profile` does: the JobSpec (with layer_cost) and cfg with its boundaries."""
+                     device: str = "cpu", repeats: int = 5, **kw) -> JobSpec:
+    """Per-layer costs, the balanced boundaries they give (executor/models/balance.py),
+    then the stages of that split profiled as `profile` does: a JobSpec whose layer_cost
+    gives `train` the same boundaries back."""
     from executor.models.balance import balanced_boundaries
     costs = profile_layers(cfg, device=device, repeats=repeats,
                            workload=kw.get("workload", DEFAULT_WORKLOAD), threads=kw.get("threads"))
-    cfg = dataclasses.replace(cfg, boundaries=balanced_boundaries(costs, stages)
-                              if stages > 1 else ())
+    cfg = dataclasses.replace(cfg, boundaries=balanced_boundaries(costs, stages))
     spec = profile(cfg, stages, replicas, microbatches, device=device, repeats=repeats, **kw)
-    return spec.model_copy(update={"layer_cost": costs}), cfg
+    return spec.model_copy(update={"layer_cost": costs})
