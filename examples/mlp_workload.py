@@ -41,7 +41,7 @@ class MLPStage(nn.Module):
     def __init__(self, cfg: ModelConfig, stage: int, stages: int):
         super().__init__()
         d = cfg.d_model
-        lo, hi = layer_range(cfg.n_layers, stage, stages)
+        lo, hi = layer_range(cfg.n_layers, stage, stages, cfg.boundaries)
         self.inp = _seeded(cfg, 0, lambda: nn.Linear(d, d)) if stage == 0 else None
         # keyed by the global layer index: names and values do not depend on the split
         self.blocks = nn.ModuleDict({str(i): _seeded(cfg, i + 1, lambda: Block(d))

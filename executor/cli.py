@@ -18,11 +18,16 @@ def register(app: typer.Typer) -> None:
     app.command("profile")(profile_cmd)
 
 
-def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, **training):
+def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model="gpt",
+           **training):
     from executor.compute.model import ModelConfig
-    return ModelConfig(vocab=vocab, seq_len=seq_len, d_model=d_model, n_heads=heads,
-                       n_layers=layers, micro_batch_size=micro_batch_size, seed=seed, lr=lr,
-                       **training)
+    from executor.models.families import architecture  # --model NAME[:FLAVOUR]'s shape
+    arch = architecture(model, d_model=d_model, n_layers=layers, n_heads=heads,
+                        seq_len=seq_len, vocab=vocab)
+    return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, lr=lr, **arch, **training)
+
+
+_ARCH = "default: the --model flavour's, else {}"
 
 
 def train_cmd(
@@ -52,17 +57,21 @@ def train_cmd(
     service: Optional[str] = typer.Option(None, "--service", help="workers take plans from, and report failures to, `recycle serve` at this URL"),
     job_id: Optional[str] = typer.Option(None, "--job-id", help="the job's id at --service"),
     token: Optional[str] = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", help="the job's worker token at --service"),
-    model: str = typer.Option("gpt", "--model", help="gpt (built-in) or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
-    d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
-    seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
-    vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
+    model: str = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
+    d_model: Optional[int] = typer.Option(None, help=_ARCH.format(32)),
+    layers: Optional[int] = typer.Option(None, help=_ARCH.format(4)),
+    heads: Optional[int] = typer.Option(None, help=_ARCH.format(2)),
+    seq_len: Optional[int] = typer.Option(None, help="default: the --model flavour's (which it may shorten), else 16"),
+    micro_batch_size: int = typer.Option(4),
+    vocab: Optional[int] = typer.Option(None, help=_ARCH.format(64)),
+    seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
     precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (autocast; fp32 master weights and gradients)"),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine decay to --min-lr-ratio x --lr after --warmup"),
     warmup: int = typer.Option(0, "--warmup", help="iterations of linear learning-rate warm-up"),
     min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="cosine floor as a fraction of --lr [default: 0.1]"),
     clip: float = typer.Option(0.0, "--clip", help="clip gradients to this global norm over the whole model (0: off)"),
     data: Optional[str] = typer.Option(None, "--data", help="token file from `recycle data prepare` (default: the model's synthetic data)"),
-    split: str = typer.Option("layers", "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the profiled per-layer cost, needs --job from `recycle profile`)"),
+    split: Optional[str] = typer.Option(None, "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the per-layer costs of a --job from `recycle profile --split balanced`); default: balanced if the --job has per-layer costs, else layers"),
 ):
     """Train a model (--model; default: the small built-in GPT) on a DxS grid of worker
     processes, surviving injected failures."""
@@ -82,6 +91,9 @@ def train_cmd(
             raise ValueError(f"--iterations must be at least 1, not {iterations}")
         if not timeout > 0:
             raise ValueError(f"--timeout must be positive, not {timeout:g}")
+        from executor.models.families import flag_values  # as --model NAME[:FLAVOUR] fixes them
+        d_model, layers, heads, seq_len, vocab = flag_values(model, d_model, layers, heads,
+                                                             seq_len, vocab)
         check_train_options(solver=solver, store_port=store_port, run_dir=run_dir,
                             summary=summary, checkpoint=None, d_model=d_model,
                             layers=layers, heads=heads, seq_len=seq_len,
@@ -89,7 +101,7 @@ def train_cmd(
         min_lr_ratio = check_training(precision=precision, lr_schedule=lr_schedule,
                                       warmup=warmup, min_lr_ratio=min_lr_ratio, clip=clip,
                                       iterations=iterations)
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr,
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model,
                      precision=precision, lr_schedule=lr_schedule, warmup_iters=warmup,
                      total_iters=iterations, min_lr_ratio=min_lr_ratio, clip=clip,
                      data=os.path.abspath(data) if data else "")
@@ -126,6 +138,8 @@ def train_cmd(
             os.makedirs(checkpoint_dir, exist_ok=True)
             if not os.access(checkpoint_dir, os.W_OK | os.X_OK):
                 raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
+        from executor.models.balance import split_config
+        cfg = split_config(cfg, split, spec, job, service)
         from executor.inputs.workload_name import check_workload  # after the cheap checks
         workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
         if data:
@@ -133,12 +147,22 @@ def train_cmd(
             check_data(data, cfg.vocab, cfg.micro_batch_size, cfg.seq_len,
                        spec.replicas * spec.microbatches)
             workload = with_data(workload, cfg)
+        if reference or not external:  # this machine's memory holds the model's state
+            from executor.models.footprint import check_fits
+            check_fits(model, workload, cfg, spec.stages, replicas=replicas, device=device,
+                       mode="reference" if reference else "workers")
         if resume:
             where, man = read_checkpoint(resume, spec, cfg, iterations, model)
             for note in resume_changes(man.model, cfg):
                 console.print(f"resuming {where} with {note}")
     if reference:
+        import torch
+
         from executor.compute.reference import train_reference
+        # the workers' thread count (executor/worker.py): matmuls sum in another order on
+        # more threads, and Adam turns that rounding into lr-sized steps where a gradient
+        # is near 0 (a GPT with vocab 8192 drifted 0.004 from its own workers on 2 cores)
+        torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
         result = train_reference(cfg, replicas, microbatches, iterations, stages,
                                  workload=workload)
         for i, loss in enumerate(result.losses):
@@ -169,10 +193,15 @@ def profile_cmd(
     repeats: int = typer.Option(7, "--repeats", help="rounds per figure after a warm-up: the median is kept, the spread printed"),
     memory_budget: Optional[int] = typer.Option(None, "--memory-budget", help="bytes per worker (default: the GPU's memory; on CPU this machine's memory / (D x S))"),
     details: Optional[str] = typer.Option(None, "--details", help="write every stage's medians, spreads and bytes as JSON here"),
-    model: str = typer.Option("gpt", "--model", help="gpt (built-in) or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
-    d_model: int = typer.Option(32), layers: int = typer.Option(4), heads: int = typer.Option(2),
-    seq_len: int = typer.Option(16), micro_batch_size: int = typer.Option(4),
-    vocab: int = typer.Option(64), seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
+    split: str = typer.Option("layers", "--split", help="layers (equal layer counts), or balanced: profile every layer alone first, write those costs into the job (layer_cost) and profile the stages of the split they balance (for `train --split balanced`)"),
+    model: str = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
+    d_model: Optional[int] = typer.Option(None, help=_ARCH.format(32)),
+    layers: Optional[int] = typer.Option(None, help=_ARCH.format(4)),
+    heads: Optional[int] = typer.Option(None, help=_ARCH.format(2)),
+    seq_len: Optional[int] = typer.Option(None, help="default: the --model flavour's (which it may shorten), else 16"),
+    micro_batch_size: int = typer.Option(4),
+    vocab: Optional[int] = typer.Option(None, help=_ARCH.format(64)),
+    seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
 ):
     """Measure F/I/W/OPT and activation memory of each stage and write a job spec for
     `recycle plan` / `train --job`."""
@@ -189,11 +218,18 @@ def profile_cmd(
             raise ValueError(f"--repeats must be at least 1, not {repeats}")
         if threads is not None and threads < 1:
             raise ValueError(f"--threads must be at least 1, not {threads}")
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr)
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model)
+        from executor.models.balance import check_split
+        check_split(split)
         from executor.inputs.workload_name import check_workload
         workload = check_workload(model, cfg, stages)
+        from executor.models.footprint import check_fits  # this machine holds a stage
+        check_fits(model, workload, cfg, stages, replicas=1, device=device, mode="profile")
         rows: list = []
-        spec = profile(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
+        measure = profile
+        if split == "balanced":  # per-layer costs first; cfg gets their boundaries
+            from executor.compute.profile import profile_balanced as measure
+        spec = measure(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
                        workload=workload,
                        memory_budget=memory_budget, threads=threads, details=rows)
         with open(out, "w") as fh:
@@ -206,6 +242,10 @@ def profile_cmd(
     for s, r in enumerate(rows):
         typer.echo(f"{s:>5} " + " ".join(f"{r[k]:>10.1f} {r['spread'][k]:>6.2f}" for k in ("F", "I", "W", "OPT"))
                    + f" {r['activation_bytes']:>11,}")
+    if spec.layer_cost:
+        from executor.models.balance import balanced_boundaries
+        typer.echo(f"per-layer F+I+W us [embedding, blocks, head]: {spec.layer_cost}; "
+                   f"balanced boundaries {list(balanced_boundaries(spec.layer_cost, stages))}")
     typer.echo(f"wrote {out}: F={spec.cost.F} I={spec.cost.I} W={spec.cost.W} OPT={spec.cost.OPT} "
                f"activation={spec.memory.activation} capacity={spec.memory.capacity} "
                f"(median of {repeats}; spread = (max-min)/median)")

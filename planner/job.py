@@ -73,6 +73,8 @@ class JobSpec(_Strict):
     memory: Optional[Memory] = None
     # Optional straggler model: speed[d][s] > 0 scales worker (d, s)'s durations by 1/speed.
     speed: Optional[list[list[Annotated[float, Field(gt=0, le=100)]]]] = None
+    # Optional per-layer F+I+W [embedding, blocks..., head] (executor/models/balance.py).
+    layer_cost: Optional[list[Duration]] = None
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "JobSpec":

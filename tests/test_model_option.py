@@ -72,7 +72,7 @@ BAD = {
 @pytest.mark.parametrize("model,says", [
     ("no_such_mod_9:workload", "cannot import no_such_mod_9: ModuleNotFoundError"),
     ("examples.mlp_workload:nothing", "has no 'nothing'"),
-    ("llama", "neither a built-in (gpt) nor an import path"),
+    ("lama", "neither a built-in (gpt, llama, llama:debug"),
     ("bad_not_a_workload:workload", "returned a dict, not an executor.compute.model.Workload"),
     ("bad_random_init:workload", "two builds of stage 0 have different parameters"),
     ("bad_broken:workload", "cannot import bad_broken"),

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -69,10 +69,20 @@ class ModelConfig:
         return cls(**d)
 
 
-def layer_range(n_layers: int, stage: int, stages: int) -> tuple[int, int]:
-    """Blocks [lo, hi) of `stage`."""
+def layer_range(n_layers: int, stage: int, stages: int,
+                boundaries: Sequence[int] = ()) -> tuple[int, int]:
+    """Blocks [lo, hi) of `stage`. boundaries (cfg.boundaries): the first block of stages
+    1..S-1, non-decreasing in 0..n_layers (a stage may hold no block); empty: as even as
+    possible, earlier stages taking the remainder. One stage holds every block."""
     if not 0 <= stage < stages:
         raise ValueError(f"stage {stage} outside 0..{stages - 1}")
+    if boundaries and stages > 1:
+        edges = (0, *boundaries, n_layers)
+        if len(boundaries) != stages - 1 or any(a > b for a, b in zip(edges, edges[1:])):
+            raise ValueError(f"boundaries {list(boundaries)} do not split {n_layers} layers "
+                             f"into {stages} stages (need {stages - 1} non-decreasing "
+                             f"first layers in 0..{n_layers})")
+        return edges[stage], edges[stage + 1]
     base, extra = divmod(n_layers, stages)
     lo = stage * base + min(stage, extra)
     return lo, lo + base + (1 if stage < extra else 0)
@@ -118,7 +128,7 @@ class GPTStage(nn.Module):
     def __init__(self, cfg: ModelConfig, stage: int, stages: int):
         super().__init__()
         self.stage, self.stages = stage, stages
-        lo, hi = layer_range(cfg.n_layers, stage, stages)
+        lo, hi = layer_range(cfg.n_layers, stage, stages, cfg.boundaries)
         self.embed = None
         if stage == 0:
             self.embed = Embedding(cfg.vocab, cfg.seq_len, cfg.d_model)

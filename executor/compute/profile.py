@@ -18,12 +18,14 @@ machine's memory shared by the `replicas x stages` workers (or --memory-budget).
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import statistics
 import time
 from typing import Optional
 
 import torch
+from torch import Tensor
 
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import StageCompute
@@ -69,12 +71,14 @@ def spread(values: list) -> float:
 
 
 def _saved_bytes(fn, exclude: set[int]) -> int:
-    """Bytes of distinct storages autograd saves for backward while fn runs."""
+    """Bytes of distinct storages autograd saves for backward while fn runs, less those
+    whose storage pointer is in exclude (the parameters': torch.nn.Linear saves its weight
+    as a transposed view, a different tensor on the same storage)."""
     seen: dict[int, int] = {}
 
     def pack(t):
-        if id(t) not in exclude:
-            st = t.untyped_storage()
+        st = t.untyped_storage()
+        if st.data_ptr() not in exclude:
             seen[st.data_ptr()] = st.nbytes()
         return t
 
@@ -84,16 +88,18 @@ def _saved_bytes(fn, exclude: set[int]) -> int:
 
 
 def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "cpu",
-                  repeats: int = 5, workload: Workload = DEFAULT_WORKLOAD) -> dict:
+                  repeats: int = 5, workload: Workload = DEFAULT_WORKLOAD,
+                  inputs: Optional[Tensor] = None) -> dict:
     """Timings (us) of F, I, W, the fused B, a native full backward and the AdamW step of
-    one micro-batch on `stage`, plus its activation, output and parameter bytes."""
+    one micro-batch on `stage`, plus its activation, output and parameter bytes. inputs:
+    the stage's input activation (default: the earlier stages run on micro-batch 0)."""
     dev = torch.device(device)
     wl = workload
     tokens, targets = wl.microbatch(cfg, 0, 0)
     tokens, targets = tokens.to(dev), targets.to(dev)
-    x = tokens
+    x = tokens if inputs is None else inputs
     with torch.no_grad():  # a real input activation: run the earlier stages once
-        for s in range(stage):
+        for s in range(stage if inputs is None else 0):
             x = wl.build_stage(cfg, s, stages).to(dev)(x)
     module = wl.build_stage(cfg, stage, stages).to(dev)
     first, last = stage == 0, stage == stages - 1
@@ -138,7 +144,7 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
             nonlocal root
             out = module(xin)
             root = wl.loss_fn(out, targets) if last else out
-        act = _saved_bytes(fwd, params)
+        act = _saved_bytes(fwd, {p.untyped_storage().data_ptr() for p in module.parameters()})
         with _Timer(dev) as tm:
             torch.autograd.backward(root, grad)
         t["native_backward"].append(tm.us)
@@ -202,3 +208,48 @@ def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
                    cost=Cost(F=[us(r["F"]) for r in rows], I=[us(r["I"]) for r in rows],
                              W=[us(r["W"]) for r in rows], OPT=[us(v) for v in opt]),
                    p2p=p2p, memory=memory)
+
+
+# ---- per-layer costs and `--split balanced` (executor/models/balance.py) ----------------
+
+def profile_layers(cfg: ModelConfig, *, device: str = "cpu", repeats: int = 5,
+                   workload: Workload = DEFAULT_WORKLOAD,
+                   threads: Optional[int] = None) -> list[int]:
+    """F+I+W (us, median rounds) of one micro-batch through each layer alone:
+    [embedding, block 0, ..., block L-1, head] (JobSpec.layer_cost). Measured on the split
+    that gives every layer its own stage (boundaries 0, 1, ..., L over L+2 stages: the
+    first holds only the embedding, the last only the final norm and head), each stage fed
+    the previous one's real output, so a layer is built once."""
+    L = cfg.n_layers
+    fine = dataclasses.replace(cfg, boundaries=tuple(range(L + 1)))
+    dev = torch.device(device)
+    if threads is None:
+        threads = int(os.environ.get("RECYCLE_THREADS", "1"))
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = workload.microbatch(fine, 0, 0)[0].to(dev)
+        out = []
+        for s in range(L + 2):
+            r = measure_stage(fine, s, L + 2, device=device, repeats=repeats,
+                              workload=workload, inputs=x)
+            out.append(max(1, int(round(r["F"] + r["I"] + r["W"]))))
+            if s < L + 1:
+                with torch.no_grad():
+                    x = workload.build_stage(fine, s, L + 2).to(dev)(x)
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def profile_balanced(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
+                     device: str = "cpu", repeats: int = 5, **kw) -> JobSpec:
+    """Per-layer costs, the balanced boundaries they give (executor/models/balance.py),
+    then the stages of that split profiled as `profile` does: a JobSpec whose layer_cost
+    gives `train` the same boundaries back."""
+    from executor.models.balance import balanced_boundaries
+    costs = profile_layers(cfg, device=device, repeats=repeats,
+                           workload=kw.get("workload", DEFAULT_WORKLOAD), threads=kw.get("threads"))
+    cfg = dataclasses.replace(cfg, boundaries=balanced_boundaries(costs, stages))
+    spec = profile(cfg, stages, replicas, microbatches, device=device, repeats=repeats, **kw)
+    return spec.model_copy(update={"layer_cost": costs})

@@ -1,7 +1,9 @@
-"""`--model NAME`: which Workload (executor.compute.model) to train or profile.
+"""`--model NAME[:FLAVOUR]`: which Workload (executor.compute.model) to train or profile.
 
-NAME is a built-in (`gpt`) or an import path `package.module:factory`, where `factory` is
-a Workload or a callable that takes no argument and returns one. The name travels to every
+NAME is a built-in family (`gpt`, `llama`; executor/models/families.py) with an optional
+flavour (`llama:8b`), or an import path `package.module:factory`, where `factory` is a
+Workload or a callable that takes no argument and returns one. A built-in family's name
+wins over a module of the same name. The name travels to every
 worker through the coordinator's store, so workers, torchrun'd workers and the reference
 all train the same model. Loaded like `python -m` does: the current directory is on the
 import path (as are PYTHONPATH and installed packages).
@@ -15,26 +17,28 @@ import sys
 
 import torch
 
-from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.compute.model import ModelConfig, Workload
+from executor.models.families import choices, split_name
 
-BUILT_IN = {"gpt": lambda: DEFAULT_WORKLOAD}
 DEFAULT_MODEL = "gpt"
 
 
 def _factory(name: str):
-    if name in BUILT_IN:
-        return BUILT_IN[name]
+    family = split_name(name)  # ValueError for an unknown flavour of a built-in
+    if family is not None:
+        return family[0].workload
     mod_name, sep, attr = name.partition(":")
     if not sep or not mod_name or not attr:
-        raise ValueError(f"--model {name!r} is neither a built-in ({', '.join(BUILT_IN)}) "
+        raise ValueError(f"--model {name!r} is neither a built-in ({choices()}) "
                          f"nor an import path package.module:factory")
     if os.getcwd() not in sys.path:  # as `python -m` would: the current directory first
         sys.path.insert(0, os.getcwd())
     try:
         mod = importlib.import_module(mod_name)
     except Exception as exc:  # the user's module: any error means "does not load"
+        hint = "" if "." in mod_name else f" (built-in: {choices()})"
         raise ValueError(f"--model {name}: cannot import {mod_name}: "
-                         f"{type(exc).__name__}: {exc}") from None
+                         f"{type(exc).__name__}: {exc}{hint}") from None
     try:
         return getattr(mod, attr)
     except AttributeError:
@@ -71,8 +75,14 @@ def param_hash(module) -> str:
 
 def check_workload(name: str, cfg: ModelConfig, stages: int) -> Workload:
     """Load NAME twice and build every stage from each: the parameters must be identical,
-    since every replica (and a rejoining worker, and the reference) builds its own."""
-    first, second = load_workload(name), load_workload(name)
+    since every replica (and a rejoining worker, and the reference) builds its own.
+    Built-in families are deterministic by construction (tests/test_llama.py and
+    test_executor_compute.py hold them to it): building llama:8b twice on the CPU would
+    take 64 GB before a GPU profile even starts."""
+    first = load_workload(name)
+    if split_name(name) is not None:
+        return first
+    second = load_workload(name)
     for s in range(stages):
         try:
             a, b = (param_hash(wl.build_stage(cfg, s, stages)) for wl in (first, second))
