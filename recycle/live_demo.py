@@ -28,7 +28,7 @@ from rich.table import Table
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D, S, M, ITERATIONS = 2, 2, 2, 12
 KILL, REJOIN = (1, 0, 3), (1, 0, 7)  # replica, stage, iteration
-MODEL = "gpt"
+MODEL = "llama:debug"
 TEXT = ("json", "asyncio", "email", "logging")  # standard-library packages trained on
 
 
@@ -71,6 +71,7 @@ def live_demo(out_dir: str, console: Console) -> bool:
     from executor.data.prepare import prepare, stdlib_dir
     from executor.data.token_file import with_data
     from executor.inputs.workload_name import load_workload
+    from executor.models.families import architecture
     from executor.sources.service_source import ServiceWatch
     from planner.job import JobSpec
 
@@ -80,8 +81,14 @@ def live_demo(out_dir: str, console: Console) -> bool:
     data = prepare([os.path.join(stdlib_dir(), p) for p in TEXT], os.path.join(tmp, "text.bin"))
     console.print(f"recycle data prepare: {data.token_file.tokens:,} byte tokens from "
                   f"{data.files} files of the standard library ({', '.join(TEXT)})")
-    cfg = ModelConfig(vocab=256, seq_len=32, d_model=32, n_heads=2, n_layers=2,
-                      micro_batch_size=4, lr=1e-2, data=data.token_file.path)
+    # warm-up then cosine, clipped by the global norm over both stages: exact as the rest
+    cfg = ModelConfig(**architecture(MODEL), micro_batch_size=4, lr=1e-2, lr_schedule="cosine",
+                      warmup_iters=2, total_iters=ITERATIONS, clip=1.0,
+                      data=data.token_file.path)
+    console.print(f"model {MODEL}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
+                  f"{cfg.n_heads} heads ({cfg.n_kv_heads} key/value), context {cfg.seq_len}; "
+                  f"lr {cfg.lr:g} with 2 warm-up iterations then cosine, clip at global "
+                  f"norm {cfg.clip:g}")
     admin = secrets.token_urlsafe(16)
     service, url = _start_service(tmp, admin)
     try:
