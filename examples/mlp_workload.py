@@ -6,8 +6,8 @@ Run from the repository root (the current directory is on --model's import path)
 
 The task: each position carries a d_model-dim feature vector x; its class is the argmax of
 x @ P for a fixed random projection P (vocab classes). A residual MLP learns it.
-Stages exchange (micro_batch_size, seq_len, d_model) float32 activations, the executor's
-activation shape today. Its plain nn layers get all their gradients in I (W is empty).
+Its plain nn layers get their weight gradients in W like any model's (docs/executor.md,
+"Deferred W"); it reads its own synthetic features, so `--data` does not apply to it.
 """
 from __future__ import annotations
 
