@@ -395,3 +395,29 @@ def test_stage_whose_output_needs_no_gradient():
     torch.testing.assert_close(comp.backward_input(0, torch.ones_like(out)), torch.zeros_like(h))
     comp.backward_weight(0)
     assert comp.pending() == [] and comp.module.lin.weight.grad is None
+
+
+def test_fused_mode_skips_the_trunk_hook_and_refuses_i():
+    """Under a plan of fused B (StageCompute.split = False) F installs no global module
+    hook (it slowed every module call of the first stage) and B's gradients are unchanged."""
+    x, tgt = DEFAULT_WORKLOAD.microbatch(CFG, 0, 0)
+    want = _plain_grads(DEFAULT_WORKLOAD, 2, x, tgt)
+    parts, comps = _stages(DEFAULT_WORKLOAD, 2)
+    for c in comps:
+        c.split = False
+    hooks = []
+    real = nn.modules.module.register_module_forward_hook
+    nn.modules.module.register_module_forward_hook = lambda h: hooks.append(h) or real(h)
+    try:
+        _forward(comps, x, tgt)
+    finally:
+        nn.modules.module.register_module_forward_hook = real
+    assert not hooks
+    gx = comps[1].backward_full(0)
+    comps[0].backward_full(0, gx)
+    for m, w in zip(parts, want):
+        for n, p in m.named_parameters():
+            assert torch.allclose(p.grad, w[n], atol=1e-6), n
+    _forward(comps, x, tgt, g=1)
+    with pytest.raises(RuntimeError, match="fused backward"):
+        comps[1].backward_input(1)

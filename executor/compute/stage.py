@@ -75,6 +75,9 @@ class StageCompute:
         self.loss_scale = float(loss_scale)
         self.loss_fn = loss_fn
         self.track_memory = track_memory  # record saved tensors for held_bytes (profiling)
+        # False under a plan of fused B: F then skips what only I needs (the first stage's
+        # trunk seeds, a global module hook that slows every module call)
+        self.split = True
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._plans = split_backward.GraphPlans(self._params)  # the graph analysis, reused
         self._names = {id(p): n for n, p in module.named_parameters()}
@@ -103,7 +106,7 @@ class StageCompute:
         leaves = [t for t in xs if t.requires_grad]
         ledger = SavedLedger(self._params) if self.track_memory else None
         # ids/masks have no autograd node: the modules they enter start the trunk instead
-        ids = self.is_first and any(not t.is_floating_point() for t in xs)
+        ids = self.split and self.is_first and any(not t.is_floating_point() for t in xs)
         seeding = split_backward.seeding_trunk(xs) if ids else nullcontext([])
         with torch.enable_grad(), autocast(self.precision, self.device), seeding as seeds, \
                 (ledger.recording() if ledger else nullcontext()):
@@ -130,6 +133,8 @@ class StageCompute:
         """I. grad: the gradient message for this stage's output (None on the last stage).
         Returns the gradient message for the stage input (None on the first stage), having
         computed no weight gradient that can be deferred to W."""
+        if not self.split:
+            raise RuntimeError(f"I of micro-batch {g} under a plan of fused backward (B only)")
         st = self._take_after_f(g, grad)
         roots, grads = self._roots(st, grad)
         gx, pending, stray = split_backward.backward_input(roots, grads, st.leaves, st.seeds,

@@ -239,6 +239,7 @@ class Agent:
         self.writer = self.me == min(peers)
         if self.writer and self._due(self.done):  # the part a dead writer may not have
             self._checkpoint(self.done, only_if_missing=True)  # finished: ours is the same
+        self.compute.split = plan.solver.split_backward  # fused B: F prepares no I
         backward = "I/W split" if plan.solver.split_backward else "fused B"
         self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}, "
                  f"{backward}, {plan.solver.optimizer} optimizer) at iteration {r}")
