@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 from rich.console import Console
 
 from benchmarks import timed_worker
+from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import TimedCoordinator, bench_config, steady_ms
 from executor.launch import launcher
 from executor.runtime import comm
@@ -54,21 +54,12 @@ def main(argv=None) -> None:
         res["at action"].append(_run(False, not args.fused))
     cmd = "PYTHONPATH=. python benchmarks/early_recv_ab.py --rounds " + str(args.rounds) + \
         (" --fused" if args.fused else "") + (f" --out {args.out}" if args.out else "")
-    lines = ["# Receives posted ahead vs at their action, end to end", "", f"Command: `{cmd}`", "",
+    write_ab("Receives posted ahead vs at their action, end to end", cmd,
              f"ReCycle D=1 S=2 ({'fused B' if args.fused else 'I/W split'}), the executor benchmark's "
              f"GPT, {ITERS} iterations, first {WARMUP} excluded; realised ms/iter per run, runs "
              f"interleaved; {os.cpu_count()} cores shared with other jobs (1-min load at the end "
-             f"{os.getloadavg()[0]:.1f}).", "",
-             "| receives | " + " | ".join(f"run {i + 1}" for i in range(args.rounds)) + " | median | best |",
-             "| --- |" + " --- |" * (args.rounds + 2)]
-    for k, v in res.items():
-        lines.append(f"| {k} | " + " | ".join(f"{x:.1f}" for x in v)
-                     + f" | {statistics.median(v):.1f} | {min(v):.1f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+             f"{os.getloadavg()[0]:.1f}).",
+             "receives", res, args.out)
 
 
 if __name__ == "__main__":

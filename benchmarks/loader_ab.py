@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 
 from rich.console import Console
 
+from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import bench_config
 from executor import worker
 from executor.launch import launcher
@@ -62,24 +62,14 @@ def main(argv=None) -> None:
             last.add(loss)
     cmd = f"PYTHONPATH=. python benchmarks/loader_ab.py --rounds {args.rounds}" + \
         (f" --out {args.out}" if args.out else "")
-    lines = ["# Micro-batches loaded ahead on a thread vs inline at F, end to end", "",
-             f"Command: `{cmd}`", "",
+    write_ab("Micro-batches loaded ahead on a thread vs inline at F, end to end", cmd,
              f"`recycle train` workers (ReCycle D=1 S=2, I/W split), the executor benchmark's GPT "
              f"and its synthetic data, {ITERS} iterations, first {WARMUP} excluded; ms per "
              f"iteration from the coordinator's iteration ends, runs interleaved; "
              f"{os.cpu_count()} cores shared with other jobs (1-min load at the end "
              f"{os.getloadavg()[0]:.1f}). Final losses of all runs: "
-             f"{', '.join(f'{v:.6f}' for v in sorted(last))} (the same data either way).", "",
-             "| data | " + " | ".join(f"run {i + 1}" for i in range(args.rounds)) + " | median | best |",
-             "| --- |" + " --- |" * (args.rounds + 2)]
-    for k, v in res.items():
-        lines.append(f"| {k} | " + " | ".join(f"{x:.1f}" for x in v)
-                     + f" | {statistics.median(v):.1f} | {min(v):.1f} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text)
+             f"{', '.join(f'{v:.6f}' for v in sorted(last))} (the same data either way).",
+             "data", res, args.out)
 
 
 if __name__ == "__main__":

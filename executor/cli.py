@@ -28,6 +28,13 @@ def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, m
 
 
 _ARCH = "default: the --model flavour's, else {}"
+# The model options of `train` and `profile` (one definition for both commands).
+MODEL_OPTION = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)")
+D_MODEL_OPTION = typer.Option(None, "--d-model", help=_ARCH.format(32))
+LAYERS_OPTION = typer.Option(None, "--layers", help=_ARCH.format(4))
+HEADS_OPTION = typer.Option(None, "--heads", help=_ARCH.format(2))
+SEQ_LEN_OPTION = typer.Option(None, "--seq-len", help="default: the --model flavour's (which it may shorten), else 16")
+VOCAB_OPTION = typer.Option(None, "--vocab", help=_ARCH.format(64))
 
 
 def train_cmd(
@@ -57,13 +64,10 @@ def train_cmd(
     service: Optional[str] = typer.Option(None, "--service", help="workers take plans from, and report failures to, `recycle serve` at this URL"),
     job_id: Optional[str] = typer.Option(None, "--job-id", help="the job's id at --service"),
     token: Optional[str] = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", help="the job's worker token at --service"),
-    model: str = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
-    d_model: Optional[int] = typer.Option(None, help=_ARCH.format(32)),
-    layers: Optional[int] = typer.Option(None, help=_ARCH.format(4)),
-    heads: Optional[int] = typer.Option(None, help=_ARCH.format(2)),
-    seq_len: Optional[int] = typer.Option(None, help="default: the --model flavour's (which it may shorten), else 16"),
-    micro_batch_size: int = typer.Option(4),
-    vocab: Optional[int] = typer.Option(None, help=_ARCH.format(64)),
+    model: str = MODEL_OPTION,
+    d_model: Optional[int] = D_MODEL_OPTION, layers: Optional[int] = LAYERS_OPTION,
+    heads: Optional[int] = HEADS_OPTION, seq_len: Optional[int] = SEQ_LEN_OPTION,
+    micro_batch_size: int = typer.Option(4), vocab: Optional[int] = VOCAB_OPTION,
     seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
     precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (autocast; fp32 master weights and gradients)"),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine decay to --min-lr-ratio x --lr after --warmup"),
@@ -194,13 +198,10 @@ def profile_cmd(
     memory_budget: Optional[int] = typer.Option(None, "--memory-budget", help="bytes per worker (default: the GPU's memory; on CPU this machine's memory / (D x S))"),
     details: Optional[str] = typer.Option(None, "--details", help="write every stage's medians, spreads and bytes as JSON here"),
     split: str = typer.Option("layers", "--split", help="layers (equal layer counts), or balanced: profile every layer alone first, write those costs into the job (layer_cost) and profile the stages of the split they balance (for `train --split balanced`)"),
-    model: str = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)"),
-    d_model: Optional[int] = typer.Option(None, help=_ARCH.format(32)),
-    layers: Optional[int] = typer.Option(None, help=_ARCH.format(4)),
-    heads: Optional[int] = typer.Option(None, help=_ARCH.format(2)),
-    seq_len: Optional[int] = typer.Option(None, help="default: the --model flavour's (which it may shorten), else 16"),
-    micro_batch_size: int = typer.Option(4),
-    vocab: Optional[int] = typer.Option(None, help=_ARCH.format(64)),
+    model: str = MODEL_OPTION,
+    d_model: Optional[int] = D_MODEL_OPTION, layers: Optional[int] = LAYERS_OPTION,
+    heads: Optional[int] = HEADS_OPTION, seq_len: Optional[int] = SEQ_LEN_OPTION,
+    micro_batch_size: int = typer.Option(4), vocab: Optional[int] = VOCAB_OPTION,
     seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
 ):
     """Measure F/I/W/OPT and activation memory of each stage and write a job spec for

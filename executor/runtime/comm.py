@@ -233,22 +233,28 @@ class World:
         self._specs[stage] = spec
         return spec
 
-    def _await_key(self, key: str, what: str, poll_s: float = 0.0005, check_s: float = 0.2) -> None:
+    def _await_key(self, key: str, what: str) -> None:
         """Wait for a store key like a polled wait: deadline, or a newer plan dropping one
         of this world's members (the publisher may be dead)."""
+        self._wait_until(lambda: self.store.check([key]), what, None, max_poll_s=0.005)
+
+    def _wait_until(self, done, what: str, peer: Optional[Worker], poll_s: float = 0.0005,
+                    max_poll_s: float = 0.0005, check_s: float = 0.2) -> None:
+        """Poll done() until true: CommError at the deadline, Superseded as soon as a newer
+        plan no longer has this world's members (one of them died: never done)."""
         start = checked = time.monotonic()
         limit = self.timeout.total_seconds()
-        while not self.store.check([key]):
+        while not done():
             now = time.monotonic()
             if now - start > limit:
-                raise CommError(f"v{self.version} {what}: timed out after {limit:g} s")
+                raise CommError(f"v{self.version} {what}: timed out after {limit:g} s", peer)
             if self._newer is not None and now - checked >= check_s:
                 checked = now
                 plan = self._newer()
                 if plan is not None and self._drops_member(plan):
                     raise Superseded(plan)
             time.sleep(poll_s)
-            poll_s = min(2 * poll_s, 0.005)
+            poll_s = min(2 * poll_s, max_poll_s)
 
     def send_activation(self, out: Activation, stage: int, to: Worker, iteration: int, g: int) -> None:
         """Stage `stage`'s output of micro-batch g: checked against the agreed spec, one message."""
@@ -330,24 +336,11 @@ class World:
         except Exception as exc:
             raise CommError(f"v{self.version} {what}: {str(exc)[:200]}", peer) from exc
 
-    def _poll(self, work, what: str, peer: Optional[Worker], poll_s: float = 0.0005,
-              check_s: float = 0.2) -> None:
-        """Wait for `work` without blocking in it: fail at the deadline, or as soon as a
-        newer plan no longer has this world's members (one of them died: its work will
-        never complete). The caller's abort (close) frees the communicator."""
-        start = checked = time.monotonic()
-        limit = self.timeout.total_seconds()
+    def _poll(self, work, what: str, peer: Optional[Worker]) -> None:
+        """Wait for `work` without blocking in it (see _wait_until). The caller's abort
+        (close) frees the communicator."""
         try:
-            while not work.is_completed():
-                now = time.monotonic()
-                if now - start > limit:
-                    raise CommError(f"v{self.version} {what}: timed out after {limit:g} s", peer)
-                if self._newer is not None and now - checked >= check_s:
-                    checked = now
-                    plan = self._newer()
-                    if plan is not None and self._drops_member(plan):
-                        raise Superseded(plan)
-                time.sleep(poll_s)
+            self._wait_until(work.is_completed, what, peer)
             work.wait()  # completed: raises if it completed with an error
         except CommError:
             raise
