@@ -98,6 +98,11 @@ def test_flops_w_carries_the_weight_products_and_i_plus_w_is_one_backward(stage)
     assert w == weight_products, (w, weight_products)
     assert i == weight_products - first_layer, (i, weight_products, first_layer)
     assert i + w == b, (i, w, b)
+    # fused B does exactly one plain backward's products (no gradient for the data either)
+    comp.forward(1, x, tgt)
+    with FlopCounterMode(display=False) as ff:
+        comp.backward_full(1, grad)
+    assert ff.get_total_flops() == b, (ff.get_total_flops(), b)
 
 
 class _TupleFirst(nn.Module):

@@ -154,15 +154,11 @@ class StageCompute:
         """B: one plain backward, weight and input gradients in one traversal."""
         st = self._take_after_f(g, grad)
         roots, grads = self._roots(st, grad)
-        wanted = st.leaves + self._params  # not the first stage's input: nobody needs it
-        if roots:
-            got = torch.autograd.grad(roots, wanted, grads, allow_unused=True)
-            for p, gp in zip(self._params, got[len(st.leaves):]):
-                split_backward.accumulate(p, gp)
-            gx = list(got[:len(st.leaves)])
-        else:
-            gx = [None] * len(st.leaves)
-        return self._input_message(st, gx)
+        if roots:  # autograd accumulates into .grad itself (in C++, as a plain backward);
+            # it never steals a gradient the caller still holds (the received message).
+            # Not the first stage's input: nobody needs its gradient.
+            torch.autograd.backward(roots, grads, inputs=st.leaves + self._params)
+        return self._input_message(st, [x.grad for x in st.leaves])
 
     # ---- helpers ----------------------------------------------------------------------
     def _take_after_f(self, g: int, grad) -> _AfterF:
