@@ -28,7 +28,7 @@ def child_inline(store, replica, stage, log_path, token=None):
 
     def no_loader(self, *a, **k):
         init(self, *a, **k)
-        self.prefetch = False
+        self.batches.ahead = False
     agent.Agent.__init__ = no_loader
     worker.child(store, replica, stage, log_path, token)
 

@@ -69,7 +69,7 @@ def _pregenerate() -> None:
 
     def pregen_init(self, *args, **kw):
         init(self, *args, **kw)
-        self.prefetch = False  # everything is generated up front here instead
+        self.batches.ahead = False  # everything is generated up front here instead
         self._pregen = {}
         if self.me[1] in (0, self.S - 1):
             for it in range(self.iterations):

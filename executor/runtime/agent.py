@@ -28,13 +28,13 @@ import os
 import socket
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Optional
 
 import torch
 
-from executor.checkpoint import load_stage, save_state, stage_state
-from executor.checkpoint.manifest import iteration_dir
+from executor.checkpoint import load_stage
+from executor.checkpoint.part_writer import PartWriter
+from executor.runtime.batches import Batches
 from executor.runtime.comm import BWD, FWD, CommError, Superseded, World
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
@@ -77,14 +77,11 @@ class Agent:
         self.version, self._refused = -1, -1
         self.job_hash = job.identity_hash()
         self.world: Optional[World] = None
-        self.ckpt_dir, self.ckpt_every, self.writer = ckpt_dir, ckpt_every, False
-        self._saver: Optional[threading.Thread] = None  # the checkpoint part being written
-        self._batches: dict[int, object] = {}  # g -> (input, targets) or its Future, this iteration
+        self.writer = False  # this worker writes its stage's checkpoint parts
+        self.parts = PartWriter(ckpt_dir, ckpt_every, iterations, s, self.log)
         # Micro-batches of the next iteration, loaded on a thread while this one computes
         # (a loader's work off the critical path). Only the first and last stage load data.
-        self.prefetch = s in (0, self.S - 1)
-        self._loader: Optional[ThreadPoolExecutor] = None
-        self._next_batches: dict[tuple[int, int], Future] = {}
+        self.batches = Batches(lambda it, g: workload.microbatch(cfg, it, g), s in (0, self.S - 1))
         # Iterations in which an injected fault may target us: at their mid-point we wait
         # for the coordinator's go-ahead, so the signal lands mid-iteration.
         self.fault_iterations = set(fault_iterations)
@@ -147,9 +144,8 @@ class Agent:
             return self._fatal(str(exc))
         finally:
             self.log(f"optimizer: {self.stepper.stats.line()}")
-            if self._loader is not None:
-                self._loader.shutdown(wait=False, cancel_futures=True)
-            self.finish_checkpoint()  # the last iteration's part, before the process ends
+            self.batches.close()
+            self.parts.finish()  # the last iteration's part, before the process ends
             if self.world is not None:
                 self.world.close()
 
@@ -237,8 +233,8 @@ class Agent:
                 self.world.send_blob(state, w)
         self.done = r - 1
         self.writer = self.me == min(peers)
-        if self.writer and self._due(self.done):  # the part a dead writer may not have
-            self._checkpoint(self.done, only_if_missing=True)  # finished: ours is the same
+        if self.writer and self.parts.due(self.done):  # the part a dead writer may not have
+            self.parts.write(self.done, self.module, self.opt, only_if_missing=True)  # finished
         self.compute.split = plan.solver.split_backward  # fused B: F prepares no I
         backward = "I/W split" if plan.solver.split_backward else "fused B"
         self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}, "
@@ -291,10 +287,8 @@ class Agent:
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
         self.plan_actions = wp.actions
         self.stepper.settle()  # the previous step is final before its parameters are used
-        self._batches = {g: f for (i, g), f in self._next_batches.items() if i == it}
-        self._next_batches.clear()
-        if self.prefetch and it + 1 < self.iterations:
-            self._load_ahead(it + 1, [a.microbatch for a in wp.actions if a.op == "F"])
+        self.batches.begin(it, [a.microbatch for a in wp.actions if a.op == "F"]
+                           if it + 1 < self.iterations else None)
         self._busy = 0.0
         self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         half = len(wp.actions) // 2
@@ -345,21 +339,8 @@ class Agent:
                 return  # this boundary's spec is not known yet: its first receive tells
             self._ahead += 1
 
-    def _load_ahead(self, it: int, gs: list[int]) -> None:
-        """Load iteration `it`'s micro-batches `gs` on the loader thread. They depend only on
-        (cfg, it, g), so a plan change or a rollback cannot make them wrong, only unused."""
-        if self._loader is None:
-            self._loader = ThreadPoolExecutor(1, thread_name_prefix="recycle-loader")
-        for g in gs:
-            self._next_batches[(it, g)] = self._loader.submit(self.wl.microbatch, self.cfg, it, g)
-
     def _batch(self, it: int, g: int):
-        got = self._batches.get(g)
-        if got is None:
-            got = self._batches[g] = self.wl.microbatch(self.cfg, it, g)
-        elif isinstance(got, Future):  # loaded ahead (usually done by now)
-            got = self._batches[g] = got.result()
-        return got
+        return self.batches.get(it, g)
 
     def _forward(self, plan: Plan, it: int, g: int) -> None:
         s = self.me[1]
@@ -434,48 +415,16 @@ class Agent:
         self.compute.reset()
         self.done = it
         final = it == self.iterations - 1  # the summary needs the checksum only at the end
-        if final or (self.writer and self._due(it)):
+        if final or (self.writer and self.parts.due(it)):
             self.stepper.settle()  # what is published or saved must be final
         n = sum(1 for a in self.plan_actions if a.op == "F")
         self.last_compute = (it, self._busy / max(n, 1))
         self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
                          checksum=checksum(self.module) if final else None)
-        if self.writer and self._due(it):
-            self._checkpoint(it)
+        if self.writer and self.parts.due(it):
+            self.parts.write(it, self.module, self.opt)
 
     # ---- state --------------------------------------------------------------------------
     def _load(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optim"])
-
-    def _due(self, it: int) -> bool:
-        return bool(self.ckpt_dir) and it >= 0 and ((it + 1) % self.ckpt_every == 0
-                                                     or it == self.iterations - 1)
-
-    def _checkpoint(self, it: int, only_if_missing: bool = False) -> None:
-        """This stage's part of the checkpoint of iteration `it` (DCP, executor/checkpoint/):
-        the coordinator makes it a checkpoint once every stage's part is in. The state is
-        copied here and written on a background thread (a DCP save took 0.2-0.5 s of wall
-        time on a loaded machine, on the critical path); at most one save is in flight.
-        A writer killed before its save finished loses that part: the stage's next writer
-        saves it on entering the next plan version (its state then is that very state).
-        A failed save costs that checkpoint, never the training."""
-        self.finish_checkpoint()
-        path = os.path.join(iteration_dir(self.ckpt_dir, it), f"stage{self.me[1]}")
-        if only_if_missing and os.path.isdir(path):
-            return
-        sd = stage_state(self.module, self.opt, copy=True)
-
-        def save():
-            try:
-                os.makedirs(os.path.dirname(path), exist_ok=True)
-                save_state(sd, path)
-            except Exception as exc:  # noqa: BLE001 - disk full, directory pruned meanwhile
-                self.log(f"checkpoint part of iteration {it} not written: {str(exc)[:200]}")
-        self._saver = threading.Thread(target=save, name=f"checkpoint-{it}", daemon=True)
-        self._saver.start()
-
-    def finish_checkpoint(self) -> None:
-        if self._saver is not None:
-            self._saver.join()
-            self._saver = None
