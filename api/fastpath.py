@@ -23,13 +23,11 @@ import json
 import re
 from typing import Optional
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+from api.hotpath.encode import PARTS
 from api.service import ApiError
-from planner.plan import Action
-
-ACTIONS = TypeAdapter(list[Action])  # pydantic's serialiser: as the plan's JSON has them
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
@@ -79,8 +77,7 @@ def _parts(job) -> None:
 def _microbatches(job, cells) -> list[int]:
     """The micro-batches the workers `cells` run an action of, in order."""
     acts = job.views["_actions"]
-    return sorted({a.microbatch for c in cells for a in acts.get(c, ())
-                   if a.microbatch is not None})
+    return sorted({g for c in cells if c in acts for g in PARTS.microbatches(acts[c])})
 
 
 def _routes(job, cells) -> str:
@@ -98,7 +95,7 @@ def _entry(job, replica: int, stage: int) -> str:
     grid = job.plan.incarnations
     inc = grid[replica][stage] if grid else 1
     return (f'{{"replica":{replica},"stage":{stage},"in_plan":{str(actions is not None).lower()},'
-            f'"incarnation":{inc},"actions":{ACTIONS.dump_json(actions or []).decode()}}}')
+            f'"incarnation":{inc},"actions":{PARTS.actions(actions) if actions else "[]"}}}')
 
 
 def _share(job, entry: bytes, cells) -> bytes:

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from api import stragglers
+from api.hotpath.encode import PARTS
+from api.hotpath.mapping import MemoMapper
 from api.metrics import Metrics
 from api.models import EventIn, SpeedIn
 from api.security import hash_token, new_worker_token
@@ -161,7 +163,7 @@ def _speed_answer(job: "JobRuntime", ev: dict, source: str, plan_version: int,
 
 
 def _plan_record(plan: Plan, cause: str) -> dict:
-    return {"version": plan.version, "json": plan.to_json(), "solver": plan.solver.name,
+    return {"version": plan.version, "json": PARTS.plan(plan), "solver": plan.solver.name,
             "period": plan.metrics.period, "cause": cause,
             "failed_key": ";".join(f"{r}:{s}" for r, s in plan.failed) or "-"}
 
@@ -169,6 +171,7 @@ def _plan_record(plan: Plan, cause: str) -> dict:
 class Service:
     def __init__(self, store: Store, cache: PlanCache, config: ServiceConfig, metrics: Metrics):
         self.store, self.cache, self.config, self.metrics = store, cache, config, metrics
+        cache.mapper = MemoMapper()  # map_plan, memoised (api/hotpath/mapping.py)
         self.jobs: dict[str, JobRuntime] = {}
         self.monitor = None      # api.heartbeats.Monitor, set by the app
         self.precomputer = None  # api.precompute.Precomputer, set by the app
@@ -241,6 +244,18 @@ class Service:
         plan = solve(spec, failed, "greedy")
         self.metrics.solve_seconds.labels("greedy", "event").observe(time.perf_counter() - t0)
         return plan, "greedy"
+
+    def warm(self, spec: JobSpec, canon) -> None:
+        """Ready the event path for canonical failed set `canon` of `spec` (runs in a
+        thread): its plan parsed in the cache's memory, and mapped as if its failed
+        replicas were the last ones, which moves every replica, so the mapper's memo holds
+        the blocks most renumberings of this set need (api/hotpath/mapping.py), and the
+        JSON of every action list of both (api/hotpath/encode.py)."""
+        D = spec.replicas
+        mapped = self.cache.get(spec, [(D - 1 - c, s) for c, s in canon.failed], verify=False)
+        if mapped is not None:  # and the JSON of its workers' action lists, both numberings
+            PARTS.plan(mapped)
+            PARTS.plan(self.cache.get(spec, list(canon.failed), verify=False))
 
     def _check_size(self, spec: JobSpec) -> None:
         grid = spec.replicas * spec.stages * spec.microbatches

@@ -1,0 +1,140 @@
+"""The failure event's hot path (api/hotpath/): the memoised renumbering equals map_plan,
+the assembled JSON equals Plan.to_json, the plan cache keeps every single-failure plan of
+a job parsed with its equal parts shared, and the service warms all of it during
+precompute (and again after a restart), so an event neither parses nor rebuilds."""
+from __future__ import annotations
+
+import random
+
+import httpx
+
+from api.hotpath.encode import JsonParts
+from api.hotpath.mapping import MemoMapper
+from api_support import ThreadServer, admin_headers, register_job
+from planner.cache import PlanCache
+from planner.failures import canonical_sets, canonicalize
+from planner.job import JobSpec
+from planner.plan import Plan
+from planner.solvers.backends import map_plan, solve
+from planner.validate import validate
+
+
+def test_memoised_mapping_equals_map_plan_event_after_event():
+    """Many renumberings of the same canonical plans, in random order (hits and misses of
+    the memo, one and two failures, failed replicas early and late): each equals map_plan's,
+    is valid, and blocks that do not move are the canonical plan's own objects."""
+    rng = random.Random(5)
+    mapper = MemoMapper()
+    for D, S, M, k in [(12, 4, 3, 1), (9, 3, 4, 2), (16, 2, 2, 2)]:
+        spec = JobSpec.uniform(D, S, M)
+        plans = {c.key: solve(c.job(spec), c.failed, "greedy", canonical=False)
+                 for c in canonical_sets(spec, k)}
+        for _ in range(40):
+            failed = sorted({(rng.randrange(D), rng.randrange(S))
+                             for _ in range(rng.randint(1, k))})
+            canon = canonicalize(spec, failed)
+            if canon.key not in plans:
+                continue
+            got = mapper(plans[canon.key], canon)
+            want = map_plan(plans[canon.key], canon)
+            assert got.to_json() == want.to_json(), (D, S, M, failed)
+            assert validate(got) == []
+            assert got.failed == failed
+        canon = canonicalize(spec, [(0, 1)])
+        plan = plans[canon.key]
+        assert mapper(plan, canon) is plan  # the identity renumbering
+        # replicas after the failed one whose workers run only micro-batches of replicas
+        # that stay put keep their workers as they are: the canonical plan's objects
+        canon = canonicalize(spec, [(1, 1)])
+        base = plans[canon.key]
+        still = {w.replica for w in base.workers} - {
+            w.replica for w in base.workers if w.replica <= 1 or any(
+                a.microbatch is not None and a.microbatch < 2 * M for a in w.actions)}
+        assert still
+        got = mapper(base, canon)
+        assert all(w is base.worker(w.replica, w.stage) for w in got.workers
+                   if w.replica in still)
+    assert mapper._blocks, "renumbered blocks are memoised"
+
+
+def test_memoised_mapping_leaves_jobs_with_speeds_to_map_plan():
+    spec = JobSpec.uniform(4, 3, 2).model_copy(update={"speed": [[1.0, 0.5, 1.0],
+                                                                  [1.0] * 3, [1.0] * 3,
+                                                                  [1.0] * 3]})
+    canon = canonicalize(spec, [(3, 2)])
+    plan = solve(canon.job(spec), canon.failed, "greedy", canonical=False)
+    assert MemoMapper()(plan, canon).to_json() == map_plan(plan, canon).to_json()
+
+
+def test_assembled_json_equals_to_json_byte_for_byte():
+    parts = JsonParts(limit=50)  # small: the memo is dropped and refilled on the way
+    spec = JobSpec.uniform(6, 3, 2)
+    cases = [solve(spec, [], "greedy"), solve(spec, [(4, 1)], "greedy"),
+             solve(spec, [(4, 1)], "greedy").stamped(7, [[1, 2, 1]] + [[1] * 3] * 5),
+             solve(spec.model_copy(update={"speed": [[0.5, 1.0, 1.0]] + [[1.0] * 3] * 5}),
+                   [(2, 0)], "greedy")]
+    for _ in range(3):
+        for plan in cases:
+            assert parts.plan(plan) == plan.to_json()
+            assert Plan.from_json(parts.plan(plan)) == plan
+    # a list with the id of a dropped one is never answered from the memo
+    a = solve(spec, [], "greedy")
+    first = parts.actions(a.workers[0].actions)
+    other = list(a.workers[1].actions)
+    assert parts.actions(other) != first
+
+
+def test_cache_keeps_every_single_failure_plan_parsed_with_shared_parts(tmp_path):
+    """The 1 + S*1 canonical plans of a job fit the budget because equal actions, lists and
+    rows are one object; a lookup from memory equals the one parsed from SQLite."""
+    spec = JobSpec.uniform(16, 4, 4)
+    cache = PlanCache(str(tmp_path / "c.db"), memory_actions=20_000)
+    sets = list(canonical_sets(spec, 1))
+    for c in sets:
+        cache.put(solve(c.job(spec), c.failed, "greedy", canonical=False))
+    assert len(cache._mem) == len(sets)
+    actions = sum(len(w.actions) for p, _ in cache._mem.values() for w in p.workers)
+    distinct = {id(a) for p, _ in cache._mem.values() for w in p.workers for a in w.actions}
+    assert len(distinct) < actions / 2, (len(distinct), actions)
+    cold = PlanCache(str(tmp_path / "c.db"))  # parses from SQLite
+    for failed in ([], [(9, 2)], [(0, 3)], [(15, 0)]):
+        assert cache.get(spec, failed).to_json() == cold.get(spec, failed).to_json()
+    # the budget still bounds memory: a small one keeps fewer plans
+    small = PlanCache(str(tmp_path / "c.db"), memory_actions=1_000)
+    for c in sets:
+        small.get(spec, list(c.failed))
+    assert 0 < len(small._mem) < len(sets)
+    assert small._mem_used <= 1_000
+
+
+def test_service_warms_single_failure_sets_during_precompute_and_after_restart(tmp_path):
+    """After precompute, an event's lookup finds its canonical plan parsed and its
+    renumbering in the mapper's memo; the same after a restart (nothing recomputed)."""
+    def warmed(svc, spec) -> bool:
+        cache = svc.cache
+        keys = {k[1] for k in cache._mem}
+        ones = [c for c in canonical_sets(spec, 1) if c.failed]
+        return all(c.key in keys for c in ones) and len(cache.mapper._layouts) >= len(ones)
+
+    import time
+    for restart in (False, True):
+        with ThreadServer(tmp_path / "s.db", precompute_failures=1) as srv:
+            admin = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+            if not restart:
+                jid, _ = register_job(admin, D=8, S=4, M=4)
+            spec = next(iter(srv.service.jobs.values())).spec
+            t0 = time.monotonic()
+            while not warmed(srv.service, spec):
+                assert time.monotonic() - t0 < 30, "not warmed"
+                time.sleep(0.05)
+            jid = next(iter(srv.service.jobs))
+            assert admin.get(f"/v1/jobs/{jid}/precompute").json()["state"] == "done"
+            r = admin.post(f"/v1/jobs/{jid}/events", json={
+                "event_id": f"f{restart}", "kind": "failure", "replica": 6, "stage": 2})
+            assert r.status_code == 200 and r.json()["plan_source"] == "cache", r.text
+            plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+            assert validate(Plan.model_validate(plan)) == [] and plan["failed"] == [[6, 2]]
+            assert admin.post(f"/v1/jobs/{jid}/events", json={
+                "event_id": f"r{restart}", "kind": "recovery", "replica": 6, "stage": 2}
+            ).status_code == 200
+            admin.close()
