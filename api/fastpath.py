@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 from typing import Optional
 
 from pydantic import ValidationError
@@ -136,6 +137,18 @@ def node_view(job, node: int, per_node: int) -> bytes:
         job.views[key] = _share(job, f'{{"node_rank":{node},"workers":[{entries}]'.encode(),
                                 cells)
     return job.views[key]
+
+
+def prebuilt_views(job, plan, per_node: Optional[int]) -> dict:
+    """What job.views will hold once `plan` is published: the shares of every node at
+    `per_node` workers per node (None: no agent has claimed one; nothing is built), made
+    from `plan` before it is in force (Service.apply_event builds them while the event's
+    write waits for its fsync)."""
+    draft = SimpleNamespace(id=job.id, spec=job.spec, plan=plan, views={})
+    if per_node:
+        for node in range(-(-job.spec.replicas * job.spec.stages // per_node)):
+            node_view(draft, node, per_node)
+    return draft.views
 
 
 def superseded(job, worker, incarnation: Optional[int]):

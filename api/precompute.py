@@ -9,6 +9,7 @@ Progress is persisted per job; after a restart precompute resumes where it stopp
 from __future__ import annotations
 
 import asyncio
+import gc
 import importlib.util
 import itertools
 import json
@@ -66,6 +67,18 @@ def greedy_if_better(spec_json: str, failed: list, period: int) -> Optional[str]
     from planner.job import JobSpec
     plan = solve(JobSpec.model_validate_json(spec_json), failed, "greedy", canonical=False)
     return plan.to_json() if plan.metrics.period < period else None
+
+
+def settle() -> None:
+    """After a precompute or warm-up: collect, then move every object alive into the
+    garbage collector's permanent generation (gc.freeze). The cache's plans and the event
+    path's memos are hundreds of thousands of long-lived objects; left in the oldest
+    generation, each full collection walks them all (0.3-1.3 s at 4,096 workers on the
+    test machine, every few seconds under heartbeat load: pauses on the event path).
+    Frozen objects are still freed by reference counting when the cache drops them; only
+    cycles among them would outlive it, and plans have none."""
+    gc.collect()
+    gc.freeze()
 
 
 class BackgroundSolver:
@@ -196,6 +209,7 @@ class Precomputer:
             if job.state != "running":
                 return
             await self._warm_set(job, canon)
+        settle()
 
     async def _warm_set(self, job, canon) -> None:
         try:
@@ -261,4 +275,5 @@ class Precomputer:
             if time.monotonic() - last_write > 0.5 or i + 1 == len(work):
                 store.set_precompute(job.id, done=i + 1, error=note)
                 last_write = time.monotonic()
+        settle()
         store.set_precompute(job.id, state="done", done=len(work), error=note)

@@ -175,6 +175,7 @@ class Service:
         self.jobs: dict[str, JobRuntime] = {}
         self.monitor = None      # api.heartbeats.Monitor, set by the app
         self.precomputer = None  # api.precompute.Precomputer, set by the app
+        self.prebuild = None     # (job, plan) -> the plan's node shares, set by the app
         self.closing = False
         self._tasks: set[asyncio.Task] = set()
 
@@ -341,10 +342,15 @@ class Service:
                       "state": state, "reason": reason, "failed": failed,
                       "plan_version": plan.version if plan else job.version,
                       "plan_source": plan_source, "incarnation": inc}
-            await asyncio.to_thread(self.store.apply_event, job.id,
-                                    {**ev.model_dump(), "source": source,
-                                     "body_json": body_json},
-                                    answer, state, reason, failed, record)
+            write = asyncio.ensure_future(asyncio.to_thread(
+                self.store.apply_event, job.id,
+                {**ev.model_dump(), "source": source, "body_json": body_json},
+                answer, state, reason, failed, record))
+            # while the write waits for its fsync (in a thread, without the GIL), the new
+            # version's shares are built here, ready for the long-polls that its publish
+            # wakes; published only once the write is done, as always
+            views = self._prebuild(job, plan) if plan is not None else {}
+            await write
             job.failed, job.state, job.reason = [tuple(x) for x in failed], state, reason
             job.measured = measured
             job.fed.pop(w, None)
@@ -352,7 +358,7 @@ class Service:
                 job.detector.forget(*w)
             if plan is not None:
                 job.incarnations = grid
-                self._install(job, plan, record["json"], cause)
+                self._install(job, plan, record["json"], cause, views)
                 self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
             else:
                 job.notify()
@@ -567,8 +573,21 @@ class Service:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _install(self, job: JobRuntime, plan: Plan, plan_json: str, cause: str) -> None:
-        job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), {}
+    def _prebuild(self, job: JobRuntime, plan: Plan) -> dict:
+        """`plan`'s shares (job.views) for the nodes whose agents long-poll, built before it
+        is published (api/fastpath.py prebuilt_views, set by the app); {} on any error:
+        they are then built on demand, as without this."""
+        if self.prebuild is None:
+            return {}
+        try:
+            return self.prebuild(job, plan)
+        except Exception as e:  # noqa: BLE001 - only speed is at stake
+            log.warning("job %s: prebuilding shares failed: %s", job.id, e)
+            return {}
+
+    def _install(self, job: JobRuntime, plan: Plan, plan_json: str, cause: str,
+                 views: Optional[dict] = None) -> None:
+        job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), views or {}
         job.remember()
         self.metrics.plan_version.labels(job.id).set(plan.version)
         self.metrics.slow_workers.labels(job.id).set(stragglers.slow_count(plan.job))

@@ -138,3 +138,31 @@ def test_service_warms_single_failure_sets_during_precompute_and_after_restart(t
                 "event_id": f"r{restart}", "kind": "recovery", "replica": 6, "stage": 2}
             ).status_code == 200
             admin.close()
+
+
+def test_node_shares_are_built_during_the_write_and_equal_those_built_on_demand(tmp_path):
+    """Once an agent has claimed a node, an event's new version comes with every node's
+    share already built (while its write waited for the fsync); they are byte for byte
+    the shares built from the plan on demand, and served as such."""
+    from types import SimpleNamespace
+
+    from api.fastpath import node_view
+    with ThreadServer(tmp_path / "s.db", precompute_failures=1) as srv:
+        admin = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+        jid, _ = register_job(admin, D=6, S=4, M=4)
+        assert admin.post(f"/v1/jobs/{jid}/nodes/1/attach", json={
+            "agent_id": "a1", "workers_per_node": 4}).status_code == 200
+        r = admin.post(f"/v1/jobs/{jid}/events", json={
+            "event_id": "f", "kind": "failure", "replica": 4, "stage": 1})
+        assert r.status_code == 200, r.text
+        job = srv.service.jobs[jid]
+        nodes = [k for k in job.views if isinstance(k, tuple) and k[0] == "node"]
+        assert sorted(n for _, n, _ in nodes) == list(range(6)), "prebuilt"
+        fresh = SimpleNamespace(id=jid, spec=job.spec, plan=job.plan, views={})
+        for node in range(6):
+            want = node_view(fresh, node, 4)
+            assert job.views[("node", node, 4)] == want
+            got = admin.get(f"/v1/jobs/{jid}/nodes/{node}/plan",
+                            params={"workers_per_node": 4})
+            assert got.status_code == 200 and got.content == want
+        admin.close()

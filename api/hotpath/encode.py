@@ -20,32 +20,30 @@ TAIL = {"metrics", "solver", "incarnations"}             # and after
 
 
 class JsonParts:
-    """Memoised JSON of action lists and their micro-batches; at most `limit` lists kept
-    (all dropped at once beyond it)."""
+    """Memoised JSON of action lists and the micro-batches they touch (both made at first
+    sight of a list, so a warm-up readies both); at most `limit` lists kept (all dropped at
+    once beyond it)."""
 
     def __init__(self, limit: int = 400_000):
         self.limit = limit
-        self._json: dict[int, tuple[list, str]] = {}
-        self._mbs: dict[int, tuple[list, tuple]] = {}
+        self._memo: dict[int, tuple[list, str, tuple]] = {}
+
+    def _get(self, actions: list) -> tuple[list, str, tuple]:
+        got = self._memo.get(id(actions))
+        if got is None or got[0] is not actions:
+            if len(self._memo) >= self.limit:
+                self._memo = {}
+            mbs = tuple({a.microbatch for a in actions if a.microbatch is not None})
+            got = self._memo[id(actions)] = (actions, ACTIONS.dump_json(actions).decode(), mbs)
+        return got
 
     def actions(self, actions: list) -> str:
         """ACTIONS.dump_json(actions), once per list."""
-        got = self._json.get(id(actions))
-        if got is None or got[0] is not actions:
-            if len(self._json) >= self.limit:
-                self._json = {}
-            got = self._json[id(actions)] = (actions, ACTIONS.dump_json(actions).decode())
-        return got[1]
+        return self._get(actions)[1]
 
     def microbatches(self, actions: list) -> tuple:
         """The micro-batches `actions` touch, once per list."""
-        got = self._mbs.get(id(actions))
-        if got is None or got[0] is not actions:
-            if len(self._mbs) >= self.limit:
-                self._mbs = {}
-            mbs = tuple({a.microbatch for a in actions if a.microbatch is not None})
-            got = self._mbs[id(actions)] = (actions, mbs)
-        return got[1]
+        return self._get(actions)[2]
 
     def plan(self, plan: Plan) -> str:
         """plan.to_json(), the workers' actions from the memo."""
