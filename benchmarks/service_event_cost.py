@@ -1,7 +1,8 @@
 """The service's work per failure event at 4,096 workers (256 x 16 x 4), timed piece by
 piece in one process: the pieces of api/service.py's event path and api/fastpath.py's
 shares, called directly, after a precompute of every single-failure set (as the service
-does for a job registered with max_failures=1) and its warm-up (Service.warm).
+does for a job registered with max_failures=1), its warm-up (Service.warm) and
+gc.freeze (api/precompute.py settle).
 
 Events are single failures of random workers (seeded), each followed by its recovery; per
 failure: the cache lookup and renumbering, the plan's JSON, its fsync'd SQLite write, the
@@ -14,6 +15,7 @@ memory after the precompute.
     PYTHONPATH=. .venv/bin/python benchmarks/service_event_cost.py [--events 20]
 """
 import argparse
+import gc
 import json
 import random
 import sqlite3
@@ -64,6 +66,9 @@ def main():
             PARTS.plan(cache.get(spec, [(D - 1 - c, s) for c, s in canon.failed],
                                  verify=False))
             PARTS.plan(cache.get(spec, list(canon.failed), verify=False))
+    if HOT:  # api/precompute.py settle(): the cache's objects out of the collector's way
+        gc.collect()
+        gc.freeze()
     pre = time.perf_counter() - t0
     rss1 = rss_mb()
     grid = [[1] * S for _ in range(D)]
