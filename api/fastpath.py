@@ -27,7 +27,7 @@ from typing import Optional
 from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
-from api.hotpath.encode import PARTS
+from api.hotpath.encode import PARTS, whole_plan
 from api.service import ApiError
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
@@ -301,10 +301,14 @@ class FastPlans:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             return await send({"type": "http.response.body", "body": b""})
         version = job.version
-        body = (node_view(job, *node) if node is not None else
-                job.plan_bytes if worker is None else worker_view(job, *worker))
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"etag", f'"v{version}"'.encode()), (b"cache-control", b"no-store"),
-            (b"content-length", str(len(body)).encode()),
-            (b"content-type", b"application/json")]})
+        if node is None and worker is None:  # the whole plan: maybe gzip-compressed
+            accept = next((v.decode("latin-1") for k, v in scope["headers"]
+                           if k == b"accept-encoding"), None)
+            body, headers = await whole_plan(job.plan_bytes, version, accept)
+        else:
+            body = node_view(job, *node) if node is not None else worker_view(job, *worker)
+            headers = [(b"etag", f'"v{version}"'.encode()), (b"cache-control", b"no-store"),
+                       (b"content-length", str(len(body)).encode()),
+                       (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -143,6 +143,16 @@ def main():
         print(f"  {k}: {fmt(v)}")
     print(f"one node share: {len(share) / 1e3:.1f} kB; an agent decodes it and cuts its "
           f"workers' shares in {dec_ms:.2f} ms")
+    import gzip
+    whole = job.plan_bytes
+    t = time.perf_counter()
+    gz = gzip.compress(whole, 1, mtime=0)
+    gz_ms = (time.perf_counter() - t) * 1000
+    nodes = D * S // 8
+    print(f"the whole plan (what the executor's workers take, fetched once per node and "
+          f"version through an agent): {len(whole) / 1e6:.2f} MB, gzip level 1 "
+          f"{len(gz) / 1e3:.0f} kB in {gz_ms:.0f} ms (once per version); {nodes} agents "
+          f"fetch {nodes * len(whole) / 1e9:.2f} GB -> {nodes * len(gz) / 1e6:.0f} MB")
 
 
 if __name__ == "__main__":

@@ -166,3 +166,32 @@ def test_node_shares_are_built_during_the_write_and_equal_those_built_on_demand(
                             params={"workers_per_node": 4})
             assert got.status_code == 200 and got.content == want
         admin.close()
+
+
+def test_whole_plans_go_gzip_compressed_once_to_clients_that_accept_it(tmp_path):
+    """A large whole plan (/plan fast path and route, /plans/{v}) is gzip-compressed for a
+    client that accepts it (httpx does: it decodes to the same JSON) and sent as it is to
+    one that does not; both paths send the same compressed bytes, made once."""
+    from api.hotpath.encode import GZIP, accepts_gzip
+    assert accepts_gzip("gzip, deflate") and accepts_gzip("br;q=1, *")
+    assert not accepts_gzip("gzip;q=0") and not accepts_gzip("identity") \
+        and not accepts_gzip(None)
+    with ThreadServer(tmp_path / "s.db", precompute_failures=0) as srv:
+        admin = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+        jid, _ = register_job(admin, D=16, S=8, M=8)
+        raw = srv.service.jobs[jid].plan_bytes
+        assert len(raw) > 64 * 1024
+        plain = admin.get(f"/v1/jobs/{jid}/plan", headers={"Accept-Encoding": "identity"})
+        assert plain.content == raw and "content-encoding" not in plain.headers
+        assert plain.headers["etag"] == '"v0"'
+        seen = []
+        for path in (f"/v1/jobs/{jid}/plan", f"/v1/jobs/{jid}/plan?x=1",
+                     f"/v1/jobs/{jid}/plans/0"):
+            r = admin.get(path)  # httpx: Accept-Encoding: gzip, deflate
+            assert r.status_code == 200
+            assert r.headers["content-encoding"] == "gzip" and r.content == raw
+            assert r.headers["etag"] == '"v0-gzip"' and r.headers["vary"] == "accept-encoding"
+            seen.append(int(r.headers["content-length"]))
+        assert len(set(seen)) == 1 and seen[0] < len(raw) / 5
+        assert len(GZIP._done) >= 1 and not GZIP._pending
+        admin.close()
