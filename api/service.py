@@ -588,6 +588,8 @@ class Service:
     def _install(self, job: JobRuntime, plan: Plan, plan_json: str, cause: str,
                  views: Optional[dict] = None) -> None:
         job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), views or {}
+        # the version's pages into the database file, after the answers (a thread)
+        self._background(asyncio.to_thread(self.store.checkpoint))
         job.remember()
         self.metrics.plan_version.labels(job.id).set(plan.version)
         self.metrics.slow_workers.labels(job.id).set(stragglers.slow_count(plan.job))

@@ -195,3 +195,27 @@ def test_whole_plans_go_gzip_compressed_once_to_clients_that_accept_it(tmp_path)
         assert len(set(seen)) == 1 and seen[0] < len(raw) / 5
         assert len(GZIP._done) >= 1 and not GZIP._pending
         admin.close()
+
+
+def test_plan_versions_are_checkpointed_after_the_commit_not_by_it(tmp_path):
+    """A large version's commit writes the WAL only (durable: another connection reads it
+    at once); checkpoint() then copies it into the database file. Before, the commit that
+    took the WAL past 1,000 pages ran the checkpoint itself, on the event's path."""
+    import os
+    import sqlite3
+
+    from api.storage.sqlite_store import Store
+    path = str(tmp_path / "s.db")
+    store = Store(path)
+    body = '{"x":"' + "y" * 6_000_000 + '"}'  # ~1,500 pages
+    record = {"version": 0, "json": body, "solver": "greedy", "period": 1, "cause": "c",
+              "failed_key": "-"}
+    store.create_job("j", "{}", "h", "t", 1, record, ["greedy"], 0.0)
+    size = os.path.getsize(path)
+    assert size < 1_000_000, "the commit did not checkpoint"
+    other = sqlite3.connect(path)  # as after a crash: the WAL is read back
+    assert len(other.execute("SELECT plan_json FROM plan_versions").fetchone()[0]) == len(body)
+    other.close()
+    store.checkpoint()
+    assert os.path.getsize(path) > 6_000_000
+    store.close()
