@@ -252,6 +252,8 @@ class Service:
         replicas were the last ones, which moves every replica, so the mapper's memo holds
         the blocks most renumberings of this set need (api/hotpath/mapping.py), and the
         JSON of every action list of both (api/hotpath/encode.py)."""
+        if spec.speed is not None:  # renumbered by map_plan itself, after a greedy check
+            return
         D = spec.replicas
         mapped = self.cache.get(spec, [(D - 1 - c, s) for c, s in canon.failed], verify=False)
         if mapped is not None:  # and the JSON of its workers' action lists, both numberings
