@@ -219,3 +219,17 @@ def test_plan_versions_are_checkpointed_after_the_commit_not_by_it(tmp_path):
     store.checkpoint()
     assert os.path.getsize(path) > 6_000_000
     store.close()
+
+
+def test_the_cluster_page_takes_the_whole_plan_compressed_too(tmp_path):
+    with ThreadServer(tmp_path / "s.db", precompute_failures=0) as srv:
+        admin = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
+        jid, _ = register_job(admin, D=16, S=8, M=8)
+        raw = srv.service.jobs[jid].plan_bytes
+        r = admin.get(f"/v1/page/jobs/{jid}/plan")
+        assert r.status_code == 200 and r.content == raw
+        assert r.headers["content-encoding"] == "gzip"
+        assert int(r.headers["content-length"]) < len(raw) / 5
+        plain = admin.get(f"/v1/page/jobs/{jid}/plan", headers={"Accept-Encoding": "identity"})
+        assert plain.content == raw and "content-encoding" not in plain.headers
+        admin.close()
