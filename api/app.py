@@ -13,7 +13,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import page
 from api.routes import jobs as routes_jobs, ops as routes_ops, plans as routes_plans, workers as routes_workers
-from api.fastpath import FastPlans
+from api.fastpath import FastPlans, prebuilt_views
 from api.heartbeats import Monitor
 from api.metrics import Metrics
 from api.nodes import routes as routes_nodes
@@ -139,6 +139,8 @@ def create_app(db_path: str, admin_token: Optional[str] = None,
         svc.load()
         bg = BackgroundSolver(cfg.solver_workers)
         svc.monitor, svc.precomputer = Monitor(svc), Precomputer(svc, bg)
+        svc.prebuild = lambda job, plan: prebuilt_views(
+            job, plan, app.state.nodes.per_node.get(job.id))
         app.state.service = svc
         bg.start()
         svc.monitor.start()

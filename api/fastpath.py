@@ -21,15 +21,14 @@ from __future__ import annotations
 
 import json
 import re
+from types import SimpleNamespace
 from typing import Optional
 
-from pydantic import TypeAdapter, ValidationError
+from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
+from api.hotpath.encode import PARTS, whole_plan
 from api.service import ApiError
-from planner.plan import Action
-
-ACTIONS = TypeAdapter(list[Action])  # pydantic's serialiser: as the plan's JSON has them
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
@@ -79,8 +78,7 @@ def _parts(job) -> None:
 def _microbatches(job, cells) -> list[int]:
     """The micro-batches the workers `cells` run an action of, in order."""
     acts = job.views["_actions"]
-    return sorted({a.microbatch for c in cells for a in acts.get(c, ())
-                   if a.microbatch is not None})
+    return sorted({g for c in cells if c in acts for g in PARTS.microbatches(acts[c])})
 
 
 def _routes(job, cells) -> str:
@@ -98,7 +96,7 @@ def _entry(job, replica: int, stage: int) -> str:
     grid = job.plan.incarnations
     inc = grid[replica][stage] if grid else 1
     return (f'{{"replica":{replica},"stage":{stage},"in_plan":{str(actions is not None).lower()},'
-            f'"incarnation":{inc},"actions":{ACTIONS.dump_json(actions or []).decode()}}}')
+            f'"incarnation":{inc},"actions":{PARTS.actions(actions) if actions else "[]"}}}')
 
 
 def _share(job, entry: bytes, cells) -> bytes:
@@ -139,6 +137,18 @@ def node_view(job, node: int, per_node: int) -> bytes:
         job.views[key] = _share(job, f'{{"node_rank":{node},"workers":[{entries}]'.encode(),
                                 cells)
     return job.views[key]
+
+
+def prebuilt_views(job, plan, per_node: Optional[int]) -> dict:
+    """What job.views will hold once `plan` is published: the shares of every node at
+    `per_node` workers per node (None: no agent has claimed one; nothing is built), made
+    from `plan` before it is in force (Service.apply_event builds them while the event's
+    write waits for its fsync)."""
+    draft = SimpleNamespace(id=job.id, spec=job.spec, plan=plan, views={})
+    if per_node:
+        for node in range(-(-job.spec.replicas * job.spec.stages // per_node)):
+            node_view(draft, node, per_node)
+    return draft.views
 
 
 def superseded(job, worker, incarnation: Optional[int]):
@@ -291,10 +301,14 @@ class FastPlans:
             await send({"type": "http.response.start", "status": 204, "headers": []})
             return await send({"type": "http.response.body", "body": b""})
         version = job.version
-        body = (node_view(job, *node) if node is not None else
-                job.plan_bytes if worker is None else worker_view(job, *worker))
-        await send({"type": "http.response.start", "status": 200, "headers": [
-            (b"etag", f'"v{version}"'.encode()), (b"cache-control", b"no-store"),
-            (b"content-length", str(len(body)).encode()),
-            (b"content-type", b"application/json")]})
+        if node is None and worker is None:  # the whole plan: maybe gzip-compressed
+            accept = next((v.decode("latin-1") for k, v in scope["headers"]
+                           if k == b"accept-encoding"), None)
+            body, headers = await whole_plan(job.plan_bytes, version, accept)
+        else:
+            body = node_view(job, *node) if node is not None else worker_view(job, *worker)
+            headers = [(b"etag", f'"v{version}"'.encode()), (b"cache-control", b"no-store"),
+                       (b"content-length", str(len(body)).encode()),
+                       (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": body})

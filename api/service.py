@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 from api import stragglers
+from api.hotpath.encode import PARTS
+from api.hotpath.mapping import MemoMapper
 from api.metrics import Metrics
 from api.models import EventIn, SpeedIn
 from api.security import hash_token, new_worker_token
@@ -161,7 +163,7 @@ def _speed_answer(job: "JobRuntime", ev: dict, source: str, plan_version: int,
 
 
 def _plan_record(plan: Plan, cause: str) -> dict:
-    return {"version": plan.version, "json": plan.to_json(), "solver": plan.solver.name,
+    return {"version": plan.version, "json": PARTS.plan(plan), "solver": plan.solver.name,
             "period": plan.metrics.period, "cause": cause,
             "failed_key": ";".join(f"{r}:{s}" for r, s in plan.failed) or "-"}
 
@@ -169,9 +171,11 @@ def _plan_record(plan: Plan, cause: str) -> dict:
 class Service:
     def __init__(self, store: Store, cache: PlanCache, config: ServiceConfig, metrics: Metrics):
         self.store, self.cache, self.config, self.metrics = store, cache, config, metrics
+        cache.mapper = MemoMapper()  # map_plan, memoised (api/hotpath/mapping.py)
         self.jobs: dict[str, JobRuntime] = {}
         self.monitor = None      # api.heartbeats.Monitor, set by the app
         self.precomputer = None  # api.precompute.Precomputer, set by the app
+        self.prebuild = None     # (job, plan) -> the plan's node shares, set by the app
         self.closing = False
         self._tasks: set[asyncio.Task] = set()
 
@@ -241,6 +245,20 @@ class Service:
         plan = solve(spec, failed, "greedy")
         self.metrics.solve_seconds.labels("greedy", "event").observe(time.perf_counter() - t0)
         return plan, "greedy"
+
+    def warm(self, spec: JobSpec, canon) -> None:
+        """Ready the event path for canonical failed set `canon` of `spec` (runs in a
+        thread): its plan parsed in the cache's memory, and mapped as if its failed
+        replicas were the last ones, which moves every replica, so the mapper's memo holds
+        the blocks most renumberings of this set need (api/hotpath/mapping.py), and the
+        JSON of every action list of both (api/hotpath/encode.py)."""
+        if spec.speed is not None:  # renumbered by map_plan itself, after a greedy check
+            return
+        D = spec.replicas
+        mapped = self.cache.get(spec, [(D - 1 - c, s) for c, s in canon.failed], verify=False)
+        if mapped is not None:  # and the JSON of its workers' action lists, both numberings
+            PARTS.plan(mapped)
+            PARTS.plan(self.cache.get(spec, list(canon.failed), verify=False))
 
     def _check_size(self, spec: JobSpec) -> None:
         grid = spec.replicas * spec.stages * spec.microbatches
@@ -326,10 +344,15 @@ class Service:
                       "state": state, "reason": reason, "failed": failed,
                       "plan_version": plan.version if plan else job.version,
                       "plan_source": plan_source, "incarnation": inc}
-            await asyncio.to_thread(self.store.apply_event, job.id,
-                                    {**ev.model_dump(), "source": source,
-                                     "body_json": body_json},
-                                    answer, state, reason, failed, record)
+            write = asyncio.ensure_future(asyncio.to_thread(
+                self.store.apply_event, job.id,
+                {**ev.model_dump(), "source": source, "body_json": body_json},
+                answer, state, reason, failed, record))
+            # while the write waits for its fsync (in a thread, without the GIL), the new
+            # version's shares are built here, ready for the long-polls that its publish
+            # wakes; published only once the write is done, as always
+            views = self._prebuild(job, plan) if plan is not None else {}
+            await write
             job.failed, job.state, job.reason = [tuple(x) for x in failed], state, reason
             job.measured = measured
             job.fed.pop(w, None)
@@ -337,7 +360,7 @@ class Service:
                 job.detector.forget(*w)
             if plan is not None:
                 job.incarnations = grid
-                self._install(job, plan, record["json"], cause)
+                self._install(job, plan, record["json"], cause, views)
                 self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
             else:
                 job.notify()
@@ -552,8 +575,23 @@ class Service:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    def _install(self, job: JobRuntime, plan: Plan, plan_json: str, cause: str) -> None:
-        job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), {}
+    def _prebuild(self, job: JobRuntime, plan: Plan) -> dict:
+        """`plan`'s shares (job.views) for the nodes whose agents long-poll, built before it
+        is published (api/fastpath.py prebuilt_views, set by the app); {} on any error:
+        they are then built on demand, as without this."""
+        if self.prebuild is None:
+            return {}
+        try:
+            return self.prebuild(job, plan)
+        except Exception as e:  # noqa: BLE001 - only speed is at stake
+            log.warning("job %s: prebuilding shares failed: %s", job.id, e)
+            return {}
+
+    def _install(self, job: JobRuntime, plan: Plan, plan_json: str, cause: str,
+                 views: Optional[dict] = None) -> None:
+        job.plan, job.plan_bytes, job.views = plan, plan_json.encode(), views or {}
+        # the version's pages into the database file, after the answers (a thread)
+        self._background(asyncio.to_thread(self.store.checkpoint))
         job.remember()
         self.metrics.plan_version.labels(job.id).set(plan.version)
         self.metrics.slow_workers.labels(job.id).set(stragglers.slow_count(plan.job))

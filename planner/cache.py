@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Optional, Union
 from planner.solvers.backends import SolveOptions, map_plan, solve
 from planner.failures import Canonical, canonical_sets, canonicalize
 from planner.job import JobSpec
-from planner.plan import Plan
+from planner.plan import Plan, WorkerPlan, make_action
 from planner.solvers.timeline import Mode
 
 SCHEMA = """
@@ -65,16 +65,67 @@ def cache_key(job: JobSpec, canon: Canonical, mode: Mode) -> tuple[str, str, str
     return job.identity_hash(), key, mode_key(mode)
 
 
+class _Parts:
+    """Equal parts of the plans kept parsed, shared: actions (frozen), workers' action
+    lists and route rows. The canonical plans of one job differ in a few workers only (at
+    4,096 workers, its 17 single-failure plans hold 905,200 actions of which 50,796 are
+    distinct), so sharing keeps every one of them parsed for ~1/15 of the memory. Plans
+    are data that nobody mutates (planner/plan.py), which makes the sharing safe."""
+
+    def __init__(self):
+        self.actions: dict[tuple, object] = {}
+        self.lists: dict[tuple, list] = {}
+        self.workers: dict[tuple, WorkerPlan] = {}
+        self.rows: dict[tuple, list] = {}
+
+    def __len__(self) -> int:
+        return len(self.actions) + len(self.lists) + len(self.workers) + len(self.rows)
+
+    def share(self, plan: Plan) -> tuple[Plan, int]:
+        """`plan` made of shared parts, and how many parts it added (its memory charge)."""
+        before = len(self)
+        acts, lists, wps, rows = self.actions, self.lists, self.workers, self.rows
+        workers = []
+        for w in plan.workers:
+            mine = []
+            for a in w.actions:
+                k = (a.op, a.microbatch, a.start, a.end)
+                b = acts.get(k)
+                mine.append(b if b is not None else acts.setdefault(k, make_action(*k)))
+            ids = tuple(map(id, mine))  # the actions are shared: their ids name them
+            shared = lists.get(ids)
+            if shared is None:
+                shared = lists[ids] = mine
+            wkey = (w.replica, w.stage, id(shared))
+            wp = wps.get(wkey)
+            if wp is None:
+                wp = wps[wkey] = WorkerPlan.model_construct(replica=w.replica, stage=w.stage,
+                                                            actions=shared)
+            workers.append(wp)
+        routes = []
+        for t in map(tuple, plan.routes):
+            row = rows.get(t)
+            routes.append(row if row is not None else rows.setdefault(t, list(t)))
+        return plan.model_copy(update={"workers": workers, "routes": routes}), \
+            len(self) - before
+
+
 class PlanCache:
     def __init__(self, path: str = ":memory:", memory_actions: int = 100_000):
         self.path = path
         self._lock = threading.Lock()
         # the canonical plans last read or written here, parsed, up to `memory_actions`
-        # actions in all: a hit costs the mapping only, not a JSON parse (10 ms for 256
-        # workers). Writers in other processes are seen once an entry ages out; until then
-        # the plan served is still valid, only maybe not the best one.
+        # parts in all (a part: an action, or a worker's list of them, or a route row;
+        # ~600 B at most; equal parts are shared between plans, _Parts): a hit costs the
+        # mapping only, not a JSON parse (10 ms at 256 workers, 130-200 ms at 4,096).
+        # Writers in other processes are seen once an entry ages out; until then the plan
+        # served is still valid, only maybe not the best one.
         self._mem: OrderedDict[tuple, tuple[Plan, int]] = OrderedDict()
         self._mem_budget, self._mem_used = memory_actions, 0
+        self._parts, self._share_lock = _Parts(), threading.Lock()
+        # canonical plan -> the asked numbering (planner.solvers.backends.map_plan); the
+        # service puts a memoised equivalent here (api/hotpath/mapping.py)
+        self.mapper: Callable[[Plan, Canonical], Plan] = map_plan
         self._db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute(SCHEMA)
@@ -102,9 +153,9 @@ class PlanCache:
         if plan is None:
             if row is None:
                 return None
-            plan = Plan.from_json(row[0])
-            self._remember(key, plan, replace=False)  # a put meanwhile has the newer plan
-        out = map_plan(plan, canon)
+            # a put meanwhile has the newer plan
+            plan = self._remember(key, Plan.from_json(row[0]), replace=False)
+        out = self.mapper(plan, canon)
         if verify or job.speed is not None:
             out = self._versus_greedy(job, failed, mode, key, canon, out) or out
         return out
@@ -153,15 +204,26 @@ class PlanCache:
             self._checked.add((key, canon.perm))
         return greedy if better else None
 
-    def _remember(self, key: tuple, plan: Plan, replace: bool = True) -> None:
-        size = sum(len(w.actions) for w in plan.workers) + 1
+    def _remember(self, key: tuple, plan: Plan, replace: bool = True) -> Plan:
+        """Keep `plan` parsed (made of shared parts); the plan kept for `key`. A plan is
+        charged the parts it added; once the shared parts alone exceed the budget they are
+        dropped (the plans kept hold theirs), so memory stays under twice the budget."""
         with self._lock:
             if not replace and key in self._mem:
-                return
+                return self._mem[key][0]
+        with self._share_lock:  # not self._lock: lookups go on meanwhile (30 ms at 4,096)
+            if len(self._parts) > self._mem_budget:
+                self._parts = _Parts()
+            plan, size = self._parts.share(plan)
+        size += (len(plan.workers) + len(plan.routes)) // 64 + 1  # the plan's own lists
+        with self._lock:
+            if not replace and key in self._mem:
+                return self._mem[key][0]
             self._mem_used += size - self._mem.pop(key, (None, 0))[1]
             self._mem[key] = (plan, size)
             while self._mem_used > self._mem_budget and self._mem:
                 self._mem_used -= self._mem.popitem(last=False)[1][1]
+            return plan
 
     def put(self, plan: Plan, mode: Optional[Mode] = None) -> bool:
         """Store `plan` (any replica numbering) unless a better one is there; True if stored."""

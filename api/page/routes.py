@@ -21,6 +21,7 @@ from pathlib import Path
 from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import Response, StreamingResponse
 
+from api.hotpath.encode import whole_plan
 from api.page.view import history, job_view
 from api.security import ADMIN, AuthRoute, bearer
 
@@ -82,8 +83,12 @@ async def plan(job_id: str, request: Request):
     """The plan in force, or the last one of a halted job: unlike /v1/jobs/{id}/plan this
     never answers 410, so a halt racing the page's fetch is not an error in the browser."""
     job = request.app.state.service.job(job_id)
-    return Response(job.plan_bytes, media_type="application/json",
-                    headers={"Cache-Control": "no-store"})
+    # gzip-compressed once per version, shared with the agents' fetches (api/hotpath)
+    body, headers = await whole_plan(job.plan_bytes, job.version,
+                                     request.headers.get("accept-encoding"))
+    return Response(body, media_type="application/json", headers={
+        k.decode(): v.decode() for k, v in headers
+        if k in (b"cache-control", b"content-encoding", b"vary")})
 
 
 @data.get("/jobs/{job_id}/live", openapi_extra=ADMIN)

@@ -6,6 +6,7 @@ from typing import Optional
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
 from api.fastpath import superseded, worker_view
+from api.hotpath.encode import whole_plan
 from api.models import MAX_INCARNATION, Error, WorkerPlanOut
 from api.security import JOB, AuthRoute, bearer
 from api.service import ApiError
@@ -24,6 +25,15 @@ WAIT = Query(0.0, ge=0, le=3600, description="seconds to wait for a newer versio
 def _json(body: bytes, version: int) -> Response:
     return Response(body, media_type="application/json",
                     headers={"ETag": f'"v{version}"', "Cache-Control": "no-store"})
+
+
+async def _whole(request: Request, body: bytes, version: int) -> Response:
+    """A whole plan, gzip-compressed once per version for clients that accept it
+    (api/hotpath/encode.py whole_plan; the fast path answers alike)."""
+    body, headers = await whole_plan(body, version, request.headers.get("accept-encoding"))
+    return Response(body, media_type="application/json", headers={
+        k.decode(): v.decode() for k, v in headers if k not in (b"content-type",
+                                                                 b"content-length")})
 
 
 async def _wait(request: Request, job_id: str, after: Optional[int], wait: float):
@@ -45,7 +55,7 @@ async def current_plan(request: Request, job_id: str, after: Optional[int] = AFT
     _, job, newer = await _wait(request, job_id, after, wait)
     if not newer:
         return Response(status_code=204)
-    return _json(job.plan_bytes, job.version)
+    return await _whole(request, job.plan_bytes, job.version)
 
 
 @router.get("/plans/{version}", response_model=Plan, openapi_extra=JOB,
@@ -59,7 +69,7 @@ async def plan_version(request: Request, job_id: str,
         if row is None:
             raise ApiError(404, f"job {job_id} has no plan version {version}")
         body = row["plan_json"].encode()
-    return _json(body, version)
+    return await _whole(request, body, version)
 
 
 @router.get("/workers/{replica}/{stage}/plan", response_model=WorkerPlanOut,

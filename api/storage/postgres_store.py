@@ -156,6 +156,9 @@ class PgStore(Store):
             self._db.raw.execute(f"SET {name} = {int(value)}")
         self._keeper: Optional[asyncio.Task] = None
 
+    def checkpoint(self) -> None:
+        """Nothing to do: PostgreSQL checkpoints on its own."""
+
     def try_activate(self) -> bool:
         """Take the advisory lock (then create the tables); False if another holds it."""
         with self._lock:
