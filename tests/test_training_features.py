@@ -167,6 +167,27 @@ def test_bf16_plan_with_a_failure_matches_bf16_reference():
     assert all(t.dtype == torch.float32 for s in got.state for t in s.values())  # fp32 masters
 
 
+@pytest.mark.hard_timeout(120)
+def test_bf16_llama_across_processes_with_kill_and_rejoin_matches_bf16_reference(tmp_path):
+    """bf16 activations and gradients on the wire (any-dtype specs), the generic I/W split
+    under autocast, a SIGKILL and a rejoin: the bf16 reference within BF16_TOL."""
+    out = tmp_path / "summary.json"
+    r = CliRunner().invoke(app, ["train", "--model", "llama:debug", *SHAPES["llama:debug"],
+                                 "--precision", "bf16", "-d", "2", "-s", "2", "-m", "2",
+                                 "--iterations", "4", "--kill", "1:0@1", "--rejoin", "1:0@2",
+                                 "--timeout", "4", "--run-dir", str(tmp_path),
+                                 "--summary", str(out)])
+    assert r.exit_code == 0, r.output
+    cfg = ModelConfig(**architecture("llama:debug", seq_len=8), micro_batch_size=2,
+                      precision="bf16", total_iters=4)
+    ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload("llama:debug"))
+    got = Summary.load(str(out))
+    assert not compare(got, ref, BF16_TOL), compare(got, ref, BF16_TOL)
+    fp32 = train_reference(dataclasses.replace(cfg, precision="fp32"), 2, 2, 4, 2,
+                           workload=load_workload("llama:debug"))
+    assert compare(got, fp32, BF16_TOL)  # it really ran in bf16
+
+
 # ---- options -------------------------------------------------------------------------------
 @pytest.mark.parametrize("flags,says", [
     (["--precision", "fp16"], "--precision must be one of fp32, bf16"),
