@@ -28,16 +28,8 @@ from planner.solvers.timeline import Mode  # noqa: E402
 from planner.validate import validate  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-class StubStage:
-    """What PipelineScheduleMulti reads from a stage before running it."""
-
-    def __init__(self, S: int, rank: int):
-        self.num_stages, self.group_size, self.group_rank = S, S, rank
-        self.stage_index = rank
-        self.is_first, self.is_last = rank == 0, rank == S - 1
-        self.stage_index_to_group_rank = None
+sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/ is not a package on the installed path
+from benchmarks.torch_orders import StubStage  # noqa: E402  (what a schedule reads from a stage)
 
 
 def torch_lowered(csv_text: str, S: int, M: int, tmp_path, defer: bool) -> dict:

@@ -2,7 +2,7 @@
 
 Layout (little-endian): a 16-byte header, then the tokens back to back, as nanoGPT's
 train.bin but self-describing:
-    b"RCYTOK1\\0" | uint32 vocab | uint32 bytes per token (1 or 2) | tokens
+    b"RCYTOK1\\0" | uint32 vocab | uint32 bytes per token (1: byte-level) | tokens
 The file is memory-mapped read-only, so every worker process shares the page cache and
 none loads the corpus.
 
@@ -16,7 +16,8 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+import warnings
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 import torch
@@ -26,7 +27,7 @@ from executor.compute.data import _seed
 
 MAGIC = b"RCYTOK1\0"
 HEADER = struct.Struct("<8sII")
-DTYPES = {1: torch.uint8, 2: torch.int16}  # int16 read back as uint16 (see _window)
+WIDTH = 1  # bytes per token: byte-level tokens (the header's field leaves room for more)
 
 
 @dataclass(frozen=True)
@@ -38,19 +39,19 @@ class TokenFile:
 
     @property
     def data(self) -> Tensor:
-        return _mapped(self.path, self.width)
+        return _mapped(self.path)
 
 
 def write_tokens(path: str, tokens: bytes | bytearray, vocab: int = 256) -> TokenFile:
     """Write byte-level tokens (one byte each) atomically: a reader never sees half a file."""
     tmp = f"{path}.tmp-{os.getpid()}"
     with open(tmp, "wb") as fh:
-        fh.write(HEADER.pack(MAGIC, vocab, 1))
+        fh.write(HEADER.pack(MAGIC, vocab, WIDTH))
         fh.write(tokens)
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, path)
-    return TokenFile(path, vocab, 1, len(tokens))
+    return TokenFile(path, vocab, WIDTH, len(tokens))
 
 
 def open_tokens(path: str) -> TokenFile:
@@ -64,21 +65,20 @@ def open_tokens(path: str) -> TokenFile:
         raise ValueError(f"--data {path} is not a token file (write one with "
                          f"`recycle data prepare`)")
     _, vocab, width = HEADER.unpack(head)
-    if width not in DTYPES or (size - HEADER.size) % width:
+    if width != WIDTH:
         raise ValueError(f"--data {path}: corrupt header (token width {width}, "
                          f"{size - HEADER.size} bytes of tokens)")
     return TokenFile(path, vocab, width, (size - HEADER.size) // width)
 
 
 @lru_cache(maxsize=4)
-def _mapped(path: str, width: int) -> Tensor:
+def _mapped(path: str) -> Tensor:
     with open(path, "rb") as fh:
         buf = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
     # torch.frombuffer warns on a read-only buffer; nothing here ever writes to it.
-    import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)
-        return torch.frombuffer(buf, dtype=DTYPES[width], offset=HEADER.size)
+        return torch.frombuffer(buf, dtype=torch.uint8, offset=HEADER.size)
 
 
 def microbatch_from(tf: TokenFile, seed: int, micro_batch_size: int, seq_len: int,
@@ -88,8 +88,6 @@ def microbatch_from(tf: TokenFile, seed: int, micro_batch_size: int, seq_len: in
     starts = torch.randint(tf.tokens - seq_len, (micro_batch_size,), generator=gen)
     data = tf.data
     rows = torch.stack([data[s:s + seq_len + 1] for s in starts.tolist()]).long()
-    if tf.width == 2:
-        rows &= 0xFFFF  # int16 storage of uint16 tokens
     return rows[:, :-1].contiguous(), rows[:, 1:].contiguous()
 
 
@@ -117,8 +115,6 @@ def with_data(workload, cfg):
         raise ValueError("--data feeds token ids, but this --model does not declare "
                          "reads_tokens=True (its first stage takes other inputs)")
     tf = open_tokens(cfg.data)
-    from dataclasses import replace
-
     def microbatch(c, iteration: int, g: int):
         return microbatch_from(tf, c.seed, c.micro_batch_size, c.seq_len, iteration, g)
     return replace(workload, microbatch=microbatch)

@@ -233,13 +233,6 @@ class StageSnapshots:
         """Host or CPU memory the snapshots still needed hold."""
         return sum(_nbytes(s) for s in self.held.values())
 
-    def allocated_bytes(self) -> int:
-        """All snapshot memory, the free slots kept for reuse included."""
-        slots = list(self.held.values()) + self.free + ([self.ahead[1]] if self.ahead else [])
-        if self._buffer_slot is not None and self.ahead is None:
-            slots.append(self._buffer_slot)
-        return sum(_nbytes(s) for s in slots)
-
 
 def _copy(dst: list[Tensor], src: list[Tensor], non_blocking: bool = False) -> None:
     if dst:  # one foreach call per list (torch refuses empty ones)

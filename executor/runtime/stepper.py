@@ -198,9 +198,6 @@ class StageStepper:
         """Extra memory the kept snapshots hold."""
         return self.snapshots.held_bytes()
 
-    def held(self) -> Optional[int]:
-        return max(self.snapshots.held) if self.snapshots.held else None
-
 
 def _versions(grads) -> list:
     return [g._version if g is not None else None for g in grads]
