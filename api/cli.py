@@ -52,7 +52,7 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
                                              help="background solver processes"),
           speed_window: int = typer.Option(
               3, "--speed-window", help="straggler detection: heartbeat compute times per "
-                                        "estimate (median); 0 turns detection off"),
+                                        "estimate (their minimum); 0 turns detection off"),
           log_level: str = typer.Option("info", "--log-level")) -> None:
     """Serve failure events in, versioned plans out (OpenAPI docs at /docs)."""
     from planner.commands.cli_errors import die

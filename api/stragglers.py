@@ -98,5 +98,5 @@ def restore(base: JobSpec, in_force: JobSpec, speed_events) -> tuple[Cells, Cell
 def measured_reason(est: Optional[float], window: int) -> str:
     if est is None:
         return "straggler detector"
-    return (f"straggler detector: {est:.2f} of the stage's fastest worker (median of the "
+    return (f"straggler detector: {est:.2f} of the stage's fastest worker (best of the "
             f"last {window} iterations)")

@@ -8,7 +8,11 @@ at least one step (0.1), at most 1.0.
 
 The detector turns per-iteration compute reports (seconds per micro-batch, F+I+W of the
 micro-batches the worker ran) into a speed grid, with three guards against flapping:
-  - a worker's estimate is the median of its last `window` reports (one hiccup is ignored);
+  - a worker's estimate is the minimum of its last `window` reports: on shared cores noise
+    only ever adds time (another process held the core, the cache was cold), so the
+    fastest of a few reports is the closest to the worker's real cost, and a hiccup, or
+    up to window-1 of them, is ignored. (The median was used first: with 2x hiccups on a
+    loaded 2-core machine it marked a nominal peer 0.5 once in a CI run);
   - a nominal worker becomes slow only below `enter` (0.7), a slow one is nominal again
     only above `leave` (0.85): between the two, nothing changes (hysteresis). The bar is
     high because compute times of tiny models on shared cores vary by 20% between peers;
@@ -19,7 +23,6 @@ coordinator and the service both run it.
 """
 from __future__ import annotations
 
-import statistics
 from collections import defaultdict, deque
 from typing import Optional
 
@@ -68,10 +71,10 @@ class SpeedDetector:
 
     def estimates(self) -> dict[tuple[int, int], float]:
         """Relative speed of every worker with a full window of reports."""
-        med = {w: statistics.median(r) for w, r in self.reports.items() if len(r) == self.window}
+        best = {w: min(r) for w, r in self.reports.items() if len(r) == self.window}
         out = {}
-        for (d, s), t in med.items():
-            fastest = min(v for (d2, s2), v in med.items() if s2 == s)
+        for (d, s), t in best.items():
+            fastest = min(v for (d2, s2), v in best.items() if s2 == s)
             out[(d, s)] = fastest / t
         return out
 

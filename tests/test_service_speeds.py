@@ -239,7 +239,7 @@ def test_measured_straggler_slows_and_recovers(admin, server):
     # between the thresholds (0.85 of the fastest: not below enter = 0.8): nothing changes
     hb = iterations(w, jid, grid_times(2, 2, r1s1=FAST / 0.85), 0, 4)
     assert hb["plan_version"] == v0
-    # twice as slow: one iteration is a hiccup (the median of 3 ignores it) ...
+    # twice as slow: one iteration is a hiccup (the best of 3 ignores it) ...
     hb = iterations(w, jid, grid_times(2, 2, r1s1=SLOW), 4, 1)
     assert hb["plan_version"] == v0
     # ... a window's worth is a straggler: a new version with it at 0.5

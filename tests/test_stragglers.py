@@ -32,23 +32,34 @@ def test_detector_ignores_hiccups_and_does_not_flap():
             got.append(det.update())
         return got
 
-    assert feed([1.0, 3.0, 1.0, 1.0]) == [None] * 4  # one slow iteration: the median ignores it
+    assert feed([1.0, 3.0, 1.0, 1.0]) == [None] * 4  # one slow iteration is ignored
     assert feed([1.3] * 4) == [None] * 4  # 0.77: above `enter`, a nominal worker stays so
     assert [g for g in feed([2.0] * 3) if g] == [[[1.0], [0.5]]]
     assert feed([1.667] * 4) == [None] * 4  # 0.6: one step off the slow level, no re-plan
     assert [g for g in feed([1.05] * 3) if g] == [[[1.0], [1.0]]]  # recovered, once
 
 
+def test_detector_ignores_two_hiccups_in_a_window():
+    # a nominal peer on a loaded machine: two of three iterations took twice as long (a CI
+    # run saw this; the median of the window marked the peer 0.5 and the plan shed its work)
+    det = SpeedDetector(2, 1, window=3)
+    for t in (1.0, 2.1, 2.0):
+        det.observe(0, 0, 1.0)
+        det.observe(1, 0, t)
+        assert det.update() is None
+    assert det.estimates()[(1, 0)] == 1.0
+
+
 def test_slow_worker_sheds_microbatches_and_training_stays_exact(tmp_path):
-    # slow for 7 iterations, then 13 at full speed: the detector's window (3) and the lag
-    # of a re-plan leave room to reach the slow level, and to come back, even when a loaded
-    # machine makes the first measurements 0.7 or 0.8
-    res = run(tmp_path, 3, 2, 22, slows=[(1, 1, 2, 0.5), (1, 1, 9, 1.0)])
+    # slow for 8 iterations, then 12 at full speed: the detector's window (3, all of it slow
+    # before the worker is) and the lag of a re-plan leave room to reach the slow level,
+    # and to come back, even when a loaded machine makes the first measurements 0.7 or 0.8
+    res = run(tmp_path, 3, 2, 22, slows=[(1, 1, 2, 0.5), (1, 1, 10, 1.0)])
     assert_exact(res, 3, 2, 22, tmp_path)
     plans = res.summary.plans
     slow = [p for p in plans if p["speeds"] and p["speeds"][1][1] <= 0.6]
     assert slow, plans
-    assert slow[0]["first_iteration"] <= 7, plans  # detected within a few iterations
+    assert slow[0]["first_iteration"] <= 8, plans  # detected within a few iterations
     assert slow[0]["microbatches"]["1:1"] < slow[0]["microbatches"]["0:1"], slow[0]
     later = [p for p in plans if p["version"] > slow[0]["version"]]
     assert later and later[-1]["speeds"] is None, plans  # recovered: the plan goes back
