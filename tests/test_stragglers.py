@@ -54,7 +54,10 @@ def test_slow_worker_sheds_microbatches_and_training_stays_exact(tmp_path):
     # slow for 8 iterations, then 12 at full speed: the detector's window (3, all of it slow
     # before the worker is) and the lag of a re-plan leave room to reach the slow level,
     # and to come back, even when a loaded machine makes the first measurements 0.7 or 0.8
-    res = run(tmp_path, 3, 2, 22, slows=[(1, 1, 2, 0.5), (1, 1, 10, 1.0)])
+    # No checkpoint every iteration (the tests' default): its background writes on 2 shared
+    # cores add 25% to every worker's compute time and spikes to the writers' (measured with
+    # the detector's own reports): the detector is tested on compute, not on that noise.
+    res = run(tmp_path, 3, 2, 22, slows=[(1, 1, 2, 0.5), (1, 1, 10, 1.0)], ckpt_every=100)
     assert_exact(res, 3, 2, 22, tmp_path)
     plans = res.summary.plans
     slow = [p for p in plans if p["speeds"] and p["speeds"][1][1] <= 0.6]
