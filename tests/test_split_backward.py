@@ -103,6 +103,11 @@ def test_flops_w_carries_the_weight_products_and_i_plus_w_is_one_backward(stage)
     with FlopCounterMode(display=False) as ff:
         comp.backward_full(1, grad)
     assert ff.get_total_flops() == b, (ff.get_total_flops(), b)
+    comp.split = False  # and so does B under a fused plan, whose F marks no trunk
+    comp.forward(2, x, tgt)
+    with FlopCounterMode(display=False) as ff:
+        comp.backward_full(2, grad)
+    assert ff.get_total_flops() == b, (ff.get_total_flops(), b)
 
 
 class _TupleFirst(nn.Module):

@@ -76,6 +76,48 @@ def test_rollback_is_bit_identical_including_the_first_step():
     assert same(state(m, opt), state(fresh, fopt))
 
 
+@pytest.mark.parametrize("idle_at", ["before the forward", "after the forward"])
+def test_copy_taken_while_idle_rolls_back_bit_identically(idle_at):
+    """On CPU the copy for rollback is taken when a receive is about to block: before the
+    forward (a later stage waits for its first activation) or after it (stage 0 waits for
+    a gradient, its forward has moved BatchNorm's buffers meanwhile). The step then takes
+    no copy of its own; a state loaded after the idle copy is what a rollback gives back."""
+    m, opt = stage()
+    st = StageStepper(m, opt, CFG, 0, 1)
+    fills = []
+    fill = st.snapshots._fill
+    st.snapshots._fill = lambda *a: fills.append(1) or fill(*a)
+    before = []
+    for it in range(4):
+        before.append(state(m, opt))
+        if idle_at == "before the forward":
+            st.idle()
+        m(torch.randn(4, 6))
+        if idle_at == "after the forward":
+            st.idle()
+        st.idle()  # a second wait in the same iteration copies nothing more
+        set_grads(m, grads(m, it))
+        n = len(fills)
+        st.step(it, 0)
+        assert len(fills) == n  # the step used the idle copy
+    for it in (3, 1, 0):
+        st.rollback(it)
+        assert same(state(m, opt), before[it])
+    st.keep_before(0)
+    # a load after the idle copy: that copy is stale, the step copies the loaded state
+    other, oopt = stage(seed=1)
+    set_grads(other, grads(other, 9))
+    oopt.step()
+    st.idle()
+    m.load_state_dict(other.state_dict())
+    opt.load_state_dict(oopt.state_dict())
+    loaded = state(m, opt)
+    set_grads(m, grads(m, 0))
+    st.step(0, 1)
+    st.rollback(0)
+    assert same(state(m, opt), loaded)
+
+
 def test_snapshot_slots_are_allocated_once_and_only_uncommitted_ones_kept():
     m, opt = stage()
     st = StageStepper(m, opt, CFG, 0, 1)

@@ -21,9 +21,14 @@ wait on the copy's event (a GPU-side wait, the host never blocks). On CPU it is 
 synchronous foreach copy right after the step.
 
 On CPU the parameters and the optimizer state cannot change between a final step and the
-next step, so only the (small) buffers are copied ahead there; the rest is copied at the
-step, into the slot that will hold it. Peak memory on CPU: one slot per uncommitted
-iteration (usually 1-2), each the size of the parameters, buffers and optimizer state.
+next step, so the (small) buffers are copied ahead at once and the rest when the worker
+would otherwise sit idle: `copy_when_idle()`, which the worker's communication calls when a
+receive is about to block (a pipeline stage waits for its first activation or gradient
+every iteration). A step whose copy did not find such a moment copies at the step, as
+before; either way into the slot that will hold it. On this machine the copy (2.8 MB,
+llama:debug stage) took 0.7 ms of the step's critical path per iteration before. Peak
+memory on CPU: one slot per uncommitted iteration (usually 1-2), each the size of the
+parameters, buffers and optimizer state.
 
 A copy ahead is tagged with the iteration it is for (None: the next step, whichever:
 after a build or a load_state_dict, which hooks here).
@@ -59,6 +64,9 @@ class StageSnapshots:
         self.free: list[_Slot] = []
         self.ahead: Optional[tuple[Optional[int], _Slot]] = None  # the next step's state
         self._buffer_slot: Optional[_Slot] = None  # CPU: the buffers copied ahead
+        # CPU: the rest of the copy ahead, taken in an idle moment (copy_when_idle)
+        self._idle_due = False  # the state is final: an idle moment may copy it
+        self._idle_slot: Optional[_Slot] = None  # that copy, for self.ahead's iteration
         # State loaded from elsewhere (a peer, a checkpoint) is what the next step starts from.
         module.register_load_state_dict_post_hook(lambda *_: self.copy_ahead(None))
         opt.register_load_state_dict_post_hook(lambda *_: self.copy_ahead(None))
@@ -113,7 +121,11 @@ class StageSnapshots:
             self.ahead = None
             self._wait(slot)  # the step's kernels wait for the copy, on the GPU
         else:
-            slot = self._fill(*self._live())  # on CUDA: queued before the step's kernels
+            slot = None
+            if ahead is not None and self._idle_slot is not None:  # CPU: copied while idle
+                slot, self._idle_slot = self._idle_slot, None
+            if slot is None:
+                slot = self._fill(*self._live())  # on CUDA: queued before the step's kernels
             if ahead is not None:  # CPU: the buffers as they were before this forward
                 n_par = len(self.params_of_module)
                 _copy(slot.bufs[n_par:len(self.module_tensors)], ahead[1].bufs)
@@ -135,7 +147,9 @@ class StageSnapshots:
                                                  [torch.empty_like(t) for t in bufs])
             with torch.no_grad():
                 _copy(keep.bufs, bufs)
+            self.cancel_ahead()
             self.ahead = (it, keep)
+            self._idle_due = True
             return
         self.cancel_ahead()
         tensors, layout, extras = self._live()
@@ -153,10 +167,23 @@ class StageSnapshots:
         slot.layout, slot.extras = layout, extras
         self.ahead = (it, slot)
 
+    def copy_when_idle(self) -> None:
+        """CPU: the worker is about to wait: copy the parameters and optimizer state for
+        the next step now, off the critical path (nothing to do if it is done, or if the
+        state is not final: an optimistic step not settled yet)."""
+        if not self._idle_due:
+            return
+        self._idle_due = False
+        self._idle_slot = self._fill(*self._live())
+
     def cancel_ahead(self) -> None:
         if self.ahead is not None and self.cuda:
             self.free.append(self.ahead[1])
         self.ahead = None
+        self._idle_due = False
+        if self._idle_slot is not None:
+            self.free.append(self._idle_slot)
+            self._idle_slot = None
 
     # ---- giving back ----------------------------------------------------------------
     def restore(self, it: int) -> None:

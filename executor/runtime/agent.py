@@ -207,6 +207,7 @@ class Agent:
                            self.device, self.local_workers, newer=lambda: self._next_plan(0),
                            missing=self._missing,
                            incarnations={tuple(w): plan.incarnation(*w) for w in live})
+        self.world.on_idle = self.stepper.idle
         info = self.world.allgather_ints([self.done, int(self.fresh)])
         holders = [done for done, fresh in info.values() if not fresh]
         if not holders:

@@ -116,6 +116,9 @@ class World:
         self._early: dict[tuple[int, int, int], tuple[dist.Work, torch.Tensor]] = {}
         self.store = store
         self._specs: dict[int, ActivationSpec] = {}  # stage -> its output's agreed spec
+        # Called when a receive is about to block: work the worker can do while it waits
+        # (the stepper's copy for rollback); it must not communicate.
+        self.on_idle: Optional[Callable[[], None]] = None
         if newer is not None:
             self._meet(store, newer, missing or (lambda ws: None))
         # Process groups are built directly, each under its own explicit store prefix, not
@@ -317,6 +320,8 @@ class World:
         else:
             buf = make_buf(self._wire_device)
             work = self._post_recv(buf, frm, iteration, g, direction)
+        if self.on_idle is not None and not work.is_completed():
+            self.on_idle()
         self._wait(work, f"recv of micro-batch {g} from {frm}", frm)
         return buf if buf.device == self.device else buf.to(self.device)
 

@@ -194,6 +194,10 @@ class StageStepper:
             for version, it in done:
                 self.board.forget(version, it, self.stage)
 
+    def idle(self) -> None:
+        """The worker is about to wait for a message: take what can be taken now."""
+        self.snapshots.copy_when_idle()
+
     def snapshot_bytes(self) -> int:
         """Extra memory the kept snapshots hold."""
         return self.snapshots.held_bytes()
