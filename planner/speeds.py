@@ -6,8 +6,8 @@ so they are quantised to steps of `STEP` (10%) before they enter a job spec: can
 failed-set keys then repeat and cached plans are reused. Rule: round to the nearest step,
 at least one step (0.1), at most 1.0.
 
-The detector turns per-iteration compute reports (seconds per micro-batch, F+I+W of the
-micro-batches the worker ran) into a speed grid, with three guards against flapping:
+The detector turns per-iteration compute reports (seconds per micro-batch: the worker's
+compute time over the micro-batches it ran) into a speed grid, with three guards against flapping:
   - a worker's estimate is the minimum of its last `window` reports: on shared cores noise
     only ever adds time (another process held the core, the cache was cold), so the
     fastest of a few reports is the closest to the worker's real cost, and a hiccup, or

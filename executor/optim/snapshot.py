@@ -167,14 +167,15 @@ class StageSnapshots:
         slot.layout, slot.extras = layout, extras
         self.ahead = (it, slot)
 
-    def copy_when_idle(self) -> None:
+    def copy_when_idle(self) -> bool:
         """CPU: the worker is about to wait: copy the parameters and optimizer state for
         the next step now, off the critical path (nothing to do if it is done, or if the
-        state is not final: an optimistic step not settled yet)."""
+        state is not final: an optimistic step not settled yet). True if it copied."""
         if not self._idle_due:
-            return
+            return False
         self._idle_due = False
         self._idle_slot = self._fill(*self._live())
+        return True
 
     def cancel_ahead(self) -> None:
         if self.ahead is not None and self.cuda:

@@ -88,7 +88,9 @@ class Agent:
         # Injected slowness (--slow): (from iteration, speed factor), in iteration order.
         self.slows = sorted((int(i), float(f)) for i, f in slows)
         self.slow = 1.0  # factor in force this iteration
-        self._busy = 0.0  # compute seconds of the iteration in flight (sleeps included)
+        self._busy = 0.0  # CUDA: compute seconds of the iteration in flight (stretch included);
+        # CPU: the stretch only (the rest is the thread's CPU time since _cpu0)
+        self._cpu0 = 0.0
         self.last_compute: Optional[tuple[int, float]] = None  # (iteration, s per micro-batch)
 
     def log(self, msg: str) -> None:
@@ -291,6 +293,8 @@ class Agent:
         self.batches.begin(it, [a.microbatch for a in wp.actions if a.op == "F"]
                            if it + 1 < self.iterations else None)
         self._busy = 0.0
+        self._cpu0 = time.thread_time()
+        self.stepper.idle_cpu_s = 0.0
         self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         half = len(wp.actions) // 2
         sync = plan.solver.optimizer == "synchronous"
@@ -365,22 +369,36 @@ class Agent:
             self.world.send_grad(gx, s - 1, (plan.routes[g][s - 1], s - 1), it, g)
 
     def _timed(self, fn, *args):
-        """Compute, timed for the straggler detector: on CPU by the thread's CPU time (wall
-        time would count the time other processes held the core: on a shared machine every
-        worker would look slow by turns), on CUDA by wall time after a synchronize. An
-        injected --slow FACTOR really stretches the action to 1/FACTOR of that time (it
-        sleeps the rest), and the stretch counts as compute."""
-        cuda = self.device.type == "cuda"
-        clock = time.perf_counter if cuda else time.thread_time
-        t0 = clock()
+        """Compute, timed for the straggler detector. On CPU the detector's number is the
+        thread's CPU time over the whole iteration (`_compute_per_microbatch`): wall time
+        would count the time other processes held the core (on a shared machine every
+        worker looked slow by turns), and reading the thread's clock around every action
+        cost 8-30 us a call here (a system call on this VM), up to 0.45 ms an iteration.
+        On CUDA: wall time after a synchronize, per action. An injected --slow FACTOR
+        really stretches the action to 1/FACTOR of its time (it sleeps the rest), and the
+        stretch counts as compute."""
+        if self.device.type != "cuda" and self.slow == 1.0:
+            return fn(*args)
+        t0 = time.perf_counter()
         out = fn(*args)
-        if cuda:
+        if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
-        dt = clock() - t0
+        dt = time.perf_counter() - t0
         if self.slow < 1.0:
             time.sleep(dt * (1.0 / self.slow - 1.0))
-        self._busy += dt / self.slow
+        self._busy += dt / self.slow if self.device.type == "cuda" else dt * (1.0 / self.slow - 1.0)
         return out
+
+    def _compute_per_microbatch(self, step_began: float) -> float:
+        """Seconds per micro-batch of this iteration: on CUDA the timed actions (with the
+        stretch); on CPU the thread's CPU time from the iteration's start to its optimizer
+        step (`step_began`), less the copy for rollback taken meanwhile, plus the stretch.
+        Per-iteration work stays out: divided by fewer micro-batches it made a worker the
+        plan had unloaded look slower, and it never looked recovered."""
+        n = max(1, sum(1 for a in self.plan_actions if a.op == "F"))
+        if self.device.type == "cuda":
+            return self._busy / n
+        return (step_began - self._cpu0 - self.stepper.idle_cpu_s + self._busy) / n
 
     def _step(self, it: int) -> None:
         """OPT: sum the stage's gradients over its live peers, snapshot, AdamW step.
@@ -391,6 +409,7 @@ class Agent:
         no flattening, no copy back. Either way a parameter without a gradient steps on
         zeros, as it does with peers (the sum needs a tensor): the update must not depend
         on how many workers a stage has left."""
+        step_began = time.thread_time() if self.device.type != "cuda" else 0.0
         params = list(self.module.parameters())
         last = self.me[1] == self.S - 1
         if self.world.stage_size == 1:
@@ -418,8 +437,7 @@ class Agent:
         final = it == self.iterations - 1  # the summary needs the checksum only at the end
         if final or (self.writer and self.parts.due(it)):
             self.stepper.settle()  # what is published or saved must be final
-        n = sum(1 for a in self.plan_actions if a.op == "F")
-        self.last_compute = (it, self._busy / max(n, 1))
+        self.last_compute = (it, self._compute_per_microbatch(step_began))
         self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
                          checksum=checksum(self.module) if final else None)
         if self.writer and self.parts.due(it):

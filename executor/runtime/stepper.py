@@ -81,6 +81,7 @@ class StageStepper:
         self.pending: Optional[_Pending] = None
         self.published: list[tuple[int, int]] = []  # (version, iteration) of our norm keys
         self.stats = StepStats()
+        self.idle_cpu_s = 0.0  # CPU time of idle() copies since the agent last reset it
         # The agent's log (timestamped, per worker); by default the process's stdout,
         # which is the worker's log file.
         self.log = log or (lambda msg: print(f"[stage {stage}] {msg}", flush=True))
@@ -195,8 +196,11 @@ class StageStepper:
                 self.board.forget(version, it, self.stage)
 
     def idle(self) -> None:
-        """The worker is about to wait for a message: take what can be taken now."""
-        self.snapshots.copy_when_idle()
+        """The worker is about to wait for a message: take what can be taken now. Its CPU
+        time adds up in `idle_cpu_s` (the agent's compute measure leaves it out)."""
+        t0 = time.thread_time()
+        if self.snapshots.copy_when_idle():
+            self.idle_cpu_s += time.thread_time() - t0
 
     def snapshot_bytes(self) -> int:
         """Extra memory the kept snapshots hold."""
