@@ -92,7 +92,7 @@ def install() -> None:
                            (comm.World, "allreduce_stage", "allreduce"),
                            (agent.Agent, "_step", "step"), (agent.Agent, "_batch", "data"),
                            (comm.World, "send", "send"), (agent.Agent, "_next_plan", "control"),
-                           (rendezvous.StorePlanSource, "committed", "control")):
+                           (rendezvous.StorePlanSource, "gate", "control")):
         setattr(cls, name, _timed(getattr(cls, name), key))
     step = _timed(stepper.StageStepper.step, "stepper")
 

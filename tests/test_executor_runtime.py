@@ -185,6 +185,34 @@ def test_stale_and_foreign_plans_are_refused(capsys):
     assert not dist.is_initialized()
 
 
+def test_gate_reads_plan_hold_and_commit_in_one_round_trip_and_sees_a_halt():
+    """The per-iteration gate: one multi_get of counters that exist from the start (a
+    missing key would make it wait for the store timeout), a newer plan fetched only when
+    there is one, and a halt seen at the next iteration (it arms a hold)."""
+    from executor.runtime.rendezvous import set_counter
+    from executor.sources.plan_source import TrainingHalted
+    store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
+    job = JobSpec.uniform(2, 2, M)
+    source = StorePlanSource(store, (0, 0), 1)
+    t0 = time.monotonic()
+    assert source.gate(-1, 0) == (None, False, -1)
+    assert time.monotonic() - t0 < 1.0
+    publish_plan(store, solve(job, []).model_copy(update={"version": 0}))
+    set_counter(store, "committed", 3)
+    newer, held, committed = source.gate(-1, 3)
+    assert newer.version == 0 and not held and committed == 2
+    assert source.gate(0, 3) == (None, False, 2)
+    set_counter(store, "hold", 5)  # hold iteration 4 and later
+    assert source.gate(0, 3)[1] is False and source.gate(0, 4)[1] is True
+    agent = Agent(CFG, (0, 0), job, 10, source, store)
+    agent.version = 0
+    store.set("halted", "every replica of stage 1 is gone")
+    set_counter(store, "hold", 1)  # what Coordinator.halt does
+    with pytest.raises(TrainingHalted, match="stage 1 is gone"):
+        agent._hold(1)
+    del store
+
+
 def test_parse_event():
     assert parse_event("1:0@2") == (1, 0, 2)
     with pytest.raises(ValueError):

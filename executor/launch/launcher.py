@@ -421,6 +421,7 @@ class Coordinator:
 
     def halt(self, reason: str) -> TrainResult:
         self.store.set("halted", reason)
+        set_counter(self.store, "hold", 1)  # every worker between iterations looks now
         self.reap(self.timeout * 2)
         time.sleep(0.1)
         for msg in self.mailbox.drain({w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}):

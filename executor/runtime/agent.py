@@ -251,21 +251,25 @@ class Agent:
         (a rollback, or the final empty plan)."""
         while self.done + 1 < self.iterations:
             it = self.done + 1
-            newer = self._hold(it)
+            newer, committed = self._hold(it)
             if newer is not None:
                 return newer
-            self.stepper.forget_committed(self.source.committed())
+            self.stepper.forget_committed(committed)
             self._iteration(plan, wp, self.done + 1)
         return None
 
-    def _hold(self, it: int) -> Optional[Plan]:
-        """Before iteration `it`: while the coordinator holds it (a scheduled rejoin must be
-        in the plan first), wait for the newer plan. Only the coordinator arms and releases
+    def _hold(self, it: int) -> tuple[Optional[Plan], int]:
+        """Before iteration `it`: a newer plan, if one is out, and the committed iteration.
+        While the coordinator holds `it` (a scheduled rejoin must be in the plan first, or
+        the run halted), wait for the newer plan. Only the coordinator arms and releases
         holds (also on a deadline), so a worker can never wait on a gate nobody will open."""
-        newer = self._next_plan(0)
-        while newer is None and self.source.held(it):
+        newer, held, committed = self.source.gate(max(self.version, self._refused), it)
+        if newer is not None and not self.admit(newer):
+            newer = None
+        while newer is None and held:
             newer = self._next_plan(0.05)
-        return newer
+            held = newer is None and self.source.held(it)
+        return newer, committed
 
     def _abort(self, exc: CommError) -> Optional[Plan]:
         """Drop the iteration in flight; returns the newer plan if one is out already."""

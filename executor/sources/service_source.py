@@ -55,6 +55,10 @@ class ServiceWorkerSource(StorePlanSource):
         return plan.model_copy(update={"version": max(after_version, plan.version) + 1,
                                        "workers": []})
 
+    def gate(self, after_version: int, iteration: int) -> tuple[Optional[Plan], bool, int]:
+        """Plans come from the service, not the store: ask it each time."""
+        return self.wait_for_plan(after_version, 0), self.held(iteration), self.committed()
+
     def wait_for_plan(self, after_version: int, timeout_s: float) -> Optional[Plan]:
         """Long-polls in short slices so the coordinator's end marker is seen quickly."""
         deadline = time.monotonic() + timeout_s
