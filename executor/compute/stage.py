@@ -82,7 +82,8 @@ class StageCompute:
         # trunk seeds, a global module hook that slows every module call)
         self.split = True
         self._params = [p for p in module.parameters() if p.requires_grad]
-        self._first = next(module.parameters(), None)  # where the stage lives (see device)
+        self._all_params = list(module.parameters())
+        self._first = self._all_params[0] if self._all_params else None  # see device
         self._plans = split_backward.GraphPlans(self._params)  # the graph analysis, reused
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._reported: set[int] = set()  # parameters already reported as not deferred
@@ -232,7 +233,7 @@ class StageCompute:
         return ledger.alive_bytes() + extra
 
     def zero_grad(self) -> None:
-        for p in self.module.parameters():
+        for p in self._all_params:  # kept: module.parameters() walks the module tree
             p.grad = None
 
     def reset(self) -> None:

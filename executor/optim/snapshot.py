@@ -42,10 +42,11 @@ from torch import Tensor, nn
 
 
 class _Slot:
-    __slots__ = ("bufs", "sig", "layout", "extras", "event")
+    __slots__ = ("bufs", "sig", "layout", "extras", "event", "nbytes")
 
     def __init__(self, sig: tuple, bufs: list[Tensor]):
         self.sig, self.bufs = sig, bufs
+        self.nbytes = sum(b.numel() * b.element_size() for b in bufs)
         self.layout: tuple = ()
         self.extras: dict = {}
         self.event = None  # CUDA: the copy's completion
@@ -259,7 +260,7 @@ class StageSnapshots:
 
     def held_bytes(self) -> int:
         """Host or CPU memory the snapshots still needed hold."""
-        return sum(_nbytes(s) for s in self.held.values())
+        return sum(s.nbytes for s in self.held.values())
 
 
 def _copy(dst: list[Tensor], src: list[Tensor], non_blocking: bool = False) -> None:
@@ -267,5 +268,3 @@ def _copy(dst: list[Tensor], src: list[Tensor], non_blocking: bool = False) -> N
         torch._foreach_copy_(dst, src, non_blocking=non_blocking)
 
 
-def _nbytes(slot: _Slot) -> int:
-    return sum(b.numel() * b.element_size() for b in slot.bufs)

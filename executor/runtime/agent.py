@@ -62,6 +62,7 @@ class Agent:
         s = self.me[1]
         self.module = workload.build_stage(cfg, s, self.S).to(device)
         self.opt = workload.make_optimizer(cfg, self.module.parameters())
+        self.params = list(self.module.parameters())  # walking the module tree costs 0.1 ms
         self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
                                     1.0 / job.num_microbatches, workload.loss_fn,
                                     precision=cfg.precision)
@@ -414,7 +415,7 @@ class Agent:
         zeros, as it does with peers (the sum needs a tensor): the update must not depend
         on how many workers a stage has left."""
         step_began = time.thread_time() if self.device.type != "cuda" else 0.0
-        params = list(self.module.parameters())
+        params = self.params
         last = self.me[1] == self.S - 1
         if self.world.stage_size == 1:
             for p in params:
