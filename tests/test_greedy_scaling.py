@@ -57,3 +57,25 @@ def test_greedy_plans_thousands_of_stages():
     """S=3,000 took minutes (the bound alone); now well under a second on an idle machine."""
     plan = solve(JobSpec.uniform(1, 3000, 1), [], "greedy")
     assert plan.metrics.period >= plan.metrics.lower_bound > 0
+
+
+def test_equal_period_prefers_the_schedule_holding_fewer_microbatches():
+    """Without a memory limit the base rule ran every F it could: stage 0 of D=1, S=2, M=4
+    held all 4 micro-batches where 1F1B's order holds 2 for the same period (costs as
+    profiled for llama:debug). The portfolio now breaks period ties by peak memory."""
+    from planner.policies import timeline_period
+    from planner.routing import balanced_routes
+    from planner.solvers.greedy import best_schedule, list_schedule, peak_held
+    from planner.solvers.timeline import Mode
+    job = JobSpec.model_validate({"replicas": 1, "stages": 2, "microbatches": 4,
+                                  "cost": {"F": [1694, 1631], "I": [964, 1284],
+                                           "W": [1477, 1536], "OPT": [1143, 1187]},
+                                  "p2p": {"intra": 76, "cross": 76}})
+    routes = balanced_routes(job, [])
+    mode = Mode(split_backward=False)
+    base, best = list_schedule(job, routes, mode), best_schedule(job, routes, mode)
+    assert timeline_period(job, best) == timeline_period(job, base)
+    assert peak_held(best) == 2 < peak_held(base) == 4
+    plan = solve(job, [], "greedy", mode=Mode(split_backward=False))
+    ops = [(a.op, a.microbatch) for a in plan.worker(0, 0).actions]
+    assert ops[:3] == [("F", 0), ("F", 1), ("B", 0)], ops  # 1F1B's order on stage 0

@@ -144,19 +144,36 @@ def list_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
     return timeline
 
 
+def peak_held(timeline: Timeline) -> int:
+    """The most micro-batches any worker holds at once (from its F's start to the end of
+    its B or W): the activation memory a timeline needs, in micro-batches."""
+    peak = 0
+    for acts in timeline.values():
+        held = 0
+        for op, _, _, _ in acts:  # in time order; I keeps the micro-batch until its W
+            held += 1 if op == "F" else -1 if op in ("B", "W") else 0
+            peak = max(peak, held)
+    return peak
+
+
 def best_schedule(job: JobSpec, routes: list[list[int]], mode: Mode,
                   inflight: Optional[list[int]] = None,
                   budget: int = PORTFOLIO_BUDGET) -> Timeline:
     """The best timeline of as many portfolio policies as `budget` scheduled actions allow
-    (at least the first). Ties keep the earlier policy: the result is deterministic."""
+    (at least the first). At equal period the one holding fewer micro-batches at its peak
+    wins: without a memory limit the base rule runs every F it can (stage 0 of D=1, S=2,
+    M=4 held all 4, 1F1B's order 2, for the same period), which costs memory on a GPU and,
+    on shared CPU cores, keeps both workers computing at once (llama:debug: 1.09x torch's
+    Schedule1F1B with all F's first). Remaining ties keep the earlier policy: the result
+    is deterministic."""
     n_actions = (3 if mode.split_backward else 2) * len(routes) * job.stages
     runs = max(1, min(len(PORTFOLIO), budget // max(1, n_actions)))
-    best, best_p = None, None
+    best, best_key = None, None
     for policy in PORTFOLIO[:runs]:
         tl = list_schedule(job, routes, mode, inflight, policy)
-        p = timeline_period(job, tl, mode.staggered)
-        if best_p is None or p < best_p:
-            best, best_p = tl, p
+        key = (timeline_period(job, tl, mode.staggered), peak_held(tl))
+        if best_key is None or key < best_key:
+            best, best_key = tl, key
     return best
 
 
