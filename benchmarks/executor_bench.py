@@ -179,7 +179,8 @@ def _tree() -> str:
     try:
         head = subprocess.run(["git", "-C", root, "log", "-1", "--format=%h %s"], text=True,
                               capture_output=True, timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no",
+                                "--", ".", ":!benchmarks/results"],  # other tables: not code
                                text=True, capture_output=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return "unknown"
