@@ -40,6 +40,7 @@ from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
 from executor.compute.reference import checksum
 from executor.compute.stage import StageCompute
+from executor.runtime.compute_clock import ComputeClock
 from executor.runtime.stepper import StageStepper
 from executor.runtime.wire import ActivationSpecError
 from planner.job import JobSpec
@@ -86,12 +87,8 @@ class Agent:
         # Iterations in which an injected fault may target us: at their mid-point we wait
         # for the coordinator's go-ahead, so the signal lands mid-iteration.
         self.fault_iterations = set(fault_iterations)
-        # Injected slowness (--slow): (from iteration, speed factor), in iteration order.
-        self.slows = sorted((int(i), float(f)) for i, f in slows)
-        self.slow = 1.0  # factor in force this iteration
-        self._busy = 0.0  # CUDA: compute seconds of the iteration in flight (stretch included);
-        # CPU: the stretch only (the rest is the thread's CPU time since _cpu0)
-        self._cpu0 = 0.0
+        # the straggler detector's number, and --slow's stretch: (from iteration, factor)
+        self.clock = ComputeClock(self.device, slows)
         self.last_compute: Optional[tuple[int, float]] = None  # (iteration, s per micro-batch)
 
     def log(self, msg: str) -> None:
@@ -297,10 +294,8 @@ class Agent:
         self.stepper.settle()  # the previous step is final before its parameters are used
         self.batches.begin(it, [a.microbatch for a in wp.actions if a.op == "F"]
                            if it + 1 < self.iterations else None)
-        self._busy = 0.0
-        self._cpu0 = time.thread_time()
+        self.clock.begin(it)
         self.stepper.idle_cpu_s = 0.0
-        self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         half = len(wp.actions) // 2
         sync = plan.solver.optimizer == "synchronous"
         if sync:  # wall times, for the check that no iteration starts before all stepped
@@ -320,7 +315,7 @@ class Agent:
             elif a.op in ("I", "B"):
                 self._backward(plan, it, a.microbatch, a.op)
             elif a.op == "W":
-                self._timed(self.compute.backward_weight, a.microbatch)
+                self.clock.timed(self.compute.backward_weight, a.microbatch)
             else:
                 self._step(it)
                 if sync:
@@ -359,7 +354,7 @@ class Agent:
         else:
             x = self.world.recv_activation(s - 1, (plan.routes[g][s - 1], s - 1), it, g)
         targets = self._batch(it, g)[1] if s == self.S - 1 else None
-        out = self._timed(self.compute.forward, g, x, targets)
+        out = self.clock.timed(self.compute.forward, g, x, targets)
         if s < self.S - 1:
             self.world.send_activation(out, s, (plan.routes[g][s + 1], s + 1), it, g)
 
@@ -369,41 +364,9 @@ class Agent:
         if s < self.S - 1:
             grad = self.world.recv_grad(s, (plan.routes[g][s + 1], s + 1), it, g)
         fn = self.compute.backward_input if op == "I" else self.compute.backward_full
-        gx = self._timed(fn, g, grad)
+        gx = self.clock.timed(fn, g, grad)
         if s > 0:
             self.world.send_grad(gx, s - 1, (plan.routes[g][s - 1], s - 1), it, g)
-
-    def _timed(self, fn, *args):
-        """Compute, timed for the straggler detector. On CPU the detector's number is the
-        thread's CPU time over the whole iteration (`_compute_per_microbatch`): wall time
-        would count the time other processes held the core (on a shared machine every
-        worker looked slow by turns), and reading the thread's clock around every action
-        cost 8-30 us a call here (a system call on this VM), up to 0.45 ms an iteration.
-        On CUDA: wall time after a synchronize, per action. An injected --slow FACTOR
-        really stretches the action to 1/FACTOR of its time (it sleeps the rest), and the
-        stretch counts as compute."""
-        if self.device.type != "cuda" and self.slow == 1.0:
-            return fn(*args)
-        t0 = time.perf_counter()
-        out = fn(*args)
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        dt = time.perf_counter() - t0
-        if self.slow < 1.0:
-            time.sleep(dt * (1.0 / self.slow - 1.0))
-        self._busy += dt / self.slow if self.device.type == "cuda" else dt * (1.0 / self.slow - 1.0)
-        return out
-
-    def _compute_per_microbatch(self, step_began: float) -> float:
-        """Seconds per micro-batch of this iteration: on CUDA the timed actions (with the
-        stretch); on CPU the thread's CPU time from the iteration's start to its optimizer
-        step (`step_began`), less the copy for rollback taken meanwhile, plus the stretch.
-        Per-iteration work stays out: divided by fewer micro-batches it made a worker the
-        plan had unloaded look slower, and it never looked recovered."""
-        n = max(1, sum(1 for a in self.plan_actions if a.op == "F"))
-        if self.device.type == "cuda":
-            return self._busy / n
-        return (step_began - self._cpu0 - self.stepper.idle_cpu_s + self._busy) / n
 
     def _step(self, it: int) -> None:
         """OPT: sum the stage's gradients over its live peers, snapshot, AdamW step.
@@ -414,7 +377,7 @@ class Agent:
         no flattening, no copy back. Either way a parameter without a gradient steps on
         zeros, as it does with peers (the sum needs a tensor): the update must not depend
         on how many workers a stage has left."""
-        step_began = time.thread_time() if self.device.type != "cuda" else 0.0
+        self.clock.step_begins()
         params = self.params
         last = self.me[1] == self.S - 1
         if self.world.stage_size == 1:
@@ -442,7 +405,8 @@ class Agent:
         final = it == self.iterations - 1  # the summary needs the checksum only at the end
         if final or (self.writer and self.parts.due(it)):
             self.stepper.settle()  # what is published or saved must be final
-        self.last_compute = (it, self._compute_per_microbatch(step_began))
+        n = sum(1 for a in self.plan_actions if a.op == "F")
+        self.last_compute = (it, self.clock.per_microbatch(n, self.stepper.idle_cpu_s))
         self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
                          checksum=checksum(self.module) if final else None)
         if self.writer and self.parts.due(it):
