@@ -168,6 +168,10 @@ class StageSnapshots:
         slot.layout, slot.extras = layout, extras
         self.ahead = (it, slot)
 
+    @property
+    def idle_copy_due(self) -> bool:
+        return self._idle_due
+
     def copy_when_idle(self) -> bool:
         """CPU: the worker is about to wait: copy the parameters and optimizer state for
         the next step now, off the critical path (nothing to do if it is done, or if the

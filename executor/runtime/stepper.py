@@ -198,8 +198,9 @@ class StageStepper:
     def idle(self) -> None:
         """The worker is about to wait for a message: take what can be taken now. Its CPU
         time adds up in `idle_cpu_s` (the agent's compute measure leaves it out)."""
-        t0 = time.thread_time()
-        if self.snapshots.copy_when_idle():
+        if self.snapshots.idle_copy_due:  # reading the clock is a system call: only then
+            t0 = time.thread_time()
+            self.snapshots.copy_when_idle()
             self.idle_cpu_s += time.thread_time() - t0
 
     def snapshot_bytes(self) -> int:
