@@ -43,7 +43,7 @@ def train_cmd(
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="micro-batches per replica M [default: 4, or the --job's]"),
     iterations: int = typer.Option(5, help="training iterations (one global batch each)"),
     kill: List[str] = typer.Option([], "--kill", help="SIGKILL worker R:S mid-iteration ITER: R:S@ITER (repeatable)"),
-    rejoin: List[str] = typer.Option([], "--rejoin", help="restart worker R:S when it dies, back in the plan at ITER: R:S@ITER (repeatable: each entry serves one death)"),
+    rejoin: List[str] = typer.Option([], "--rejoin", help="restart worker R:S when it dies; it is back in the plan as soon as it is up, and training waits before iteration ITER until it is: R:S@ITER (repeatable: each entry serves one death)"),
     slow: List[str] = typer.Option([], "--slow", help="make worker R:S really slower from iteration ITER, to FACTOR of its speed (1 ends it): R:S@ITER:FACTOR (repeatable)"),
     detect_stragglers: bool = typer.Option(True, "--detect-stragglers/--no-detect-stragglers", help="measure each worker's speed and re-plan around slow ones (without a service)"),
     stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),

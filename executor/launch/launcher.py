@@ -185,7 +185,8 @@ class Coordinator:
         if not due or self.external:
             return
         self.rejoins.remove(due[0])
-        self.event(f"restarting worker {wkey(w)} to rejoin at iteration {due[0][2]}")
+        self.event(f"restarting worker {wkey(w)} to rejoin (training waits before iteration "
+                   f"{due[0][2]} until it is back)")
         self.spawn(w)
         self.pending[w] = (due[0][2], time.monotonic())
         self.record.restarts_at.append((time.time(), w, due[0][2]))
