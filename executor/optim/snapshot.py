@@ -172,15 +172,14 @@ class StageSnapshots:
     def idle_copy_due(self) -> bool:
         return self._idle_due
 
-    def copy_when_idle(self) -> bool:
+    def copy_when_idle(self) -> None:
         """CPU: the worker is about to wait: copy the parameters and optimizer state for
         the next step now, off the critical path (nothing to do if it is done, or if the
-        state is not final: an optimistic step not settled yet). True if it copied."""
+        state is not final: an optimistic step not settled yet)."""
         if not self._idle_due:
-            return False
+            return
         self._idle_due = False
         self._idle_slot = self._fill(*self._live())
-        return True
 
     def cancel_ahead(self) -> None:
         if self.ahead is not None and self.cuda:

@@ -34,7 +34,8 @@ class ComputeClock:
     def begin(self, it: int) -> None:
         self.slow = next((f for i, f in reversed(self.slows) if i <= it), 1.0)
         self._busy = 0.0
-        self._cpu0 = time.thread_time()
+        if not self.cuda:
+            self._cpu0 = time.thread_time()
 
     def timed(self, fn, *args):
         """Run one F, I or W."""
