@@ -8,6 +8,7 @@ from planner.solvers.cpsat import cpsat_plan
 from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
 from planner.solvers.milp import milp_plan
+from planner.solvers.timeline import Mode
 from planner.validate import check, validate
 from tests.strategies import small_jobs
 
@@ -31,3 +32,18 @@ def test_milp_valid_and_agrees_with_cpsat(case):
 def test_milp_refuses_large_jobs():
     with pytest.raises(ValueError, match="tiny"):
         milp_plan(JobSpec.uniform(2, 4, 8), [], time_limit=1)
+
+
+def test_milp_never_claims_an_optimum_worse_than_greedy():
+    """A case hypothesis found in CI: the MILP started from the greedy base rule's plan
+    (makespan 14 as horizon) and HiGHS returned 14 as proven optimal, where greedy's
+    portfolio has 13. It now starts from the portfolio's plan and distrusts a bound above
+    a plan in hand."""
+    job = JobSpec.model_validate({"replicas": 2, "stages": 2, "microbatches": 1,
+                                  "cost": {"F": [1, 1], "I": [1, 1], "W": [1, 3], "OPT": [1, 1]},
+                                  "p2p": {"intra": 0, "cross": 3}})
+    mode = Mode(split_backward=True, staggered=False)
+    m = milp_plan(job, [(0, 1)], mode, time_limit=3)
+    g = greedy_plan(job, [(0, 1)], mode)
+    assert m.metrics.period <= g.metrics.period == 13
+    assert m.solver.bound <= m.metrics.period

@@ -11,6 +11,7 @@ release of h, so the held set is counted at every F start, where the level peaks
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Optional
 
@@ -18,7 +19,7 @@ import pulp
 
 from planner.bounds import lower_bound
 from planner.failures import Worker, normalize
-from planner.solvers.greedy import list_schedule, routed_schedule
+from planner.solvers.greedy import best_schedule, routed_schedule
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.solvers.schedmodel import build_actions, period_horizon, slots_needed, timeline_of
@@ -35,10 +36,14 @@ def milp_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_limi
     if n > MAX_ACTIONS:
         raise ValueError(f"milp is a cross-check for tiny jobs: {n} actions > {MAX_ACTIONS}; "
                          f"use the cpsat back-end")
-    if routes is None:  # the routing the greedy and CP-SAT back-ends settle on
-        routes = routed_schedule(job, failed, mode)[0]
+    # The routing and timeline the greedy back-end settles on (its whole portfolio, not only
+    # the base rule): the start plan and the horizon. With the base rule's 14 as horizon
+    # HiGHS once returned 14 as proven optimal where the portfolio had 13.
+    if routes is None:
+        routes, tl = routed_schedule(job, failed, mode)
+    else:
+        tl = best_schedule(job, routes, mode)
     acts = build_actions(job, routes, mode)
-    tl = list_schedule(job, routes, mode)
     add_opt(job, tl)
     greedy = finish_plan(job, failed, routes, tl, mode, "milp", "HEURISTIC", 0.0)
     lb = lower_bound(job, failed, mode)
@@ -105,10 +110,12 @@ def milp_plan(job: JobSpec, failed: list[Worker], mode: Mode = Mode(), time_limi
     bound = lb
     try:
         info = prob.solverModel.getInfo()
-        if info.mip_dual_bound == info.mip_dual_bound:  # not NaN
+        if math.isfinite(info.mip_dual_bound):  # NaN or infinite when HiGHS has none
             bound = max(lb, int(info.mip_dual_bound + 1e-6))
     except AttributeError:
         pass
+    if bound > greedy.metrics.period:  # a bound above a plan in hand is no bound
+        bound = lb
     best = greedy
     if status is not None and all(v.varValue is not None for v in st):
         starts = [int(round(v.varValue)) for v in st]
