@@ -84,7 +84,7 @@ def breakdown(walls: dict[int, tuple], iters: int, warmup: int) -> dict:
     out = {"compute": t["fiw"] + t["opt"], "comm_wait": t["recv"] + t["flush"] + t["allreduce"],
            "snapshot": t["stepper"] - t["opt"],  # the stepper's pre-step copy for rollback
            "step_bookkeeping": t["step"] - t["stepper"] - t["allreduce"],
-           "data_send_control": t["data"] + t["send"] + t["control"]}
+           "data_send_control": t["data"] + t["send"] + t["control"] + t["gate"] + t["msg"]}
     out["other"] = period - sum(out.values())  # Python dispatch and whatever is not timed
     return dict(out, timers=t)
 

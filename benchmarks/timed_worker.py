@@ -27,10 +27,11 @@ from executor.runtime import agent, comm, rendezvous, stepper
 #   fiw: StageCompute F/I/W; opt: optimizer steps; recv/flush/allreduce: waiting in comm;
 #   step: all of Agent._step (allreduce + stepper + bookkeeping: flatten, losses, messages)
 #   stepper: StageStepper.step (the pre-step snapshot for rollback + opt; T's stepper.py)
-#   data: generating micro-batches; send: posting isends; control: plan polling and
-#   messages to the coordinator through the store
+#   data: generating micro-batches; send: posting isends; control: plan polling;
+#   gate: the store round trip before each iteration (StorePlanSource.gate); msg: messages
+#   to the coordinator (StorePlanSource.send, inside step for the per-iteration "done")
 TIMERS: dict[str, float] = {k: 0.0 for k in ("fiw", "opt", "recv", "flush", "allreduce", "step",
-                                             "stepper", "data", "send", "control")}
+                                             "stepper", "data", "send", "control", "gate", "msg")}
 GAUGES: dict[str, int] = {"snapshot_bytes": 0}  # largest extra memory the snapshots held
 _opt_t0 = [0.0]
 
@@ -92,7 +93,7 @@ def install() -> None:
                            (comm.World, "allreduce_stage", "allreduce"),
                            (agent.Agent, "_step", "step"), (agent.Agent, "_batch", "data"),
                            (comm.World, "send", "send"), (agent.Agent, "_next_plan", "control"),
-                           (rendezvous.StorePlanSource, "gate", "control")):
+                           (rendezvous.StorePlanSource, "gate", "gate")):
         setattr(cls, name, _timed(getattr(cls, name), key))
     step = _timed(stepper.StageStepper.step, "stepper")
 
@@ -103,7 +104,7 @@ def install() -> None:
     stepper.StageStepper.step = gauged_step
     register_optimizer_step_pre_hook(_opt_pre)
     register_optimizer_step_post_hook(_opt_post)
-    send = _timed(rendezvous.StorePlanSource.send, "control")
+    send = _timed(rendezvous.StorePlanSource.send, "msg")
 
     def timed_send(self, kind: str, **fields) -> None:
         if kind == "done" and not fields.get("sync"):
