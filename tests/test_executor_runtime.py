@@ -9,6 +9,7 @@ import io
 import json
 import multiprocessing
 import os
+import threading
 import time
 from functools import lru_cache
 
@@ -143,11 +144,12 @@ def test_world_rendezvous_follows_a_newer_plan(tmp_path):
         procs[1].start()
         mailbox, done = Mailbox(store), set()
         while len(done) < 2 and time.monotonic() - t_new < 2 * timeout:
-            for m in mailbox.drain({(0, 0): 1, (0, 1): 1}):
+            for m in mailbox.drain():
                 if m["t"] == "done" and m["it"] == 0 and not m.get("sync"):
                     done.add((m["s"], m["v"]))
-            time.sleep(0.05)
+            mailbox.wait(0.05)
         took = time.monotonic() - t_new
+        mailbox.close()
         assert done == {(0, 1), (1, 1)}, logs(tmp_path)
         assert took < timeout / 2, f"{took:.1f} s to meet in v1\n{logs(tmp_path)}"
         publish_plan(store, plan.model_copy(update={"version": 2, "workers": []}))
@@ -220,3 +222,36 @@ def test_parse_event():
     assert parse_stall("0:1@2:3.5") == (0, 1, 2, 3.5)
     with pytest.raises(ValueError):
         parse_stall("0:1@2")
+
+
+def test_mailbox_wakes_at_once_keeps_order_and_drops_a_replaced_process():
+    """The coordinator's mailbox: a message wakes its wait at once (no polling), a
+    worker's messages come in order, a process replaced by a newer one is not heard any
+    more, and close() ends the reader blocked in the store."""
+    store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
+    mailbox = Mailbox(store)
+    worker = connect_store("127.0.0.1", store.port, timeout_s=5)
+    worker.add("inc/0:1", 1)
+    first = StorePlanSource(worker, (0, 1), 1)
+    t0 = time.monotonic()
+    threading.Timer(0.2, lambda: first.send("done", it=0)).start()
+    mailbox.wait(10.0)
+    assert 0.15 < time.monotonic() - t0 < 2.0
+    first.send("done", it=1)
+
+    def drained(n):
+        got, end = [], time.monotonic() + 5
+        while len(got) < n and time.monotonic() < end:
+            got += [(m["inc"], m["it"]) for m in mailbox.drain()]
+            mailbox.wait(0.05)
+        return got
+    assert drained(2) == [(1, 0), (1, 1)]
+    mailbox.forget((0, 1))  # what the coordinator does when a worker's process dies
+    worker.add("inc/0:1", 1)  # a second process of worker 0:1 starts
+    second = StorePlanSource(connect_store("127.0.0.1", store.port, timeout_s=5), (0, 1), 2)
+    first.send("done", it=2)  # late, from the replaced process
+    second.send("done", it=3)
+    assert drained(1) == [(2, 3)]
+    mailbox.close()
+    mailbox.reader.join(5)
+    assert not mailbox.reader.is_alive()

@@ -137,6 +137,8 @@ class Coordinator:
         self.version, self.plan, self.committed = -1, None, -1
         self.suspect_since: Optional[float] = None
         self.printed, self.t_last = self.start - 1, time.monotonic()
+        self.full_upto = -1  # every iteration up to this one has all its losses
+        self._line = (float("-inf"), self.printed, None)  # last progress line: time, iteration, plan
         self.iteration_end: dict[int, float] = {}
         self.events: list[str] = []
         self.faults = Injector(kills, stalls, self.event)
@@ -167,6 +169,7 @@ class Coordinator:
     def died(self, w: Worker, why: str) -> None:
         """A process of `w` is gone (exit seen, or its heartbeat stopped)."""
         self.event(f"worker {wkey(w)} failed ({why})")
+        self.mailbox.forget(w)  # its next process's messages must be told from this one's
         if self.pending.pop(w, None) is not None:
             self.update_hold()  # it died before it was admitted: nothing to hold for
         if self.detector is not None:
@@ -263,6 +266,7 @@ class Coordinator:
                 if self.lost_worker is not None:
                     return self.halt(f"worker {wkey(self.lost_worker)} failed while the plan "
                                      f"service had lost the job ({self.service.lost})")
+                began = time.monotonic()
                 self.tick()
                 if self.fatal is not None:
                     return self.halt(self.fatal)
@@ -279,10 +283,14 @@ class Coordinator:
                         f"training did not finish in time (logs in {self.run_dir}); plan "
                         f"v{self.version}, failed {sorted(self.failed)}, last steps {self.done}, "
                         f"losses {[len(self.losses.get(i, {})) for i in range(self.iterations)]}")
-                time.sleep(0.02)
+                # Every 20 ms, or as soon as a message comes, but at most one tick per
+                # 5 ms: with many workers each message would otherwise cost a whole tick.
+                self.mailbox.wait(0.02)
+                time.sleep(max(0.0, began + 0.005 - time.monotonic()))
         except NoPlanError as exc:
             return self.halt(str(exc))
         finally:
+            self.mailbox.close()
             self.faults.release_all()
             for p in self.procs.values():
                 if p.exitcode is None:
@@ -296,8 +304,7 @@ class Coordinator:
         self.deadline = time.monotonic()
 
     def tick(self) -> None:
-        incs = {w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}
-        for msg in self.mailbox.drain({w: i for w, i in incs.items() if i > 0}):
+        for msg in self.mailbox.drain():
             self.handle(msg)
         self.faults.tick()
         now = time.monotonic()
@@ -333,8 +340,9 @@ class Coordinator:
                 self.publish()
         vals = [self.done[w][0] for w in self.live() if w in self.done]
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
+            # only the coordinator moves the counter: add the difference (one round trip)
+            self.store.add("committed", min(vals) - self.committed)
             self.committed = min(vals)
-            set_counter(self.store, "committed", self.committed + 1)
         if now - self._ck_checked > 0.25:
             self._ck_checked = now
             self.checkpoints.collect(self.losses_upto)
@@ -387,7 +395,9 @@ class Coordinator:
             self.publish()
 
     def complete(self) -> bool:
-        if any(len(self.losses.get(i, {})) < self.n for i in range(self.iterations)):
+        while len(self.losses.get(self.full_upto + 1, {})) == self.n:  # losses only grow
+            self.full_upto += 1
+        if self.full_upto < self.iterations - 1:
             return False
         final = (self.iterations - 1, self.version)
         return (all(self.done.get(w) == final for w in self.live())
@@ -403,13 +413,22 @@ class Coordinator:
         row = self.losses[i]
         return sum(float(row[g]) for g in range(self.n)) / self.n
 
-    def progress(self) -> None:
+    def progress(self, every_s: float = 0.25) -> None:
+        """A line per iteration, at most one per `every_s` (each cost the coordinator 1 ms
+        of CPU, taken from the workers on a busy host), and always the first and last
+        iteration and the first under a new plan; tok/s is over the iterations since the
+        last line."""
         while len(self.losses.get(self.printed + 1, {})) == self.n:
             self.printed += 1
             now = time.monotonic()
             self.iteration_end[self.printed] = now
-            tok = self.n * self.cfg.micro_batch_size * self.cfg.seq_len / max(now - self.t_last, 1e-9)
-            self.t_last = now
+            t_line, it_line, plan = self._line
+            if (now - t_line < every_s and self.printed < self.iterations - 1
+                    and plan == (self.version, sorted(self.failed))):
+                continue
+            tok = (self.n * self.cfg.micro_batch_size * self.cfg.seq_len
+                   * (self.printed - it_line) / max(now - self.t_last, 1e-9))
+            self.t_last, self._line = now, (now, self.printed, (self.version, sorted(self.failed)))
             self.console.print(f"iter {self.printed:>4}  loss {self.loss(self.printed):.5f}  "
                                f"{tok:>9,.0f} tok/s  plan v{self.version}  "
                                f"failed {sorted(self.failed) or '-'}")
@@ -425,7 +444,7 @@ class Coordinator:
         set_counter(self.store, "hold", 1)  # every worker between iterations looks now
         self.reap(self.timeout * 2)
         time.sleep(0.1)
-        for msg in self.mailbox.drain({w: read_int(self.store, f"inc/{wkey(w)}") for w in self.workers}):
+        for msg in self.mailbox.drain():
             self.handle(msg)  # last reports: losses of the newest complete iteration
         self.checkpoints.collect(self.losses_upto)
         path = self.checkpoints.newest()
