@@ -50,6 +50,7 @@ from executor.compute.model import ModelConfig
 from executor.compute.reference import Summary
 from executor.launch.run_record import RunRecord
 from executor.worker import child as worker_child
+from executor.launch.progress_lines import ProgressLines
 from executor.runtime.rendezvous import Mailbox, publish_plan, read_int, set_counter, wkey
 from planner.solvers.backends import solve
 from planner.failures import NoPlanError
@@ -136,9 +137,10 @@ class Coordinator:
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
         self.suspect_since: Optional[float] = None
-        self.printed, self.t_last = self.start - 1, time.monotonic()
+        self.printed = self.start - 1  # the newest iteration whose losses are all in
         self.full_upto = -1  # every iteration up to this one has all its losses
-        self._line = (float("-inf"), self.printed, None)  # last progress line: time, iteration, plan
+        self.lines = ProgressLines(self.console, self.n * cfg.micro_batch_size * cfg.seq_len,
+                                   self.start, iterations - 1)
         self.iteration_end: dict[int, float] = {}
         self.events: list[str] = []
         self.faults = Injector(kills, stalls, self.event)
@@ -413,25 +415,13 @@ class Coordinator:
         row = self.losses[i]
         return sum(float(row[g]) for g in range(self.n)) / self.n
 
-    def progress(self, every_s: float = 0.25) -> None:
-        """A line per iteration, at most one per `every_s` (each cost the coordinator 1 ms
-        of CPU, taken from the workers on a busy host), and always the first and last
-        iteration and the first under a new plan; tok/s is over the iterations since the
-        last line."""
+    def progress(self) -> None:
         while len(self.losses.get(self.printed + 1, {})) == self.n:
             self.printed += 1
             now = time.monotonic()
             self.iteration_end[self.printed] = now
-            t_line, it_line, plan = self._line
-            if (now - t_line < every_s and self.printed < self.iterations - 1
-                    and plan == (self.version, sorted(self.failed))):
-                continue
-            tok = (self.n * self.cfg.micro_batch_size * self.cfg.seq_len
-                   * (self.printed - it_line) / max(now - self.t_last, 1e-9))
-            self.t_last, self._line = now, (now, self.printed, (self.version, sorted(self.failed)))
-            self.console.print(f"iter {self.printed:>4}  loss {self.loss(self.printed):.5f}  "
-                               f"{tok:>9,.0f} tok/s  plan v{self.version}  "
-                               f"failed {sorted(self.failed) or '-'}")
+            self.lines.completed(self.printed, self.loss(self.printed), self.version,
+                                 self.failed, now)
 
     def summary(self) -> Summary:
         return Summary(losses=[self.loss(i) for i in range(self.iterations)],
