@@ -133,6 +133,7 @@ def test_world_rendezvous_follows_a_newer_plan(tmp_path):
     addr = f"127.0.0.1:{store.port}"
     procs = [ctx.Process(target=child, args=(addr, 0, s, str(tmp_path / f"worker-0-{s}.log")))
              for s in (0, 1)]
+    mailbox = Mailbox(store)
     try:
         procs[0].start()
         t0 = time.monotonic()
@@ -142,14 +143,13 @@ def test_world_rendezvous_follows_a_newer_plan(tmp_path):
         publish_plan(store, plan.model_copy(update={"version": 1}))
         t_new = time.monotonic()
         procs[1].start()
-        mailbox, done = Mailbox(store), set()
+        done = set()
         while len(done) < 2 and time.monotonic() - t_new < 2 * timeout:
             for m in mailbox.drain():
                 if m["t"] == "done" and m["it"] == 0 and not m.get("sync"):
                     done.add((m["s"], m["v"]))
             mailbox.wait(0.05)
         took = time.monotonic() - t_new
-        mailbox.close()
         assert done == {(0, 1), (1, 1)}, logs(tmp_path)
         assert took < timeout / 2, f"{took:.1f} s to meet in v1\n{logs(tmp_path)}"
         publish_plan(store, plan.model_copy(update={"version": 2, "workers": []}))
@@ -158,6 +158,7 @@ def test_world_rendezvous_follows_a_newer_plan(tmp_path):
         assert [p.exitcode for p in procs] == [0, 0], logs(tmp_path)
         assert "superseded" in open(tmp_path / "worker-0-0.log").read()
     finally:
+        mailbox.close()
         for p in procs:
             if p.exitcode is None and p.pid is not None:
                 p.kill()
@@ -230,28 +231,29 @@ def test_mailbox_wakes_at_once_keeps_order_and_drops_a_replaced_process():
     more, and close() ends the reader blocked in the store."""
     store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
     mailbox = Mailbox(store)
-    worker = connect_store("127.0.0.1", store.port, timeout_s=5)
-    worker.add("inc/0:1", 1)
-    first = StorePlanSource(worker, (0, 1), 1)
-    t0 = time.monotonic()
-    threading.Timer(0.2, lambda: first.send("done", it=0)).start()
-    mailbox.wait(10.0)
-    assert 0.15 < time.monotonic() - t0 < 2.0
-    first.send("done", it=1)
+    try:
+        worker = connect_store("127.0.0.1", store.port, timeout_s=5)
+        worker.add("inc/0:1", 1)
+        first = StorePlanSource(worker, (0, 1), 1)
+        t0 = time.monotonic()
+        threading.Timer(0.2, lambda: first.send("done", it=0)).start()
+        mailbox.wait(10.0)
+        assert 0.15 < time.monotonic() - t0 < 2.0
+        first.send("done", it=1)
 
-    def drained(n):
-        got, end = [], time.monotonic() + 5
-        while len(got) < n and time.monotonic() < end:
-            got += [(m["inc"], m["it"]) for m in mailbox.drain()]
-            mailbox.wait(0.05)
-        return got
-    assert drained(2) == [(1, 0), (1, 1)]
-    mailbox.forget((0, 1))  # what the coordinator does when a worker's process dies
-    worker.add("inc/0:1", 1)  # a second process of worker 0:1 starts
-    second = StorePlanSource(connect_store("127.0.0.1", store.port, timeout_s=5), (0, 1), 2)
-    first.send("done", it=2)  # late, from the replaced process
-    second.send("done", it=3)
-    assert drained(1) == [(2, 3)]
-    mailbox.close()
-    mailbox.reader.join(5)
+        def drained(n):
+            got, end = [], time.monotonic() + 5
+            while len(got) < n and time.monotonic() < end:
+                got += [(m["inc"], m["it"]) for m in mailbox.drain()]
+                mailbox.wait(0.05)
+            return got
+        assert drained(2) == [(1, 0), (1, 1)]
+        mailbox.forget((0, 1))  # what the coordinator does when a worker's process dies
+        worker.add("inc/0:1", 1)  # a second process of worker 0:1 starts
+        second = StorePlanSource(connect_store("127.0.0.1", store.port, timeout_s=5), (0, 1), 2)
+        first.send("done", it=2)  # late, from the replaced process
+        second.send("done", it=3)
+        assert drained(1) == [(2, 3)]
+    finally:
+        mailbox.close()  # a reader left blocked in the store would abort the process at exit
     assert not mailbox.reader.is_alive()
