@@ -13,9 +13,9 @@ import time
 
 from rich.console import Console
 
+from benchmarks.executor_bench import bench_config
 from executor.launch.launcher import Coordinator
 from executor.inputs.workload_name import check_workload
-from executor.compute.model import ModelConfig
 from planner.job import JobSpec
 from planner.solvers.timeline import Mode
 
@@ -41,7 +41,6 @@ class _Metered(Coordinator):
 
 def measure(model: str, replicas: int, stages: int, microbatches: int, iterations: int,
             warmup: int) -> dict:
-    from benchmarks.executor_bench import bench_config
     cfg = bench_config(model)
     check_workload(model, cfg, stages)
     job = JobSpec.uniform(replicas, stages, microbatches)
