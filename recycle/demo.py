@@ -69,4 +69,5 @@ def demo_cmd(
     except ImportError:
         console.print("(live cluster demo not available in this build)")
         return
-    live_demo(out_dir, console)
+    if not live_demo(out_dir, console):
+        raise typer.Exit(1)  # a mismatch with the failure-free run is a failed demo

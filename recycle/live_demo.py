@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
+from typing import Optional
 
 import httpx
 from rich.console import Console
@@ -61,8 +63,39 @@ def _start_service(tmp: str, admin: str) -> tuple[subprocess.Popen, str]:
     raise TimeoutError("the service did not come up")
 
 
-def live_demo(out_dir: str, console: Console) -> bool:
-    """Returns whether the run under failure matched the failure-free reference."""
+@dataclass
+class DemoResult:
+    match: bool  # losses and parameters equal the failure-free run's
+    plans: list = field(default_factory=list)  # the versions trained under (Summary.plans)
+    rerouted: Optional[dict] = None  # the version with 1:0 failed: its row of the table
+
+    def __bool__(self) -> bool:
+        return self.match
+
+
+def iteration_spans(plans: list[dict], iterations: int) -> list[tuple[int, int]]:
+    """[first, last] iteration each version of `plans` (in order) trained."""
+    firsts = [p["first_iteration"] for p in plans] + [iterations]
+    return [(a, b - 1) for a, b in zip(firsts, firsts[1:])]
+
+
+def version_rows(plans: list[dict], iteration_end: dict, iterations: int,
+                 tokens_per_iteration: int) -> list[dict]:
+    """Per version: iterations, failed set, micro-batches per worker, planned period and the
+    measured tokens/s over its steady iterations (the first of each version re-runs an
+    aborted iteration or waits for a rejoin, so it is left out)."""
+    rows = []
+    for plan, (a, b) in zip(plans, iteration_spans(plans, iterations)):
+        steady = [i for i in range(a + 1, b + 1) if i - 1 in iteration_end and i in iteration_end]
+        secs = sum(iteration_end[i] - iteration_end[i - 1] for i in steady)
+        rows.append(dict(plan, iterations=(a, b), steady=len(steady),
+                         tok_s=len(steady) * tokens_per_iteration / secs if secs > 0 else None))
+    return rows
+
+
+def live_demo(out_dir: str, console: Console) -> DemoResult:
+    """Runs the cluster; the result is true when the run under failure matched the
+    failure-free reference."""
     import torch
 
     from executor.launch.launcher import Coordinator
@@ -100,8 +133,9 @@ def live_demo(out_dir: str, console: Console) -> bool:
         console.print(f"service [bold]{url}[/] (pid {service.pid}), job {job_id}: plan v0. "
                       f"Workers poll it for plans, heartbeat to it and report suspects.")
         console.print(f"Training {ITERATIONS} iterations; worker {KILL[0]}:{KILL[1]} gets a real "
-                      f"SIGKILL mid-iteration {KILL[2]} and is restarted to rejoin before "
-                      f"iteration {REJOIN[2]}.")
+                      f"SIGKILL mid-iteration {KILL[2]}: the coordinator reports its death, "
+                      f"the service publishes the re-routed plan, and the worker is "
+                      f"restarted when the run reaches iteration {REJOIN[2]}.")
         watch = ServiceWatch(url, job_id, token, timeout_s=30)
         coord = Coordinator(cfg, watch.plan.job, ITERATIONS, service=watch, kills=[KILL],
                             rejoins=[REJOIN], timeout=4.0, deadline_s=120,
@@ -129,7 +163,10 @@ def live_demo(out_dir: str, console: Console) -> bool:
                     console.print("  " + line.strip()[:150], markup=False, highlight=False)
     if res.summary is None:
         console.print(f"[red]training halted: {res.halted}[/]")
-        return False
+        return DemoResult(False)
+    tokens = D * M * cfg.micro_batch_size * cfg.seq_len
+    rows = version_rows(res.summary.plans, res.iteration_end, ITERATIONS, tokens)
+    rerouted = show_versions(console, rows)
     ref = train_reference(cfg, D, M, ITERATIONS, S,
                           workload=with_data(load_workload(MODEL), cfg))
     table = Table("iteration", "loss (SIGKILL + rejoin)", "loss (no failure)", "|diff|",
@@ -146,7 +183,41 @@ def live_demo(out_dir: str, console: Console) -> bool:
         console.print("[green bold]match[/]: every loss and every stage's final parameter "
                       "checksum equals the failure-free run within 1e-5. Worker logs: "
                       f"{run_dir}")
-    return not diffs
+    return DemoResult(not diffs, res.summary.plans, rerouted)
+
+
+def show_versions(console: Console, rows: list[dict]) -> Optional[dict]:
+    """The table of plan versions: who ran how many micro-batches under each, and what the
+    re-routed version kept of the full one's throughput. Returns the re-routed row."""
+    full = [r for r in rows if not r["failed"]]
+    base = full[0] if full else None
+    table = Table("plan", "iterations", "failed", "micro-batches per worker (F)",
+                  "period (planned, spec units)", "tokens/s (measured)", "kept: planned / measured",
+                  title="Plan versions the run trained under")
+    rerouted = None
+    for r in rows:
+        a, b = r["iterations"]
+        counts = ", ".join(f"{w} {n}" + (f" ({n - M} re-routed)" if n > M else "")
+                           for w, n in sorted(r["microbatches"].items()))
+        kept = "-"
+        if base is not None and r["failed"]:
+            full_tok = [x["tok_s"] for x in full if x["tok_s"]]
+            measured = (f"{r['tok_s'] / (sum(full_tok) / len(full_tok)):.0%}"
+                        if r["tok_s"] and full_tok else "n/a")
+            kept = f"{base['period'] / r['period']:.0%} / {measured}"
+        if r["failed"] and rerouted is None:
+            rerouted = r
+        table.add_row(f"v{r['version']}", f"{a}-{b}" if b > a else str(a),
+                      ", ".join(f"{x}:{y}" for x, y in r["failed"]) or "-", counts,
+                      str(r["period"]), f"{r['tok_s']:,.0f}" if r["tok_s"] else "n/a", kept)
+    console.print(table)
+    if rerouted is not None:
+        a, b = rerouted["iterations"]
+        console.print(f"Iterations {a}-{b} trained re-routed: worker "
+                      f"{', '.join(f'{x}:{y}' for x, y in rerouted['failed'])} failed, its "
+                      "micro-batches ran on its stage peer in the other replica; the global "
+                      "batch stayed the same.")
+    return rerouted
 
 
 def plot_losses(out_dir: str, failed: list[float], clean: list[float]) -> str:

@@ -97,6 +97,30 @@ def test_kill_then_rejoin_loads_state_from_peer(tmp_path):
     assert "loaded stage 0 state from worker (0, 0)" in logs(tmp_path)
 
 
+def test_rejoin_keeps_the_worker_out_until_its_iteration(tmp_path):
+    """--kill 0:1@2 --rejoin 0:1@5: the death is a failure plan at once, iterations 2..4
+    train re-routed (0:1's micro-batches on 1:1), and the worker is back for 5 on, every
+    time (it used to be restarted at once and re-routed 0 to 3 iterations by timing)."""
+    res = run(tmp_path, 2, 2, 7, kills=[(0, 1, 2)], rejoins=[(0, 1, 5)], timeout=3.0)
+    assert_exact(res, 2, 2, 7, tmp_path)
+    spans = [(p["failed"], p["first_iteration"]) for p in res.summary.plans]
+    assert spans == [([], 0), ([[0, 1]], 2), ([], 5)], res.summary.plans
+    assert res.summary.plans[1]["microbatches"] == {"0:0": M, "1:0": M, "1:1": 2 * M}
+    assert "loaded stage 1 state from worker (1, 1) at iteration 4" in logs(tmp_path)
+
+
+def test_restart_brings_the_worker_back_as_soon_as_it_is_up(tmp_path):
+    """--restart: the death is still a failure plan first; the new process starts at once
+    and is admitted before the iteration named (which waits for it)."""
+    res = run(tmp_path, 2, 2, 6, kills=[(0, 1, 1)], rejoins=[(0, 1, 4, True)], timeout=3.0)
+    assert_exact(res, 2, 2, 6, tmp_path)
+    failed = [p["failed"] for p in res.summary.plans]
+    assert failed[0] == [] and failed[-1] == [], res.summary.plans
+    assert res.summary.plans[-1]["first_iteration"] <= 4, res.summary.plans
+    assert [[0, 1]] in failed, res.summary.plans  # entered by every survivor
+    assert any("restarting worker 0:1" in e for e in res.events), res.events
+
+
 @pytest.mark.parametrize("seconds", [3.0, 7.0], ids=["one-timeout", "several-versions"])
 def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
     """SIGSTOP, later SIGCONT: nobody dies. Its peers time out and report it; the

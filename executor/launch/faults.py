@@ -53,8 +53,13 @@ def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=
                  stalls=(), slows=()) -> None:
     """Refuse (ValueError, one line) a fault no run could ever carry out: it would be
     waited for, or silently never happen."""
-    for flag, items in (("--kill", kills), ("--rejoin", rejoins), ("--stall", stalls),
-                        ("--slow", slows)):
+    def flag_of(rejoin) -> str:  # (r, s, it[, asap]): asap entries are --restart's
+        return "--restart" if len(rejoin) > 3 and rejoin[3] else "--rejoin"
+
+    for flag, items in (("--kill", kills),
+                        ("--rejoin", [k for k in rejoins if flag_of(k) == "--rejoin"]),
+                        ("--restart", [k for k in rejoins if flag_of(k) == "--restart"]),
+                        ("--stall", stalls), ("--slow", slows)):
         for k in items:
             r, s, it = k[0], k[1], k[2]
             if not (r < replicas and s < stages):
@@ -66,10 +71,10 @@ def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=
     # A rejoin serves one death (earliest entry first): each needs its own --kill or
     # --stall (a stalled worker may be declared failed) of that worker at or before it.
     deaths = sorted((k[2], (k[0], k[1])) for k in list(kills) + list(stalls))
-    for r, s, it in sorted(tuple(k[:3]) for k in rejoins):
+    for r, s, it, flag in sorted((*k[:3], flag_of(k)) for k in rejoins):
         cause = next((d for d in deaths if d[1] == (r, s) and d[0] <= it), None)
         if cause is None:
-            raise ValueError(f"--rejoin {r}:{s}@{it}: no --kill or --stall of worker {r}:{s} "
+            raise ValueError(f"{flag} {r}:{s}@{it}: no --kill or --stall of worker {r}:{s} "
                              f"at or before iteration {it} for it to come back from")
         deaths.remove(cause)
 

@@ -12,21 +12,25 @@ halfway through its actions of iteration I, --stall R:S@I:SECONDS SIGSTOPs it th
 SIGCONTs it later (a hang without a death: peers time out and report it, the coordinator
 re-publishes, the late worker catches up with the newest plan);
 --rejoin R:S@I: each entry is consumed by one death of that worker (the earliest pending
-entry first), so a worker can be killed and rejoined several times. The new process
-(next incarnation) starts at once and asks to be admitted; the plan naming it is
-published on that request (it loads its state from a live peer while entering, see
-agent.py). Meanwhile the coordinator holds iteration I (store key `hold`): the others
-wait before it for that plan, and the hold is released on admission, on the new process's
-death, or after a deadline, by the coordinator only.
+entry first), so a worker can be killed and rejoined several times. A death is always a
+failure event first (a plan without the worker, published here or, with a service,
+reported to it): the survivors train re-routed. The new process (next incarnation) is
+started when the run reaches I, i.e. every live worker has completed I-1 under the plan
+in force (--restart R:S@I: as soon as the death is in a plan), and asks to be admitted;
+the plan naming it is published on that request (it loads its state from a live peer
+while entering, see agent.py). Meanwhile the coordinator holds iteration I (store key
+`hold`): the others wait before it for that plan, and the hold is released on admission,
+on the new process's death, or a deadline after its start, by the coordinator only.
 Checkpoints (executor/checkpoint/, torch.distributed.checkpoint): one writer per stage saves
 its part every `ckpt_every` iterations; the coordinator completes a checkpoint (writes its
 manifest) once all parts and losses are in. Losing every replica of a stage halts and
 names the newest complete checkpoint, which `resume` continues from.
 
-With a service (`service=ServiceWatch`, service_source.py) the coordinator neither plans
-nor declares failures: workers poll, heartbeat and report suspects to the service, whose
-plans the coordinator only follows; a dead process is just restarted when a rejoin is due
-(the new process posts its recovery event itself).
+With a service (`service=ServiceWatch`, service_source.py) the coordinator does not plan:
+workers poll, heartbeat and report suspects to the service, whose plans the coordinator
+only follows. A process exit it sees is posted to the service as a failure event at once
+(no heartbeat timeout), and a due rejoin restarts the worker once the service's plan has
+it failed (the new process posts its recovery event itself).
 """
 from __future__ import annotations
 
@@ -60,6 +64,18 @@ from planner.solvers.timeline import Mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 Worker = tuple[int, int]
+# External workers heartbeat every 0.5 s: once a peer has reported a suspect, a worker
+# silent this long is dead (torchrun restarting its node), not slow, so the survivors train
+# re-routed instead of waiting out 3 x --timeout for the restart.
+SILENT_AFTER_SUSPECT_S = 2.0
+
+
+@dataclass
+class Rejoin:
+    """A due restart of a dead worker (one --rejoin/--restart entry)."""
+    iteration: int  # training waits before it until the worker is back
+    asap: bool = False  # --restart: once its death is in a plan, not when the run reaches it
+    spawned: Optional[float] = None  # monotonic time its new process started
 
 
 @dataclass
@@ -84,7 +100,9 @@ class Coordinator:
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
-        self.rejoins = sorted((tuple(k) for k in rejoins), key=lambda k: k[2])
+        # (r, s, iteration, asap): --rejoin entries, and --restart ones with asap True
+        self.rejoins = sorted(((*k[:3], bool(k[3]) if len(k) > 3 else False) for k in rejoins),
+                              key=lambda k: k[2])
         self.solver, self.timeout, self.external = solver, timeout, external
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.identity_hash() != job.identity_hash():
@@ -110,6 +128,7 @@ class Coordinator:
             self.console.print(f"coordinator waiting for workers: RECYCLE_STORE=<this host>:"
                                f"{self.store.port} torchrun ... -m executor.torchrun",
                                soft_wrap=True)
+        self.run_id = uuid.uuid4().hex[:8]
         self.store.set("config", json.dumps({
             "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
             "workload": model,  # --model NAME: every worker loads the same Workload
@@ -117,7 +136,7 @@ class Coordinator:
             "resume": resume, "device": device, "local_workers": None if external else len(self.workers),
             "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],
             "slows": [list(k) for k in slows],
-            "run_id": uuid.uuid4().hex[:8],
+            "run_id": self.run_id,
             "service": service.worker_config() if service else None}))
         self.mailbox = Mailbox(self.store)
         self.procs: dict[Worker, multiprocessing.Process] = {}
@@ -127,8 +146,9 @@ class Coordinator:
         self.failed: set[Worker] = set()
         # Membership: the incarnation each worker's newest plan admits (stamped on plans).
         self.incs = [[1] * self.S for _ in range(self.D)]
-        # Rejoins awaited (restarted, or failed with a --rejoin due): (hold iteration, t0).
-        self.pending: dict[Worker, tuple[int, float]] = {}
+        # Rejoins awaited: dead (or declared failed) workers with a --rejoin due.
+        self.pending: dict[Worker, Rejoin] = {}
+        self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         self.given_up: set[tuple[int, int, int]] = set()  # --rejoin entries not held for again
         # Through a service, admission may wait for it to come back from an outage.
         self.hold_limit = 4 * timeout + (60.0 if service is not None else 5.0)
@@ -169,33 +189,64 @@ class Coordinator:
         self.console.print(f"[yellow]{msg}[/]")
 
     def died(self, w: Worker, why: str) -> None:
-        """A process of `w` is gone (exit seen, or its heartbeat stopped)."""
+        """A process of `w` is gone (exit seen, its heartbeat stopped, or a newer process
+        of it asked in). A death is a failure event as soon as it is known, even when a
+        restart is due: the survivors train re-routed until the worker is back."""
         self.event(f"worker {wkey(w)} failed ({why})")
         self.mailbox.forget(w)  # its next process's messages must be told from this one's
         if self.pending.pop(w, None) is not None:
             self.update_hold()  # it died before it was admitted: nothing to hold for
         if self.detector is not None:
             self.detector.forget(*w)  # a new process on a new machine says nothing yet
-        if self.service is not None and self.service.lost:
-            self.lost_worker = w  # nobody can plan around it now: run() halts
-        if self.service is None and w not in self.failed:  # the service declares its own
+        if self.service is not None:
+            if self.service.lost:
+                self.lost_worker = w  # nobody can plan around it now: run() halts
+            elif w not in self.failed:  # the plan in force admits a process that is gone
+                self.service.report_failure(w, self.plan.incarnation(*w), self.run_id, why)
+        elif w not in self.failed:
             self.failed.add(w)
             self.done.pop(w, None)
             self.publish()
         self.restart(w)
 
     def restart(self, w: Worker) -> None:
-        """Consume the earliest pending --rejoin of `w`, if any: one entry per death."""
+        """Consume the earliest pending --rejoin/--restart of `w`, if any: one entry per
+        death. The process starts later, in spawn_due()."""
         due = [k for k in self.rejoins if k[:2] == w]
         if not due or self.external:
             return
         self.rejoins.remove(due[0])
-        self.event(f"restarting worker {wkey(w)} to rejoin (training waits before iteration "
-                   f"{due[0][2]} until it is back)")
-        self.spawn(w)
-        self.pending[w] = (due[0][2], time.monotonic())
-        self.record.restarts_at.append((time.time(), w, due[0][2]))
+        it, asap = due[0][2], due[0][3]
+        self.event(f"worker {wkey(w)} will be restarted "
+                   + ("as soon as its failure is in a plan" if asap else
+                      f"when the run reaches iteration {it}")
+                   + f" (training waits before iteration {it} until it is back)")
+        self.pending[w] = Rejoin(it, asap)
         self.update_hold()
+
+    def returning(self, w: Worker, rejoin: Rejoin) -> bool:
+        """May `w`'s next process start now? Only once the plan in force has `w` failed
+        (its death is a failure event first) and its old process has exited; for --rejoin,
+        also once every live worker has completed the iteration before the rejoin's under
+        that plan, so the iterations in between train re-routed, every time."""
+        p = self.procs.get(w)
+        if w not in self.failed or (p is not None and p.exitcode is None):
+            return False
+        return rejoin.asap or self.reached(rejoin.iteration - 1)
+
+    def reached(self, iteration: int) -> bool:
+        """Every live worker has entered the plan in force and completed `iteration`."""
+        return all(self.done.get(x, (-1, -1))[1] >= self.version
+                   and self.done[x][0] >= iteration for x in self.live())
+
+    def spawn_due(self) -> None:
+        for w, rejoin in self.pending.items():
+            if rejoin.spawned is None and self.returning(w, rejoin):
+                self.event(f"restarting worker {wkey(w)} to rejoin at iteration "
+                           f"{rejoin.iteration}")
+                self.spawn(w)
+                rejoin.spawned = time.monotonic()
+                self.record.restarts_at.append((time.time(), w, rejoin.iteration))
 
     def admitted(self, w: Worker) -> None:
         if self.pending.pop(w, None) is not None:
@@ -203,15 +254,17 @@ class Coordinator:
 
     def update_hold(self) -> None:
         """Workers wait before the earliest iteration a pending rejoin is due at; a hold
-        past its deadline is dropped (training goes on; the worker joins when it can)."""
+        whose process has not been admitted within its deadline is dropped (training goes
+        on; the worker joins when it can)."""
         now = time.monotonic()
-        for w, (it, t0) in list(self.pending.items()):
-            if now - t0 > self.hold_limit:
+        for w, rejoin in list(self.pending.items()):
+            if rejoin.spawned is not None and now - rejoin.spawned > self.hold_limit:
                 self.event(f"rejoin of {wkey(w)} not admitted within {self.hold_limit:g} s: "
-                           f"no longer holding iteration {it} for it")
+                           f"no longer holding iteration {rejoin.iteration} for it")
                 del self.pending[w]
-                self.given_up.update(k for k in self.rejoins if k[:2] == w and k[2] == it)
-        its = [it for it, _ in self.pending.values()]
+                self.given_up.update(k for k in self.rejoins
+                                     if k[:2] == w and k[2] == rejoin.iteration)
+        its = [rejoin.iteration for rejoin in self.pending.values()]
         set_counter(self.store, "hold", min(its) + 1 if its else 0)
 
     # ---- plans ------------------------------------------------------------------------
@@ -248,7 +301,7 @@ class Coordinator:
         for w in self.failed:  # declared failed while its process lives on (a stall): a due
             due = [k for k in self.rejoins if k[:2] == w]  # rejoin is awaited from now on
             if due and w not in self.pending and due[0] not in self.given_up:
-                self.pending[w] = (due[0][2], time.monotonic())
+                self.pending[w] = Rejoin(due[0][2], due[0][3])  # started once it exits
                 self.update_hold()
         self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
 
@@ -317,13 +370,12 @@ class Coordinator:
                 self.reaped.add(p.pid)  # each process's exit is handled exactly once
                 self.died(w, f"process exited with code {p.exitcode}")
         if self.external:
-            for w in self.live():
-                if self.store.check([f"hb/{wkey(w)}"]):
-                    t, _, inc = self.store.get(f"hb/{wkey(w)}").decode().split()
-                    if int(inc) == self.incs[w[0]][w[1]] and time.time() - float(t) > 3 * self.timeout:
-                        self.died(w, "heartbeat stopped")
+            self.check_heartbeats()
         if self.pending:
+            self.spawn_due()
             self.update_hold()
+        for w, inc in list(self.asking.items()):
+            self.admit(w, inc)
         if self.service is not None:
             self.publish()
         elif self.suspect_since is not None and now - self.suspect_since > self.timeout + 0.3:
@@ -384,17 +436,41 @@ class Coordinator:
             if m["v"] == self.version and self.suspect_since is None:
                 self.suspect_since = time.monotonic()
         elif kind == "ready" and self.service is None and m["inc"] > self.incs[w[0]][w[1]]:
-            # A newer process of w asks in: its predecessor is dead (or w was failed). Only a
-            # process still alive is admitted: one that died meanwhile would be waited for.
-            p = self.procs.get(w)
-            if p is not None and p.exitcode is not None:
-                return
-            self.incs[w[0]][w[1]] = m["inc"]
-            self.failed.discard(w)
-            self.admitted(w)
-            self.event(f"worker {wkey(w)} is back (incarnation {m['inc']}): publishing the "
-                       "plan that includes it")
-            self.publish()
+            # A newer process of w asks in: its predecessor is dead (or w was failed).
+            if w not in self.failed:  # (torchrun restarted it) that death is news: a failure
+                self.died(w, f"a new process, incarnation {m['inc']}, replaced it")
+            self.asking[w] = max(m["inc"], self.asking.get(w, 0))
+            self.admit(w, self.asking[w])
+
+    def admit(self, w: Worker, inc: int) -> None:
+        """Publish the plan admitting incarnation `inc` of `w` once every survivor has
+        entered the plan that has `w` failed. Only a process still alive is admitted: one
+        that died meanwhile would be waited for."""
+        p = self.procs.get(w)
+        if (p is not None and p.exitcode is not None) or inc <= self.incs[w[0]][w[1]]:
+            self.asking.pop(w, None)
+            return
+        if not self.reached(-1):
+            return
+        self.asking.pop(w, None)
+        self.incs[w[0]][w[1]] = inc
+        self.failed.discard(w)
+        self.admitted(w)
+        self.event(f"worker {wkey(w)} is back (incarnation {inc}): publishing the plan that "
+                   "includes it")
+        self.publish()
+
+    def check_heartbeats(self) -> None:
+        """External workers: a heartbeat older than 3 x --timeout is a death; once a peer
+        has reported a suspect, one older than SILENT_AFTER_SUSPECT_S is."""
+        limit = 3 * self.timeout
+        if self.suspect_since is not None:
+            limit = min(limit, SILENT_AFTER_SUSPECT_S)
+        for w in self.live():
+            if self.store.check([f"hb/{wkey(w)}"]):
+                t, _, inc = self.store.get(f"hb/{wkey(w)}").decode().split()
+                if int(inc) == self.incs[w[0]][w[1]] and time.time() - float(t) > limit:
+                    self.died(w, f"heartbeat stopped {time.time() - float(t):.1f} s ago")
 
     def complete(self) -> bool:
         while len(self.losses.get(self.full_upto + 1, {})) == self.n:  # losses only grow

@@ -39,7 +39,7 @@ class RunRecord:
                 continue
             out.append({"version": v, "failed": [list(x) for x in plan.failed],
                         "speeds": plan.job.speed, "incarnations": plan.incarnations,
-                        "first_iteration": first[v],
+                        "first_iteration": first[v], "period": plan.metrics.period,
                         "microbatches": {f"{x.replica}:{x.stage}": sum(
                             1 for a in x.actions if a.op == "F") for x in plan.workers}})
         return out

@@ -134,6 +134,7 @@ class ServiceWatch:
         self.halted: Optional[str] = None
         self.lost: Optional[str] = None  # the service no longer knows the job
         self._stop = threading.Event()
+        self._reports: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._follow, daemon=True)
         self._thread.start()
 
@@ -189,7 +190,39 @@ class ServiceWatch:
             console.print(f"[yellow]warning:[/] {why}")
         return why
 
+    def report_failure(self, worker, incarnation: int, run_id: str, why: str,
+                       patience_s: float = 300.0) -> threading.Thread:
+        """Post a dead process's failure event (its incarnation: idempotent, and a stale
+        one is refused) on a thread, retried while the service is unreachable: the
+        coordinator's loop must not wait on it. A 409 (declared failed already, by a
+        heartbeat or a node agent) is the same outcome."""
+        r, s = worker
+        event_id = f"death-{run_id}-{r}.{s}-{incarnation}"
+
+        def post() -> None:
+            end = time.monotonic() + patience_s
+            while not self._stop.is_set():
+                try:
+                    self.http.report_event(event_id, "failure", r, s, reason=why,
+                                           incarnation=incarnation)
+                    return
+                except httpx.TransportError:
+                    if time.monotonic() > end:
+                        break
+                    self._stop.wait(0.2)
+                except (RuntimeError, LookupError, PermissionError, TrainingHalted) as e:
+                    log.info("failure of %s:%s not applied: %s", r, s, e)
+                    return
+            log.warning("could not report the failure of worker %s:%s to the service", r, s)
+
+        t = threading.Thread(target=post, name=f"report-{r}.{s}", daemon=True)
+        t.start()
+        self._reports.append(t)
+        return t
+
     def close(self) -> None:
         self._stop.set()
         self._thread.join(3)
+        for t in self._reports:
+            t.join(3)
         self.http.close()
