@@ -30,7 +30,9 @@ def test_repeated_rejoins_each_consume_one_entry(tmp_path):
     kills = [e for e in res.events if e.startswith("SIGKILL worker 0:1")]
     restarts = [e for e in res.events if e.startswith("restarting worker 0:1")]
     assert len(kills) == 2 and len(restarts) == 2, res.events
-    assert "before iteration 4 " in restarts[0] and "before iteration 8 " in restarts[1]
+    assert "at iteration 4" in restarts[0] and "at iteration 8" in restarts[1]
+    failed = [(p["failed"], p["first_iteration"]) for p in res.summary.plans]
+    assert failed == [([], 0), ([[0, 1]], 2), ([], 4), ([[0, 1]], 6), ([], 8)], failed
     kinds = sorted(r["kind"] for r in res.summary.recovery)
     assert kinds == ["kill", "kill", "rejoin", "rejoin"], res.summary.recovery
 

@@ -78,6 +78,14 @@ def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
         assert rc == 0, out + nodes
         assert [p.returncode for p in procs[1:]] == [0, 0], nodes
         assert "SIGKILL worker 1:1 mid-iteration 1" in out
+        # the death is a failure event at once (it used to show only as a new incarnation
+        # asking in, the survivors waiting ~4 s for torchrun's restart): iteration 1 re-runs
+        # re-routed, and the kill has a recovery time
+        assert "worker 1:1 failed (SIGKILLed by the coordinator)" in out, out
+        got = Summary.load(str(summary))
+        rerouted = [p for p in got.plans if [1, 1] in p["failed"]]
+        assert rerouted and rerouted[0]["first_iteration"] == 1, got.plans
+        assert "kill" in [r["kind"] for r in got.recovery], got.recovery
         assert "worker 1:1 is back (incarnation 2)" in out, out
         assert "worker 1:0 is back (incarnation 2)" in out, out  # stopped by its agent
         node0 = (tmp_path / "node0.log").read_text()

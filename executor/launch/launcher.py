@@ -418,6 +418,8 @@ class Coordinator:
             if pid is not None and self.faults.mid(w, m["it"], pid):
                 t = max(row[0] for row in self.faults.log if row[2] == "kill")
                 self.record.kills_at.append((t, w, m["it"]))
+                if w not in self.procs and w not in self.failed:  # torchrun'd: no exit to
+                    self.died(w, "SIGKILLed by the coordinator")  # poll, the kill is sure
             if m.get("wait"):
                 self.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
         elif kind == "done":

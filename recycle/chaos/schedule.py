@@ -7,9 +7,9 @@ so a schedule never kills a dead worker, never rejoins a live one, kills at most
 workers per iteration and never leaves a stage without a live worker: any halt or crash
 it provokes is the runtime's fault, not the schedule's.
 
-Liveness is conservative: a rejoin `R:S@J` is a deadline (the runtime restarts the worker
-as soon as its death is seen and may admit it earlier), so the worker counts as dead until
-J and may be killed again only from J+1 on.
+Liveness follows the runtime: a rejoin `R:S@J` keeps the worker out (dead) until the run
+reaches J, when its new process starts and is admitted before J trains, so it may be
+killed again only from J+1 on.
 """
 from __future__ import annotations
 
