@@ -43,7 +43,7 @@ def train_cmd(
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="micro-batches per replica M [default: 4, or the --job's]"),
     iterations: int = typer.Option(5, help="training iterations (one global batch each)"),
     kill: List[str] = typer.Option([], "--kill", help="SIGKILL worker R:S mid-iteration ITER: R:S@ITER (repeatable)"),
-    rejoin: List[str] = typer.Option([], "--rejoin", help="bring worker R:S back after it dies: its death is a failure first, the run trains re-routed without it until it reaches iteration ITER, then a new process is started, loads its stage from a live peer and is in the plan from ITER on: R:S@ITER (repeatable: each entry serves one death)"),
+    rejoin: List[str] = typer.Option([], "--rejoin", help="bring worker R:S back after it dies: its death is a failure first, the run trains re-routed without it until it reaches iteration ITER, then a new process is started, loads its stage from a live peer and is in the plan from ITER on (with --external the node's torchrun restarts it; training waits before ITER until it is back): R:S@ITER (repeatable: each entry serves one death)"),
     restart: List[str] = typer.Option([], "--restart", help="like --rejoin, but the new process starts as soon as the death is in a plan, and is back as soon as it is up (training waits before iteration ITER until it is): R:S@ITER (repeatable)"),
     slow: List[str] = typer.Option([], "--slow", help="make worker R:S really slower from iteration ITER, to FACTOR of its speed (1 ends it): R:S@ITER:FACTOR (repeatable)"),
     detect_stragglers: bool = typer.Option(True, "--detect-stragglers/--no-detect-stragglers", help="measure each worker's speed and re-plan around slow ones (without a service)"),

@@ -52,7 +52,8 @@ class Summary:
     def from_json(cls, text: str) -> "Summary":
         d = json.loads(text)
         return cls(losses=[float(x) for x in d["losses"]],
-                   param_checksums=[float(x) for x in d["param_checksums"]])
+                   param_checksums=[float(x) for x in d["param_checksums"]],
+                   recovery=d.get("recovery"), plans=d.get("plans"))
 
     def save(self, path: str) -> None:
         with open(path, "w") as fh:

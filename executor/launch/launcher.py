@@ -213,15 +213,19 @@ class Coordinator:
         """Consume the earliest pending --rejoin/--restart of `w`, if any: one entry per
         death. The process starts later, in spawn_due()."""
         due = [k for k in self.rejoins if k[:2] == w]
-        if not due or self.external:
+        if not due:
             return
         self.rejoins.remove(due[0])
         it, asap = due[0][2], due[0][3]
-        self.event(f"worker {wkey(w)} will be restarted "
-                   + ("as soon as its failure is in a plan" if asap else
-                      f"when the run reaches iteration {it}")
-                   + f" (training waits before iteration {it} until it is back)")
-        self.pending[w] = Rejoin(it, asap)
+        if self.external:  # its node's launcher (torchrun) restarts it: only hold for it
+            self.event(f"training waits before iteration {it} until worker {wkey(w)} is back")
+            self.pending[w] = Rejoin(it, True, spawned=time.monotonic())
+        else:
+            self.event(f"worker {wkey(w)} will be restarted "
+                       + ("as soon as its failure is in a plan" if asap else
+                          f"when the run reaches iteration {it}")
+                       + f" (training waits before iteration {it} until it is back)")
+            self.pending[w] = Rejoin(it, asap)
         self.update_hold()
 
     def returning(self, w: Worker, rejoin: Rejoin) -> bool:

@@ -50,16 +50,21 @@ class RunRecord:
         version at least that new; for a rejoin, from the restart to the moment every member
         of the first version admitting the new process had entered it. Faults whose next
         plan was itself cut short by another fault are left out (no clean measurement)."""
-        def first_entry(w, since_t, min_v):
-            ts = [t for t, x, _, v, _ in self.entries if x == w and v >= min_v and t >= since_t]
+        def first_entry(w, since_t, min_v, inc=None):
+            ts = [t for t, x, i, v, _ in self.entries
+                  if x == w and v >= min_v and t >= since_t and inc in (None, i)]
             return min(ts) if ts else None
 
         def everyone_in(version, since_t, skip=None):
+            """When the last member of `version` that ever entered it (or a newer one) did;
+            a member that never did died meanwhile (its own failure counts apart)."""
             plan = self.plans.get(version)
             if plan is None:
                 return None
-            ts = [first_entry(x.key, since_t, version) for x in plan.workers if x.key != skip]
-            return max(ts) if ts and None not in ts else None
+            ts = [first_entry(x.key, since_t, version, plan.incarnation(*x.key))
+                  for x in plan.workers if x.key != skip]
+            ts = [t for t in ts if t is not None]
+            return max(ts) if ts else None
 
         def concurrent(start, end, me):
             """Other injected faults in flight during [start, end]: a stalled survivor, or
