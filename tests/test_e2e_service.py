@@ -1,7 +1,8 @@
 """`recycle train --service` end to end: a real `recycle serve` subprocess, real worker
 processes (gloo, CPU), real SIGKILLs. Workers poll the service for plans, heartbeat to it
 and report suspects; the service declares failures and publishes every plan. Whatever
-happens, losses and final parameters must equal the one-process reference (DESIGN 7).
+happens, losses and final parameters must equal the one-process reference
+(docs/design.md section 7).
 """
 from __future__ import annotations
 

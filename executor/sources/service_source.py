@@ -1,6 +1,6 @@
 """`recycle train --service URL --job-id ID --token T`: the service drives the cluster.
 
-Each worker talks to `recycle serve` itself over HTTP (DESIGN section 3): it long-polls the
+Each worker talks to `recycle serve` itself over HTTP (docs/design.md section 3): it long-polls the
 job's plan, heartbeats, reports suspects, and a restarted worker posts its own recovery
 event. The service's heartbeat monitor and suspect handling declare failures and publish
 every plan; the coordinator publishes none, it only follows the service (ServiceWatch).
