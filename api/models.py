@@ -101,6 +101,26 @@ class HeartbeatOut(BaseModel):
     incarnation: int = Field(description="the worker's incarnation in the current plan")
 
 
+class ProgressIn(_In):
+    """The coordinator's training progress (at most about one a second)."""
+    iteration: int = Field(ge=0, le=2**62, strict=True,
+                           description="the newest iteration whose losses are all in (0-based)")
+    iterations: Optional[int] = Field(default=None, ge=1, le=2**62, strict=True,
+                                      description="iterations the run trains in all")
+    loss: Optional[float] = Field(
+        ..., ge=-1e30, le=1e30, allow_inf_nan=False, strict=True,
+        description="that iteration's mean loss over its micro-batches (null: not finite)")
+    tokens_per_s: Optional[float] = Field(
+        default=None, ge=0, le=1e15, allow_inf_nan=False, strict=True,
+        description="tokens trained per second, measured since the report before (null: "
+                    "no report before this one)")
+
+
+class ProgressOut(BaseModel):
+    state: str
+    iteration: int
+
+
 class WorkerRef(_In):
     replica: int = Index
     stage: int = Index

@@ -113,6 +113,9 @@ class JobRuntime:
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     views: dict = field(default_factory=dict)  # (replica, stage) -> bytes, current version
+    # The coordinator's last progress report (POST .../progress), in memory only: the page
+    # pushes at least every second, so a report needs no wake-up of the long-polls.
+    progress: Optional[dict] = None
     recent: dict = field(default_factory=dict)  # version -> plan bytes, the newest RECENT
 
     def remember(self) -> None:

@@ -1,4 +1,4 @@
-"""Speeds at the service (DESIGN section 8, docs/api.md "Stragglers"): which speed grid a
+"""Speeds at the service (docs/design.md section 8, docs/api.md "Stragglers"): which speed grid a
 job's plans are made for, from three sources.
 
 A worker's speed in force is, in this order of precedence:

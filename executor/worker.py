@@ -3,7 +3,7 @@
 Started by the launcher (one process per (replica, stage)) or by torchrun on several
 machines; either way it needs only the coordinator's store address and its identity:
   --store HOST:PORT   or env RECYCLE_STORE   (the coordinator's TCPStore)
-  --replica R --stage S   or env RANK (rank = replica * S + stage, DESIGN section 2)
+  --replica R --stage S   or env RANK (rank = replica * S + stage, docs/design.md section 2)
 Everything else (model config, the --model name, job spec, iterations, paths, and with
 --service the service's URL, job id and token) is read from the store.
 Multi-machine: under torchrun use `-m executor.torchrun` (executor/torchrun.py: the

@@ -1,4 +1,4 @@
-"""Job spec: the grid, the per-stage costs and the memory model (DESIGN section 5).
+"""Job spec: the grid, the per-stage costs and the memory model (docs/design.md section 5).
 
 Durations are integers in one unit chosen by whoever writes the spec. Everything the
 planner derives (per-worker durations, capacities in micro-batches, delays) lives here so
@@ -49,7 +49,7 @@ class _Strict(BaseModel):
 
 class Cost(_Strict):
     F: list[Duration]
-    I: list[Duration]  # noqa: E741 - the action letter of DESIGN section 2
+    I: list[Duration]  # noqa: E741 - the action letter of docs/design.md section 2
     W: list[Duration]
     OPT: list[Duration]
 

@@ -1,4 +1,4 @@
-"""The one plan type every part shares (DESIGN section 5), with its JSON reader and writer.
+"""The one plan type every part shares (docs/design.md section 5), with its JSON reader and writer.
 
 A plan is data: routes plus, per live worker, the ordered timed actions it runs. Passes
 over it (validation, metrics, mapping through a replica permutation, CSV export in
@@ -69,7 +69,7 @@ class Metrics(BaseModel):
     lower_bound: Time
     gap: float
     # Period measured as if the optimizer were staggered / synchronous, whatever the
-    # plan's own mode: the ablation reports both (DESIGN section 4).
+    # plan's own mode: the ablation reports both (docs/design.md section 4).
     period_staggered: Optional[int] = None
     period_synchronous: Optional[int] = None
 

@@ -1,7 +1,7 @@
 """Routing: which replica runs stage s of micro-batch g.
 
 Each stage's micro-batches go to its live workers in proportion to what they can do
-(DESIGN section 8): counts minimise the busiest worker's work, n_d x (F+I+W on d), so a
+(docs/design.md section 8): counts minimise the busiest worker's work, n_d x (F+I+W on d), so a
 slow worker sheds micro-batches to its same-stage peers exactly as a failed one (speed 0)
 sheds all of them. A worker keeps as many of its own replica's micro-batches as its count
 allows; the rest (a failed worker's, a slow worker's surplus) form a pool that is dealt

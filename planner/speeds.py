@@ -1,4 +1,4 @@
-"""Stragglers as data: quantised speed factors and a run-time detector (DESIGN section 8).
+"""Stragglers as data: quantised speed factors and a run-time detector (docs/design.md section 8).
 
 A worker's speed is relative to its stage's peers: the fastest live worker of a stage is
 1.0, a worker that needs twice as long per micro-batch is 0.5. Measured speeds are noisy,

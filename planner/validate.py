@@ -1,7 +1,7 @@
-"""The validator: checks every constraint of DESIGN section 4 and replays the metrics.
+"""The validator: checks every constraint of docs/design.md section 4 and replays the metrics.
 
 Every back-end's plan goes through `validate` in the tests; `check` raises with the first
-few violations. Constraint numbers in the messages follow DESIGN section 4.
+few violations. Constraint numbers in the messages follow docs/design.md section 4.
 """
 from __future__ import annotations
 

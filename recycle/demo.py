@@ -1,8 +1,8 @@
 """`recycle demo`: the README's main command.
 
-Part 1 plans the DESIGN example job under 0, 1 and 2 failures with every back-end and
-writes a Gantt chart; part 2 (when the executor and service are installed) runs a live
-CPU cluster through a real failure.
+Part 1 plans the example job of docs/design.md section 5 under 0, 1 and 2 failures with
+every back-end and writes a Gantt chart; part 2 (when the executor and service are
+installed) runs a live CPU cluster through a real failure.
 """
 from __future__ import annotations
 
@@ -33,7 +33,8 @@ def planner_demo(out_dir: str, time_limit: float) -> None:
     from planner.solvers.timeline import Mode
 
     job = JobSpec.model_validate(EXAMPLE)
-    console.rule("[bold]1. Planning: the DESIGN example job (4 replicas x 4 stages, 8 micro-batches each)")
+    console.rule("[bold]1. Planning: the example job of docs/design.md section 5 "
+                 "(4 replicas x 4 stages, 8 micro-batches each)")
     table = Table("failed", "1f1b (re-route only)", "greedy +split", "greedy full", "cpsat full",
                   "lower bound", "kept (full)")
     base = None

@@ -1,7 +1,8 @@
 """`recycle train --service` end to end: a real `recycle serve` subprocess, real worker
 processes (gloo, CPU), real SIGKILLs. Workers poll the service for plans, heartbeat to it
 and report suspects; the service declares failures and publishes every plan. Whatever
-happens, losses and final parameters must equal the one-process reference (DESIGN 7).
+happens, losses and final parameters must equal the one-process reference
+(docs/design.md section 7).
 """
 from __future__ import annotations
 
@@ -96,6 +97,13 @@ def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
         assert trained == list(range(len(h["plans"]))) and res.versions == len(trained)
         assert any("SIGKILL worker 1:0 mid-iteration 1" in e for e in res.events)
         assert "loaded stage 0 state from worker (0, 0)" in logs(tmp_path)
+        # the live page's view: the coordinator's last progress report, workers finished
+        with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10) as c:
+            view = c.get(f"/v1/page/jobs/{jid}/view").json()
+        assert view["state"] == "finished" and view["states"] == [["finished"] * 2] * 2
+        p = view["progress"]
+        assert (p["iteration"], p["iterations"]) == (4, 5), p
+        assert p["loss"] == pytest.approx(res.summary.losses[4]) and p["tokens_per_s"] > 0
     finally:
         srv.stop()
 

@@ -1,4 +1,4 @@
-"""The multi-process runtime against the one-process reference (DESIGN section 7).
+"""The multi-process runtime against the one-process reference (docs/design.md section 7).
 
 Real worker processes, real gloo worlds, real SIGKILLs: every run must give the losses and
 final parameter checksums of executor.compute.reference.train_reference on the same global

@@ -1,8 +1,8 @@
 """`recycle agent` end to end: a real service, a coordinator with an external store, two
 node agents on loopback (two "nodes" of two workers each) that start real worker processes;
 a worker SIGKILLed mid-run is reported by its agent the moment its process exits (the
-service's heartbeat timeout is far longer), and training stays exact (DESIGN 7). Plus the
-agent's bad input: a node outside the job, a second agent for a held node."""
+service's heartbeat timeout is far longer), and training stays exact (docs/design.md
+section 7). Plus the agent's bad input: a node outside the job, a second agent for a held node."""
 from __future__ import annotations
 
 import io

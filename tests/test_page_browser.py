@@ -1,7 +1,8 @@
 """The live cluster page in a real headless Chromium (Debian's, via Selenium and
 chromium-driver) against a real `recycle serve` process: it loads with the admin token
 from the URL fragment or the login box, shows a failure posted during the test within a
-second, a slow worker, and no console error; its data needs the admin token (401/403,
+second, a slow worker, the coordinator's training progress, periods with their unit, a
+finished job's workers as finished, and no console error; its data needs the admin token (401/403,
 never 5xx) and the token never reaches the server's log."""
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def test_page_in_chromium(tmp_path):
             shows_a_failure_live(server, browser, admin)
             a_64x16_grid_fits_the_window(server, browser, admin)
             a_halted_job_shows_its_reason(server, browser, admin)
+            progress_and_a_finished_job(server, browser, admin)
             assert console_errors(browser) == []
     finally:
         server.stop()
@@ -142,6 +144,42 @@ def a_halted_job_shows_its_reason(server, browser, admin):
              "the halt")
     reason = js(browser, "return document.getElementById('reason').textContent")
     assert "restore from checkpoint" in reason, reason
+
+
+def card(b, k: str) -> str:
+    return js(b, f"const c = document.querySelector('[data-k={k}]'); return c ? c.textContent : ''")
+
+
+def progress_and_a_finished_job(server, browser, admin):
+    job, token = register_job(admin, D=2, S=2, M=2)
+    worker = token_client(server.url, token)
+    for d in range(2):
+        for s in range(2):
+            worker.post(f"/v1/jobs/{job}/heartbeats", json={"replica": d, "stage": s,
+                                                            "iteration": 0})
+    browser.get(f"{server.url}/jobs/{job}")
+    wait_for(lambda: cell_state(browser, 1, 1) == "live", 5, "live workers")
+    assert "no progress reported yet" in card(browser, "progress")
+    # periods carry their unit (the job spec's time unit), on the cards and in the table
+    assert card(browser, "period").startswith("period") and " units" in card(browser, "period")
+    assert " units" in card(browser, "bound") and " units" in card(browser, "kept")
+    assert " units" in js(browser, "return document.querySelector('#versions tbody').textContent")
+    # the coordinator's report is on the page within a push (about a second)
+    r = worker.post(f"/v1/jobs/{job}/progress", json={"iteration": 41, "iterations": 100,
+                                                      "loss": 2.71828, "tokens_per_s": 98765.4})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: "iteration 41 / 100" in card(browser, "progress"), 3, "the progress")
+    text = card(browser, "progress")
+    assert "loss 2.7183" in text and "98,765 tok/s" in text, text
+    # training completes: the coordinator tells the service; its workers are finished, not
+    # waiting (the service stops watching their heartbeats)
+    assert worker.post(f"/v1/jobs/{job}/finish").status_code == 200
+    wait_for(lambda: js(browser, "return document.body.dataset.state") == "finished", 3,
+             "the finish")
+    wait_for(lambda: cell_state(browser, 0, 0) == "finished", 3, "finished workers")
+    assert [cell_state(browser, d, s) for d in range(2) for s in range(2)] == ["finished"] * 4
+    assert "finished 4" in js(browser, "return document.getElementById('legend').textContent")
+    worker.close()
 
 
 def test_page_data_needs_the_admin_token(tmp_path):

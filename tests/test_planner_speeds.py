@@ -1,4 +1,4 @@
-"""Stragglers in the planner (DESIGN section 8): speed-aware routing, bounds, canonical
+"""Stragglers in the planner (docs/design.md section 8): speed-aware routing, bounds, canonical
 forms and the cache with speeds. Real solvers throughout, small sizes."""
 from __future__ import annotations
 

@@ -4,6 +4,8 @@ Worker states, in the order they win:
   failed     in the failed set, by its own report or its silence (source worker/heartbeat)
   fenced     in the failed set by an operator's event: its process may still run, and is
              fenced out (its heartbeats answer 409, its worker plan says in_plan: false)
+  finished   in the plan when the job finished (training completed): it exits, and its
+             heartbeats are no longer watched
   rejoining  in the plan under a newer incarnation, no heartbeat from it yet (it is loading
              its stage's state from a live peer)
   waiting    in the plan, first incarnation, no heartbeat yet (not started, or starting)
@@ -23,6 +25,7 @@ def worker_states(job, last_beat: dict, failure_source: dict) -> list[list[str]]
     """[replica][stage] -> state name (see the module docstring)."""
     failed = set(map(tuple, job.failed))
     speeds = job.speeds
+    done = job.state == "finished"
     out = []
     for d in range(job.spec.replicas):
         row = []
@@ -30,6 +33,8 @@ def worker_states(job, last_beat: dict, failure_source: dict) -> list[list[str]]
             w = (d, s)
             if w in failed:
                 row.append("fenced" if failure_source.get(w) == "operator" else "failed")
+            elif done:
+                row.append("finished")
             elif w not in last_beat:
                 row.append("rejoining" if job.incarnation(d, s) > 1 else "waiting")
             elif speeds[d][s] < 1.0:
@@ -73,7 +78,7 @@ def history(store, job_id: str) -> dict:
 
 def job_view(svc, job, hist: dict, now_mono: Optional[float] = None) -> dict[str, Any]:
     """The page's snapshot of `job`: grid states and heartbeat ages, the plan in force and
-    its figures, history, precompute progress."""
+    its figures, history, precompute progress, the coordinator's training progress."""
     now_mono = time.monotonic() if now_mono is None else now_mono
     monitor = svc.monitor
     last = dict(monitor.last.get(job.id, {})) if monitor is not None else {}
@@ -99,6 +104,8 @@ def job_view(svc, job, hist: dict, now_mono: Optional[float] = None) -> dict[str
         "precompute": None if pre is None else {
             "state": pre["state"], "done": pre["done"], "total": pre["total"],
             "sets": pre["sets"], "error": pre["error"]},
+        # POST /v1/jobs/{id}/progress: iteration, iterations, loss, tokens_per_s, at
+        "progress": job.progress,
         "events": hist["events"], "versions": hist["versions"],
         "server_time": time.time(),
     }

@@ -52,7 +52,7 @@ async def create_job(spec: JobSpec, request: Request,
                      max_failures: Optional[int] = Query(
                          None, ge=0, le=64, description="precompute plans for every failed "
                          "set of up to this many workers (default: the service's)")):
-    """Body: the job spec (DESIGN section 5). Publishes plan version 0, starts
+    """Body: the job spec (docs/design.md section 5). Publishes plan version 0, starts
     precomputing plans for likely failed sets, and returns the job's worker token."""
     job, token = await unless_client_leaves(
         request, request.app.state.service.register(spec, max_failures))

@@ -1,11 +1,16 @@
-"""Worker liveness: heartbeats and suspect reports (worker token or admin)."""
+"""Worker liveness: heartbeats and suspect reports; the coordinator's training progress
+(worker token or admin)."""
 from __future__ import annotations
+
+import time
 
 from fastapi import APIRouter, Depends, Request
 
 from api.nodes.beat import worker_beat
-from api.models import Error, HeartbeatIn, HeartbeatOut, SuspectIn, SuspectOut
+from api.models import (Error, HeartbeatIn, HeartbeatOut, ProgressIn, ProgressOut, SuspectIn,
+                        SuspectOut)
 from api.security import JOB, AuthRoute, bearer
+from api.service import ApiError
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,
                    dependencies=[Depends(bearer)], tags=["workers"])
@@ -46,3 +51,21 @@ async def suspect(job_id: str, report: SuspectIn, request: Request):
         svc.resync_later(job, version)
     return {"replica": report.replica, "stage": report.stage,
             "declared_failed": left is None, "deadline_s": left}
+
+
+@router.post("/progress", response_model=ProgressOut, openapi_extra=JOB, responses=ERRORS,
+             summary="The coordinator's training progress")
+async def progress(job_id: str, report: ProgressIn, request: Request):
+    """The newest completed iteration, its mean loss and the measured tokens/s, sent by the
+    coordinator at most about once a second; the live page shows the last one. Kept in
+    memory with the job (a restarted service shows it again at the next report). Taken
+    while the job runs and once it finished (the last report may cross the finish); a
+    halted job answers 410."""
+    job = request.app.state.service.job(job_id)
+    if job.state == "halted":
+        raise job.halted_error()
+    if report.iterations is not None and report.iteration >= report.iterations:
+        raise ApiError(422, f"iteration {report.iteration} is not below iterations "
+                            f"{report.iterations}")
+    job.progress = {**report.model_dump(), "at": time.time()}
+    return {"state": job.state, "iteration": report.iteration}

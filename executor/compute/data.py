@@ -4,7 +4,7 @@ The language is a fixed random sparse Markov chain: every token has `branching` 
 successors with random probabilities, so the best achievable loss is the chain's
 entropy rate (about 0.8 nats here) against log(vocab) for a model that learned nothing.
 Any worker can regenerate any micro-batch, which is what lets re-routed micro-batches and
-re-run iterations (DESIGN section 6) see exactly the same samples.
+re-run iterations (docs/design.md section 6) see exactly the same samples.
 """
 from __future__ import annotations
 

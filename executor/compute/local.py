@@ -13,7 +13,7 @@ failures_by_iteration maps an iteration to either
     no stage has stepped), is aborted on all survivors (partial gradients dropped), a new
     plan is solved for the grown failed set, and the iteration re-runs from the start;
   * a Plan to switch to at the start of it (e.g. a worker coming back: it copies its
-    stage's parameters and optimizer state from a live peer, DESIGN section 6).
+    stage's parameters and optimizer state from a live peer, docs/design.md section 6).
 
 Each worker steps through the workers' own StageStepper (learning-rate schedule,
 clipping by the global norm with optimistic steps and redos), the stages' norms meeting

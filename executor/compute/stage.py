@@ -2,7 +2,7 @@
 
 Per micro-batch g the state moves F -> (graph kept) -> I -> (the graph below the captured
 gradients kept) -> W -> gone; B is one plain backward. What a micro-batch holds from its F
-until its W is what the planner's memory model charges (DESIGN section 4, constraint 6),
+until its W is what the planner's memory model charges (docs/design.md section 4, constraint 6),
 and `pending()` lists those micro-batches. Communication is not done here: F returns the
 activation to send, I returns the gradient to send.
 
@@ -238,7 +238,7 @@ class StageCompute:
 
     def reset(self) -> None:
         """Abort the iteration: drop every micro-batch's graph, store and loss, and the
-        partial gradients (DESIGN section 6: they are discarded, the iteration re-runs)."""
+        partial gradients (docs/design.md section 6: they are discarded, the iteration re-runs)."""
         self._after_f.clear()
         self._after_i.clear()
         self._losses.clear()

@@ -504,6 +504,9 @@ class Coordinator:
             self.iteration_end[self.printed] = now
             self.lines.completed(self.printed, self.loss(self.printed), self.version,
                                  self.failed, now)
+            if self.service is not None:  # the live page's progress (service_source.py)
+                self.service.report_progress(self.printed, self.loss(self.printed),
+                                             self.lines.tokens, self.iterations, now)
 
     def summary(self) -> Summary:
         return Summary(losses=[self.loss(i) for i in range(self.iterations)],

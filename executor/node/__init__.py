@@ -1,2 +1,2 @@
 """The node agent (`recycle agent`): one per machine, between its workers and the service
-(DESIGN section 10). See agent.py."""
+(docs/design.md section 10). See agent.py."""

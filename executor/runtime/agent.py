@@ -1,6 +1,6 @@
 """The worker loop of one (replica, stage): get a plan, build its world, run its actions.
 
-Failure handling (DESIGN section 6):
+Failure handling (docs/design.md section 6):
   - fencing: a plan for another job, or older than one already seen, is refused (logged);
     a worker that is not in an admitted plan stops, an empty plan means "training done";
   - any CommError (peer died, hung, or left for a newer plan) aborts the iteration in

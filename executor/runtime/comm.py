@@ -2,7 +2,7 @@
 
 Every plan version gets its own process group, rendezvoused under a new store prefix
 (`recycle/v{version}/`), with ranks renumbered over the live workers in (replica, stage)
-order, so traffic of an aborted version can never reach the next one (DESIGN section 6).
+order, so traffic of an aborted version can never reach the next one (docs/design.md section 6).
 Inside a world:
   - p2p: activations and gradients between whichever workers the plan's routes name,
     tagged by (iteration parity, micro-batch, direction) so re-routed streams never mix;

@@ -134,6 +134,10 @@ class HttpPlanSource:
         """Training completed: the service stops watching the job's workers."""
         self._raise_for(self._client.post(f"{self._prefix}/finish"))
 
+    def report_progress(self, body: dict) -> None:
+        """The coordinator's training progress (iteration, iterations, loss, tokens_per_s)."""
+        self._raise_for(self._client.post(f"{self._prefix}/progress", json=body))
+
     def report_event(self, event_id: str, kind: str, replica: int, stage: int,
                      reason: Optional[str] = None, incarnation: Optional[int] = None) -> dict:
         """Post a failure/recovery event (e.g. a rejoining worker's recovery)."""

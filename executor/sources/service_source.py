@@ -1,6 +1,6 @@
 """`recycle train --service URL --job-id ID --token T`: the service drives the cluster.
 
-Each worker talks to `recycle serve` itself over HTTP (DESIGN section 3): it long-polls the
+Each worker talks to `recycle serve` itself over HTTP (docs/design.md section 3): it long-polls the
 job's plan, heartbeats, reports suspects, and a restarted worker posts its own recovery
 event. The service's heartbeat monitor and suspect handling declare failures and publish
 every plan; the coordinator publishes none, it only follows the service (ServiceWatch).
@@ -12,6 +12,7 @@ exit) and `halted`.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -143,6 +144,48 @@ class ServiceWatch:
         authentication); local workers get it from the launcher, torchrun'd ones from
         RECYCLE_TOKEN."""
         return {"url": self.url, "job_id": self.job_id}
+
+    # ---- training progress (POST /v1/jobs/{id}/progress, shown on the live page) -------------
+    PROGRESS_EVERY_S = 1.0
+
+    def report_progress(self, iteration: int, loss: float, tokens_per_iteration: int,
+                        iterations: int, now: Optional[float] = None) -> None:
+        """Called for every completed iteration; sends at most one report per
+        PROGRESS_EVERY_S (always the last iteration), from a thread of its own so the
+        coordinator never waits on the network. tokens/s: over the iterations since the
+        report before (none for the first report)."""
+        now = time.monotonic() if now is None else now
+        prev = getattr(self, "_sent", None)  # (iteration, time) of the last report queued
+        if prev is not None and (iteration <= prev[0] or (
+                now - prev[1] < self.PROGRESS_EVERY_S and iteration < iterations - 1)):
+            return
+        tok = (None if prev is None else
+               tokens_per_iteration * (iteration - prev[0]) / max(now - prev[1], 1e-9))
+        self._sent = (iteration, now)
+        body = {"iteration": iteration, "iterations": iterations, "loss": float(loss),
+                "tokens_per_s": tok}
+        if not math.isfinite(body["loss"]):  # a diverged run: the iteration still counts
+            body["loss"] = None
+        if getattr(self, "_reporter", None) is None:
+            self._report_slot: list = []
+            self._report_wake = threading.Event()
+            self._reporter = threading.Thread(target=self._report_loop, daemon=True,
+                                              name="recycle-progress")
+            self._reporter.start()
+        self._report_slot[:] = [body]  # only the newest report matters
+        self._report_wake.set()
+
+    def _report_loop(self) -> None:
+        while not (self._stop.is_set() and not self._report_slot):  # the last one goes out
+            if not self._report_wake.wait(0.5) and not self._report_slot:
+                continue
+            self._report_wake.clear()
+            while self._report_slot:
+                body = self._report_slot.pop()
+                try:  # best effort: the page shows the next one
+                    self.http.report_progress(body)
+                except Exception as e:  # noqa: BLE001 - never ends the run
+                    log.info("progress report not taken: %s", e)
 
     def _follow(self) -> None:
         while not self._stop.is_set():

@@ -42,7 +42,7 @@ def check_solver_options(time_limit: float, workers: int = 1) -> None:
 
 
 def plan_cmd(
-    spec: str = typer.Argument(..., help="job spec JSON (DESIGN section 5)"),
+    spec: str = typer.Argument(..., help="job spec JSON (docs/design.md section 5)"),
     fail: List[str] = typer.Option([], "--fail", "-f", help="failed worker REPLICA:STAGE"),
     solver: str = typer.Option("greedy", help="1f1b | greedy | cpsat | milp"),
     time_limit: float = typer.Option(10.0, help="solver time limit (s)"),

@@ -5,7 +5,7 @@ row per rank, cells `{stage}{op}{microbatch}`; empty cells, CRLF line ends and t
 communication and sharding actions (SEND_F, RECV_F, SEND_B, RECV_B, UNSHARD, RESHARD,
 REDUCE_GRAD) are ignored, since our model times messages by the spec's p2p delays. Each
 rank's order is timed as soon as possible with the spec's costs (an action starts when its
-worker is free and its dependencies of DESIGN section 4 have arrived), every replica of
+worker is free and its dependencies of docs/design.md section 4 have arrived), every replica of
 the spec runs the same pipeline, OPT is added as for every back-end, and the result is a
 Plan like any other. What a one-stage-per-worker plan cannot express is refused with one
 line (`CsvImportError`): a rank with two stages (interleaved, ZBV, DualPipeV), OVERLAP_F_B,

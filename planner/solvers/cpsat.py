@@ -1,6 +1,7 @@
-"""CP-SAT back-end: the exact model of DESIGN section 4 for fixed routes, hinted by greedy.
+"""CP-SAT back-end: the exact model of docs/design.md section 4 for fixed routes, hinted by
+greedy.
 
-What makes it work (measured, see shared/SOLVER_NOTES.md): fixed-size intervals with one
+What makes it work (measured while this back-end was built): fixed-size intervals with one
 no-overlap per worker, memory as a reservoir that presolve must not expand, the greedy
 plan as a complete hint (with 2 workers CP-SAT has no first-solution search of its own),
 micro-batch symmetry fixed, and the analytic lower bound on the objective variable.

@@ -2,7 +2,7 @@
 
 An independent cross-check of CP-SAT on tiny jobs, not a production solver: CBC and HiGHS
 stalled on D=2, S=4, M=8 for minutes where CP-SAT proves the optimum in under a second
-(shared/SOLVER_NOTES.md). It has no symmetry breaking, so it also checks CP-SAT's.
+(measured while the back-ends were built). It has no symmetry breaking, so it also checks CP-SAT's.
 
 Per worker, one binary per pair of its actions (1: first before second), except where the
 chains already fix the order (F before I before W of one micro-batch). Memory is exact: a

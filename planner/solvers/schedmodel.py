@@ -1,4 +1,4 @@
-"""The scheduling model of DESIGN section 4 as flat arrays, shared by the exact back-ends.
+"""The scheduling model of docs/design.md section 4 as flat arrays, shared by the exact back-ends.
 
 `Actions` enumerates every F/I/W (or F/B) of fixed routes with its worker, duration,
 chain predecessor and delay, in a deterministic order, so that CP-SAT and the MILP build

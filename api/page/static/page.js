@@ -3,11 +3,13 @@
 // browser never sends to the server) and draws the grid, the plan in force and history.
 "use strict";
 
-const STATES = ["live", "slow", "rejoining", "waiting", "fenced", "failed"];
+const STATES = ["live", "slow", "rejoining", "waiting", "finished", "fenced", "failed"];
 const STATE_TIPS = {
   live: "in the plan, heartbeating", slow: "a straggler: the plan gives it a speed below 1",
   rejoining: "a newer incarnation, loading its stage from a peer (no heartbeat yet)",
-  waiting: "in the plan, no heartbeat yet", fenced: "failed by an operator: fenced out of the plan",
+  waiting: "in the plan, no heartbeat yet",
+  finished: "the job finished (training completed): the worker exits, no longer watched",
+  fenced: "failed by an operator: fenced out of the plan",
   failed: "failed (its own report or heartbeat silence)",
 };
 const OPS = { F: "#4c8bf5", I: "#f08a24", W: "#9aa5b1", B: "#e0663a", OPT: "#3a3f4b" };
@@ -17,6 +19,12 @@ const esc = (s) => String(s ?? "").replace(/[&<>"']/g,
   (c) => ({ "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));
 const clock = (t) => (t ? new Date(t * 1000).toLocaleTimeString([], { hour12: false }) : "");
 const num = (x) => (x == null ? "–" : Number(x).toLocaleString("en-US"));
+// Plan durations (period, makespan, bounds) are in the job spec's time unit: microseconds
+// for a job measured by `recycle profile` / `recycle train`, whatever the spec's author
+// chose otherwise.
+const UNIT = "units";
+const UNIT_TIP = "time units of the job spec's costs (microseconds when measured by recycle profile or recycle train)";
+const dur = (x) => (x == null ? "–" : num(x) + " " + UNIT);
 
 let token = null;
 const ui = { view: null, plan: null, planVersion: -1, picked: null, feed: null };
@@ -145,8 +153,8 @@ async function render(v) {
   }
 }
 
-function card(k, label, value, sub) {
-  return `<div class="card" data-k="${k}"><div class="k">${label}</div>` +
+function card(k, label, value, sub, tip) {
+  return `<div class="card" data-k="${k}"${tip ? ` title="${esc(tip)}"` : ""}><div class="k">${label}</div>` +
     `<div class="v">${value}</div><div class="s">${sub || ""}</div></div>`;
 }
 
@@ -162,10 +170,11 @@ function renderCards(v) {
   $("cards").innerHTML =
     card("state", "job", esc(v.state), `${v.replicas} replicas x ${v.stages} stages, ${v.microbatches} micro-batches`) +
     card("version", "plan version", v.version, esc(v.solver) + " " + esc(v.solver_status)) +
-    card("period", "period", num(v.period), "makespan " + num(v.makespan)) +
-    card("bound", "lower bound", num(v.lower_bound), "gap " + (100 * v.gap).toFixed(1) + " %") +
+    training(v.progress) +
+    card("period", "period", dur(v.period), "makespan " + dur(v.makespan), UNIT_TIP) +
+    card("bound", "lower bound", dur(v.lower_bound), "gap " + (100 * v.gap).toFixed(1) + " %", UNIT_TIP) +
     card("kept", "kept throughput", v.kept == null ? "–" : (100 * v.kept).toFixed(1) + " %",
-         "failure-free period " + num(v.baseline_period)) +
+         "failure-free period " + dur(v.baseline_period), UNIT_TIP) +
     card("failed", "failed", (counts.failed || 0) + (counts.fenced || 0),
          `${counts.slow || 0} slow, ${counts.rejoining || 0} rejoining`) +
     card("heartbeat", "oldest heartbeat", oldest ? oldest[0].toFixed(1) + " s" : "–",
@@ -176,6 +185,16 @@ function renderCards(v) {
   $("reason").textContent = v.reason || "";
   $("legend").innerHTML = STATES.map((s) =>
     `<span title="${esc(STATE_TIPS[s])}"><i class="st-${s}" style="background:var(--${s})"></i>${s} ${counts[s] || 0}</span>`).join("");
+}
+
+// The coordinator's last progress report (POST /v1/jobs/{id}/progress), if any.
+function training(p) {
+  if (!p) return card("progress", "training", "–", "no progress reported yet");
+  const of = p.iterations ? ` / ${num(p.iterations)}` : "";
+  const tok = p.tokens_per_s == null ? "– tok/s" : num(Math.round(p.tokens_per_s)) + " tok/s";
+  return card("progress", "training", `iteration ${num(p.iteration)}${of}`,
+    `loss <span class="loss">${p.loss == null ? "–" : Number(p.loss).toFixed(4)}</span>, <span class="tok">${tok}</span>, ` +
+    `reported ${clock(p.at)}`, "the newest iteration whose losses are all in (0-based)");
 }
 
 function picked(v) {
@@ -226,7 +245,7 @@ function renderGrid(v) {
 function renderTables(v) {
   $("versions").querySelector("tbody").innerHTML = v.versions.slice().reverse().map((p) =>
     `<tr data-version="${p.version}"><td>${p.version}</td><td>${esc(p.cause)}</td>` +
-    `<td>${esc(p.failed_key)}</td><td>${num(p.period)}</td><td>${esc(p.solver)}</td><td>${clock(p.created)}</td></tr>`).join("");
+    `<td>${esc(p.failed_key)}</td><td>${dur(p.period)}</td><td>${esc(p.solver)}</td><td>${clock(p.created)}</td></tr>`).join("");
   $("events").querySelector("tbody").innerHTML = v.events.slice().reverse().map((e) =>
     `<tr><td>${clock(e.created)}</td><td>${esc(e.kind)}${e.kind === "speed" ? " " + esc(e.speed) : ""}</td>` +
     `<td>${e.replica}:${e.stage}</td><td>${esc(e.source)}</td><td>${e.plan_version ?? ""}</td>` +
@@ -279,7 +298,7 @@ function renderGantt() {
   svg.setAttribute("height", top + rows.length * rh + 4);
   svg.innerHTML = parts.join("");
   $("gantt-title").textContent = `v${plan.version}: replicas ${reps.join(", ")} of ${v.replicas}, ` +
-    `period ${num(plan.metrics.period)} (${esc(plan.solver.name)})`;
+    `period ${dur(plan.metrics.period)} (${esc(plan.solver.name)}); time axis in ${UNIT}`;
   $("gantt-legend").innerHTML = Object.entries(OPS).map(([op, c]) =>
     `<span><i style="background:${c}"></i>${op}</span>`).join("") +
     '<span><i style="background:#fff;border:1.5px solid #d33c3c"></i>re-routed micro-batch</span>';
