@@ -99,6 +99,7 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
     import torch
 
     from executor.launch.launcher import Coordinator
+    from executor.launch.run_record import failed_by_iteration
     from executor.compute.model import ModelConfig
     from executor.compute.reference import compare, train_reference
     from executor.data.prepare import prepare, stdlib_dir
@@ -166,7 +167,7 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
         return DemoResult(False)
     tokens = D * M * cfg.micro_batch_size * cfg.seq_len
     rows = version_rows(res.summary.plans, res.iteration_end, ITERATIONS, tokens)
-    rerouted = show_versions(console, rows)
+    rerouted = show_versions(console, rows, failed_by_iteration(res.summary.plans, ITERATIONS))
     ref = train_reference(cfg, D, M, ITERATIONS, S,
                           workload=with_data(load_workload(MODEL), cfg))
     table = Table("iteration", "loss (SIGKILL + rejoin)", "loss (no failure)", "|diff|",
@@ -186,9 +187,11 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
     return DemoResult(not diffs, res.summary.plans, rerouted)
 
 
-def show_versions(console: Console, rows: list[dict]) -> Optional[dict]:
+def show_versions(console: Console, rows: list[dict], failed: list) -> Optional[dict]:
     """The table of plan versions: who ran how many micro-batches under each, and what the
-    re-routed version kept of the full one's throughput. Returns the re-routed row."""
+    re-routed version kept of the full one's throughput. Returns the first re-routed
+    version's row, with `iterations` the whole span trained under its failed set (`failed`:
+    per iteration; a re-plan for measured speeds may split it into several versions)."""
     full = [r for r in rows if not r["failed"]]
     base = full[0] if full else None
     table = Table("plan", "iterations", "failed", "micro-batches per worker (F)",
@@ -206,7 +209,10 @@ def show_versions(console: Console, rows: list[dict]) -> Optional[dict]:
                         if r["tok_s"] and full_tok else "n/a")
             kept = f"{base['period'] / r['period']:.0%} / {measured}"
         if r["failed"] and rerouted is None:
-            rerouted = r
+            end = a
+            while end + 1 < len(failed) and failed[end + 1] == r["failed"]:
+                end += 1
+            rerouted = dict(r, iterations=(a, end))
         table.add_row(f"v{r['version']}", f"{a}-{b}" if b > a else str(a),
                       ", ".join(f"{x}:{y}" for x, y in r["failed"]) or "-", counts,
                       str(r["period"]), f"{r['tok_s']:,.0f}" if r["tok_s"] else "n/a", kept)

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from api_support import ProcServer, admin_headers
 from executor.launch.launcher import Coordinator
+from executor.launch.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
 from executor.sources.service_source import ServiceWatch
@@ -87,10 +88,9 @@ def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
         # iterations 1 and 2 train re-routed every time (they used to race the restart).
         events = [(e["kind"], e["source"], e["replica"], e["stage"]) for e in h["events"]]
         assert events == [("failure", "worker", 1, 0), ("recovery", "worker", 1, 0)], events
-        assert [p["failed"] for p in h["plans"]] == [[], [[1, 0]], []]
         assert h["plans"][-1]["incarnations"] == [[1, 1], [2, 1]]
-        spans = [(p["failed"], p["first_iteration"]) for p in res.summary.plans]
-        assert spans == [([], 0), ([[1, 0]], 1), ([], 3)], spans
+        failed = failed_by_iteration(res.summary.plans, 5)
+        assert failed == [[], [[1, 0]], [[1, 0]], [], []], res.summary.plans
         # the run's last line counts the versions trained under (issue 12, item 15); it
         # used to print the last version's number, one less than the count here
         trained = [p["version"] for p in res.summary.plans]

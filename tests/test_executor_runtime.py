@@ -21,6 +21,7 @@ from rich.console import Console
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store
 from executor.launch.launcher import parse_event, parse_stall, train
+from executor.launch.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
 from executor.runtime.rendezvous import Mailbox, StorePlanSource, publish_plan
@@ -103,9 +104,11 @@ def test_rejoin_keeps_the_worker_out_until_its_iteration(tmp_path):
     time (it used to be restarted at once and re-routed 0 to 3 iterations by timing)."""
     res = run(tmp_path, 2, 2, 7, kills=[(0, 1, 2)], rejoins=[(0, 1, 5)], timeout=3.0)
     assert_exact(res, 2, 2, 7, tmp_path)
-    spans = [(p["failed"], p["first_iteration"]) for p in res.summary.plans]
-    assert spans == [([], 0), ([[0, 1]], 2), ([], 5)], res.summary.plans
-    assert res.summary.plans[1]["microbatches"] == {"0:0": M, "1:0": M, "1:1": 2 * M}
+    failed = failed_by_iteration(res.summary.plans, 7)
+    assert failed == [[]] * 2 + [[[0, 1]]] * 3 + [[]] * 2, res.summary.plans
+    for p in res.summary.plans:  # whatever the speeds, 1:1 alone serves stage 1 then
+        if p["failed"]:
+            assert p["microbatches"]["1:1"] == 2 * M and "0:1" not in p["microbatches"]
     assert "loaded stage 1 state from worker (1, 1) at iteration 4" in logs(tmp_path)
 
 

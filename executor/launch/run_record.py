@@ -88,3 +88,14 @@ class RunRecord:
                             "seconds": round(done - t_r, 4), "at": round(t_r, 3),
                             "concurrent": concurrent(t_r, done, None)})
         return out
+
+
+def failed_by_iteration(plans: list[dict], iterations: int) -> list[list]:
+    """The failed set each iteration trained under, from a summary's `plans` (the newest
+    version entered at or before it): several versions may share a failed set (speeds
+    changed, a resync), so this is what a run's re-routing is checked against."""
+    out = []
+    for it in range(iterations):
+        entered = [p for p in plans if p["first_iteration"] <= it]
+        out.append(max(entered, key=lambda p: p["version"])["failed"] if entered else None)
+    return out
