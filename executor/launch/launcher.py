@@ -374,6 +374,8 @@ class Coordinator:
             if m.get("compute") and self.detector is not None and m["v"] == self.version:
                 self.detector.observe(w[0], w[1], m["compute"])
             self.done[w] = (m["it"], m["v"])
+            if m.get("losses"):
+                self.record.trained[m["it"]] = m["v"]
             for g, loss in m.get("losses", {}).items():
                 self.losses.setdefault(m["it"], {})[int(g)] = loss
             if m["it"] == self.iterations - 1:
@@ -420,8 +422,8 @@ class Coordinator:
             self.printed += 1
             now = time.monotonic()
             self.iteration_end[self.printed] = now
-            self.lines.completed(self.printed, self.loss(self.printed), self.version,
-                                 self.failed, now)
+            v, failed = self.record.trained_under(self.printed, self.version, self.failed)
+            self.lines.completed(self.printed, self.loss(self.printed), v, failed, now)
 
     def summary(self) -> Summary:
         return Summary(losses=[self.loss(i) for i in range(self.iterations)],
