@@ -23,7 +23,7 @@ def _register_parts() -> None:
     planner_commands(app, bench)
     parts = (("executor.cli", app), ("executor.bench_cli", bench), ("api.cli", app),
              ("executor.node.cli", app), ("executor.data.cli", app),
-             ("recycle.demo", app),
+             ("recycle.demo", app), ("recycle.compare", app),
              ("recycle.chaos.cli", app))
     for module, group in parts:
         try:
