@@ -92,7 +92,8 @@ class Coordinator:
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
-                                           dict(cfg.to_dict(), workload=model))
+                                           dict(cfg.to_dict(), workload=model),
+                                           job=job.model_dump(mode="json"))
         self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
