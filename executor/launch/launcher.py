@@ -148,7 +148,9 @@ class Coordinator:
         # Stragglers (planner/speeds.py): speeds in force (the spec's own, if any), and the
         # detector fed by the workers' compute times, which re-plans when they change.
         self.speeds = job.speed
-        self.detector = SpeedDetector(self.D, self.S) if detect_stragglers else None
+        # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
+        # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
+        self.detector = SpeedDetector(self.D, self.S, persist=2) if detect_stragglers else None
 
     # ---- processes ----------------------------------------------------------------------
     def spawn(self, w: Worker) -> None:
@@ -373,7 +375,7 @@ class Coordinator:
             if m.get("sync"):
                 self.record.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
             if m.get("compute") and self.detector is not None and m["v"] == self.version:
-                self.detector.observe(w[0], w[1], m["compute"])
+                self.detector.observe(w[0], w[1], m["compute"], m["it"])  # paired by iteration
             self.done[w] = (m["it"], m["v"])
             if m.get("losses"):
                 self.record.trained[m["it"]] = m["v"]
