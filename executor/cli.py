@@ -4,10 +4,12 @@ torch is imported inside the commands so that `recycle plan` stays fast.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import List, Optional
 
 import typer
+from click.core import ParameterSource
 
 from planner.commands.cli_errors import EXIT_BAD_INPUT, EXIT_NO_PLAN, user_errors
 from planner.solvers.timeline import Mode
@@ -27,6 +29,19 @@ def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, m
     return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, lr=lr, **arch, **training)
 
 
+def _resumed(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    """--resume DIR (eager: read before the other flags): every flag left out takes the
+    checkpoint's value, so the command printed after a halt continues the run as given."""
+    if value and not ctx.resilient_parsing:
+        from executor.checkpoint.manifest import Manifest, resolve
+        from executor.inputs.train_options import resumed_defaults
+        with user_errors("train options"):
+            man = Manifest.load(resolve(value))
+        ctx.meta["resumed"] = man
+        ctx.default_map = {**(ctx.default_map or {}), **resumed_defaults(man)}
+    return value
+
+
 _ARCH = "default: the --model flavour's, else {}"
 # The model options of `train` and `profile` (one definition for both commands).
 MODEL_OPTION = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)")
@@ -38,6 +53,7 @@ VOCAB_OPTION = typer.Option(None, "--vocab", help=_ARCH.format(64))
 
 
 def train_cmd(
+    ctx: typer.Context,
     replicas: Optional[int] = typer.Option(None, "--replicas", "-d", help="data-parallel replicas D [default: 2, or the --job's]"),
     stages: Optional[int] = typer.Option(None, "--stages", "-s", help="pipeline stages S [default: 2, or the --job's]"),
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="micro-batches per replica M [default: 4, or the --job's]"),
@@ -50,7 +66,7 @@ def train_cmd(
     stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
     summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
     reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),
-    resume: Optional[str] = typer.Option(None, "--resume", help="continue from this checkpoint directory (or the newest one under it); --lr and the other training settings (schedule, --iterations, --clip, --precision), if they differ, are honoured"),
+    resume: Optional[str] = typer.Option(None, "--resume", is_eager=True, callback=_resumed, help="continue from this checkpoint directory (or the newest one under it) with its grid, job, model and settings; of the flags given, --lr and the other training settings (schedule, --iterations, --clip, --precision) are honoured, others must match"),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", "--checkpoint", help="where checkpoints (torch.distributed.checkpoint) go (default: RUN_DIR/checkpoints)"),
     checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
@@ -91,6 +107,10 @@ def train_cmd(
     from planner.job import JobSpec
 
     console = Console(stderr=True)
+    resumed = ctx.meta.get("resumed")  # the checkpoint's manifest (_resumed)
+    if resumed is not None and lr_schedule != "cosine" and (
+            ctx.get_parameter_source("min_lr_ratio") == ParameterSource.DEFAULT_MAP):
+        min_lr_ratio = None  # the checkpoint's cosine floor; this run asks another schedule
     with user_errors("train options"):
         if iterations < 1:
             raise ValueError(f"--iterations must be at least 1, not {iterations}")
@@ -116,6 +136,9 @@ def train_cmd(
         stalls = [parse_stall(s) for s in stall]
         slows = [parse_slow(s) for s in slow]
         spec = load_spec(job) if job else None
+        saved_grid = resumed and (resumed.replicas, resumed.stages, resumed.microbatches)
+        if resumed and resumed.job and not job and (replicas, stages, microbatches) == saved_grid:
+            spec = JobSpec.model_validate(resumed.job)  # (another grid is refused below)
         replicas, stages, microbatches = grid_of(spec, job, replicas, stages, microbatches)
         watch = None
         if service:  # workers poll, heartbeat and report to the service themselves
@@ -146,6 +169,9 @@ def train_cmd(
                 raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
         from executor.models.balance import split_config
         cfg = split_config(cfg, split, spec, job, service)
+        if resumed and split is None and not job and spec.stages == resumed.stages:
+            # the checkpoint's stage split (the job's per-layer costs need not be at hand)
+            cfg = dataclasses.replace(cfg, boundaries=tuple(resumed.model.get("boundaries", ())))
         from executor.inputs.workload_name import check_workload  # after the cheap checks
         workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
         if data:

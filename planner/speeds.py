@@ -7,7 +7,7 @@ failed-set keys then repeat and cached plans are reused. Rule: round to the near
 at least one step (0.1), at most 1.0.
 
 The detector turns per-iteration compute reports (seconds per micro-batch: the worker's
-compute time over the micro-batches it ran) into a speed grid, with three guards against flapping:
+compute time over the micro-batches it ran) into a speed grid, with these guards against flapping:
   - a worker's estimate is the minimum of its last `window` reports: on shared cores noise
     only ever adds time (another process held the core, the cache was cold), so the
     fastest of a few reports is the closest to the worker's real cost, and a hiccup, or
@@ -16,7 +16,16 @@ compute time over the micro-batches it ran) into a speed grid, with three guards
   - a nominal worker becomes slow only below `enter` (0.7), a slow one is nominal again
     only above `leave` (0.85): between the two, nothing changes (hysteresis). The bar is
     high because compute times of tiny models on shared cores vary by 20% between peers;
-  - a slow worker's level moves only when the estimate differs from it by two steps.
+  - a slow worker's level moves only when the estimate differs from it by two steps;
+  - reports that name their iteration (the local coordinator's) are compared with the
+    stage peers' reports of the same iteration, and the worker's best showing over the
+    window is its estimate (see estimates());
+  - persistence (`persist`, 1: off): a change is made only once `persist` new iterations
+    (reports) in a row asked for it, so a burst of noise must outlast window + persist - 1
+    iterations. On a 2-core VM beside two CPU hogs, a worker's CPU time rose by up to 1.6x
+    for 3-4 iterations in a row now and then (the VM's neighbours), and the window of
+    unpaired reports alone re-planned 4-8 times in 40-80 iterations; the local
+    coordinator pairs and uses persist 2 (a straggler is found one iteration later).
 Seconds per micro-batch stay the same when the plan moves micro-batches away from a slow
 worker, so re-planning does not feed back into the estimate. Pure Python: the local
 coordinator and the service both run it.
@@ -52,31 +61,76 @@ def with_speeds(job, grid: Optional[Grid]):
 
 class SpeedDetector:
     def __init__(self, replicas: int, stages: int, *, window: int = 3, enter: float = 0.7,
-                 leave: float = 0.85, step: float = STEP):
+                 leave: float = 0.85, step: float = STEP, persist: int = 1):
         if not 0 < enter <= leave <= 1:
             raise ValueError("need 0 < enter <= leave <= 1")
-        self.D, self.S, self.window = replicas, stages, window
+        if persist < 1:
+            raise ValueError("need persist >= 1")
+        self.D, self.S, self.window, self.persist = replicas, stages, window, persist
         self.enter, self.leave, self.step = enter, leave, step
         self.reports: dict[tuple[int, int], deque] = defaultdict(lambda: deque(maxlen=window))
         self.grid: Grid = [[1.0] * stages for _ in range(replicas)]
+        # Reports that name their iteration: stage -> iteration -> replica -> seconds.
+        self.by_iteration: dict[int, dict[int, dict[int, float]]] = defaultdict(dict)
+        self.fresh: dict[tuple[int, int], int] = defaultdict(int)  # own reports since update()
+        self.compared: dict[tuple[int, int], int] = {}  # newest iteration compared with a peer
+        self.streak: dict[tuple[int, int], int] = defaultdict(int)  # evidence asking a change
 
-    def observe(self, replica: int, stage: int, seconds_per_microbatch: float) -> None:
+    def observe(self, replica: int, stage: int, seconds_per_microbatch: float,
+                iteration: Optional[int] = None) -> None:
         if seconds_per_microbatch > 0:
             self.reports[(replica, stage)].append(float(seconds_per_microbatch))
+            self.fresh[(replica, stage)] += 1
+            if iteration is not None:
+                rows = self.by_iteration[stage]
+                rows.setdefault(iteration, {})[replica] = float(seconds_per_microbatch)
+                for i in [i for i in rows if i <= iteration - 4 * self.window]:
+                    del rows[i]  # older than any window looks
 
     def forget(self, replica: int, stage: int) -> None:
         """A worker failed or restarted: its history says nothing about the new process."""
-        self.reports.pop((replica, stage), None)
+        for d in (self.reports, self.fresh, self.compared, self.streak):
+            d.pop((replica, stage), None)
+        for row in self.by_iteration[stage].values():
+            row.pop(replica, None)
         self.grid[replica][stage] = 1.0
 
+    def _ratios(self, replica: int, stage: int) -> list[tuple[int, float]]:
+        """(iteration, speed against the fastest stage peer of that same iteration)."""
+        return [(i, min(row.values()) / row[replica])
+                for i, row in sorted(self.by_iteration.get(stage, {}).items())
+                if replica in row and len(row) > 1]
+
     def estimates(self) -> dict[tuple[int, int], float]:
-        """Relative speed of every worker with a full window of reports."""
+        """Relative speed of every worker with a full window of reports. With iterations:
+        the worker's best showing in its last `window` iterations, each against its peers
+        of that iteration: a straggler is slow against them every time, noise (a
+        neighbour on its core) comes and goes. On a loaded 2-core VM that was never below
+        0.78 in 3 iterations in a row, where the minimum of 3 reports against the peers'
+        minimum gave 0.64 (they need not come from the same iterations)."""
         best = {w: min(r) for w, r in self.reports.items() if len(r) == self.window}
         out = {}
         for (d, s), t in best.items():
+            if any(d in row for row in self.by_iteration.get(s, {}).values()):
+                ratios = [r for _, r in self._ratios(d, s)][-self.window:]
+                if len(ratios) == self.window:
+                    out[(d, s)] = max(ratios)
+                continue
             fastest = min(v for (d2, s2), v in best.items() if s2 == s)
             out[(d, s)] = fastest / t
         return out
+
+    def _evidence(self, d: int, s: int) -> int:
+        """New evidence on (d, s) since the last update: with iterations, a newer iteration
+        compared with a peer; else its own new reports (a peer's report alone moves the
+        estimate, but says nothing new about this worker)."""
+        if not any(d in row for row in self.by_iteration.get(s, {}).values()):
+            return self.fresh[(d, s)]
+        ratios = self._ratios(d, s)
+        newest = ratios[-1][0] if ratios else None
+        news = newest is not None and newest != self.compared.get((d, s))
+        self.compared[(d, s)] = newest
+        return int(news)
 
     def update(self) -> Optional[Grid]:
         """The new speed grid if it changed (publish a plan for it), else None."""
@@ -91,7 +145,11 @@ class SpeedDetector:
                 new = quantize(est, self.step)
             else:
                 new = cur
-            if new != cur:
+            news = self._evidence(d, s)
+            self.streak[(d, s)] = self.streak[(d, s)] + news if new != cur else 0
+            if new != cur and self.streak[(d, s)] >= self.persist:
                 self.grid[d][s] = new
+                self.streak[(d, s)] = 0
                 changed = True
+        self.fresh.clear()
         return [row[:] for row in self.grid] if changed else None

@@ -6,6 +6,8 @@ Each part registers its own sub-commands; the parts import their heavy dependenc
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 
 import typer
 
@@ -21,7 +23,7 @@ def _register_parts() -> None:
     planner_commands(app, bench)
     parts = (("executor.cli", app), ("executor.bench_cli", bench), ("api.cli", app),
              ("executor.node.cli", app), ("executor.data.cli", app),
-             ("recycle.demo", app),
+             ("recycle.demo", app), ("recycle.compare", app),
              ("recycle.chaos.cli", app))
     for module, group in parts:
         try:
@@ -36,7 +38,14 @@ def _register_parts() -> None:
 _register_parts()
 
 
+# Output that is not a terminal's (a pipe, a file, CI) has no width to fit: rich and typer
+# would cut it at 80 columns, truncating option names in help and digits in tables.
+PIPE_COLUMNS = 200
+
+
 def main() -> None:
+    if not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit():
+        os.environ["COLUMNS"] = str(PIPE_COLUMNS)  # rich reads it per print; COLUMNS wins
     app()
 
 

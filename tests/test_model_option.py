@@ -39,7 +39,8 @@ def test_train_user_model_killed_and_rejoined_is_exact(tmp_path):
     assert [[1, 0]] in failed and failed[-1] == [], failed  # killed, then back
     # its checkpoint names the model: resuming it as the built-in GPT is refused
     r = CliRunner().invoke(app, ["train", *SMALL, "-d", "2", "-s", "2", "-m", "2",
-                                 "--iterations", "6", "--resume", str(tmp_path / "checkpoints")])
+                                 "--iterations", "6", "--model", "gpt",
+                                 "--resume", str(tmp_path / "checkpoints")])
     one_line_exit_2(r, f"was trained with workload='{MLP}', this run asks 'gpt' (--model)")
 
 

@@ -30,3 +30,27 @@ def test_slow_iterations_get_a_line_each():
     for it in range(5, 9):
         lines.completed(it, 1.0, 0, [], now=float(it))
     assert [ln.split()[1] for ln in _lines(console)] == ["5", "6", "7", "8"]
+
+
+def test_an_iteration_line_names_the_plan_it_trained_under_not_the_newest(tmp_path):
+    """Iteration 0's losses (under v0) and worker 1:0's death come in the same tick: the
+    death publishes v1 before the line is printed, which named v1 and its failed set."""
+    from executor.compute.model import ModelConfig
+    from executor.launch.launcher import Coordinator
+    from planner.job import JobSpec
+    console = Console(file=io.StringIO(), width=200)
+    c = Coordinator(ModelConfig(), JobSpec.uniform(2, 2, 2), 3, console=console, run_dir=str(tmp_path),
+                    detect_stragglers=False)
+    try:
+        c.publish()
+        assert c.version == 0
+        for r in range(2):  # the last stage of each replica reports its micro-batches' losses
+            c.handle({"t": "done", "r": r, "s": 1, "v": 0, "inc": 1, "it": 0,
+                      "losses": {str(2 * r + g): 1.0 for g in range(2)}, "compute": None})
+        c.died((1, 0), "test")
+        assert c.version == 1
+        c.progress()
+        out = _lines(console)
+        assert len(out) == 1 and "plan v0" in out[0] and "failed -" in out[0], out
+    finally:
+        c.mailbox.close()

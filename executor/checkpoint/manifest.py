@@ -36,6 +36,7 @@ class Manifest:
     iteration: int  # last iteration whose step the stage parts hold
     losses: list  # per iteration 0..iteration: the D*M micro-batch losses
     format: str = FORMAT
+    job: Optional[dict] = None  # the run's JobSpec (JSON), so `--resume DIR` alone can plan
 
     def save(self, directory: str) -> None:
         tmp = os.path.join(directory, MANIFEST + ".tmp")

@@ -16,8 +16,10 @@ from executor.checkpoint.manifest import (MANIFEST, Manifest, complete_iteration
 
 
 class CheckpointStore:
-    def __init__(self, root: str, grid: tuple[int, int, int], model: dict, keep: int = 2):
+    def __init__(self, root: str, grid: tuple[int, int, int], model: dict, keep: int = 2,
+                 job: Optional[dict] = None):
         self.root, self.grid, self.model, self.keep = root, grid, model, max(1, keep)
+        self.job = job
         os.makedirs(root, exist_ok=True)
 
     def collect(self, losses_upto: Callable[[int], Optional[list]]) -> Optional[int]:
@@ -39,7 +41,7 @@ class CheckpointStore:
             i = int(name[4:])
             losses = losses_upto(i)
             if losses is not None:
-                Manifest(D, S, M, self.model, i, losses).save(d)
+                Manifest(D, S, M, self.model, i, losses, job=self.job).save(d)
         done = complete_iterations(self.root)
         if done:
             self._prune(done)

@@ -108,3 +108,26 @@ def resume_changes(saved: dict, cfg) -> list[str]:
     return [f"{flag} {mine[k]!r} (it trained with {theirs[k]!r})"
             for k, flag in TRAINING_FLAGS.items() if mine[k] != theirs[k]
             and not (k == "total_iters" and cfg.lr_schedule == "constant")]  # unused then
+
+
+# `train --resume DIR`: each flag the checkpoint fixes -> its field in the manifest's model.
+RESUMED = {"model": "workload", "d_model": "d_model", "layers": "n_layers",
+           "heads": "n_heads", "seq_len": "seq_len", "vocab": "vocab",
+           "micro_batch_size": "micro_batch_size", "seed": "seed", "lr": "lr",
+           "precision": "precision", "lr_schedule": "lr_schedule", "warmup": "warmup_iters",
+           "clip": "clip", "data": "data"}
+
+
+def resumed_defaults(man) -> dict:
+    """`--resume DIR` alone continues the checkpoint's run: the value of every flag left
+    out, from its manifest (flags given still win; read_checkpoint refuses those that
+    contradict it). --iterations: the run's own, if it had iterations left."""
+    saved = {"workload": "gpt", **man.model}  # checkpoints from before --model: the GPT
+    out = {"replicas": man.replicas, "stages": man.stages, "microbatches": man.microbatches}
+    out.update({flag: saved[key] for flag, key in RESUMED.items()
+                if saved.get(key) not in (None, "")})
+    if saved.get("lr_schedule") == "cosine" and "min_lr_ratio" in saved:
+        out["min_lr_ratio"] = saved["min_lr_ratio"]
+    if saved.get("total_iters", 0) > man.iteration + 1:
+        out["iterations"] = saved["total_iters"]
+    return out

@@ -110,7 +110,8 @@ class Coordinator:
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
-                                           dict(cfg.to_dict(), workload=model))
+                                           dict(cfg.to_dict(), workload=model),
+                                           job=job.model_dump(mode="json"))
         self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
@@ -167,7 +168,9 @@ class Coordinator:
         # Stragglers (planner/speeds.py): speeds in force (the spec's own, if any), and the
         # detector fed by the workers' compute times, which re-plans when they change.
         self.speeds = job.speed
-        self.detector = SpeedDetector(self.D, self.S) if detect_stragglers else None
+        # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
+        # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
+        self.detector = SpeedDetector(self.D, self.S, persist=2) if detect_stragglers else None
 
     # ---- processes ----------------------------------------------------------------------
     def spawn(self, w: Worker) -> None:
@@ -430,8 +433,10 @@ class Coordinator:
             if m.get("sync"):
                 self.record.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
             if m.get("compute") and self.detector is not None and m["v"] == self.version:
-                self.detector.observe(w[0], w[1], m["compute"])
+                self.detector.observe(w[0], w[1], m["compute"], m["it"])  # paired by iteration
             self.done[w] = (m["it"], m["v"])
+            if m.get("losses"):
+                self.record.trained[m["it"]] = m["v"]
             for g, loss in m.get("losses", {}).items():
                 self.losses.setdefault(m["it"], {})[int(g)] = loss
             if m["it"] == self.iterations - 1:
@@ -502,8 +507,8 @@ class Coordinator:
             self.printed += 1
             now = time.monotonic()
             self.iteration_end[self.printed] = now
-            self.lines.completed(self.printed, self.loss(self.printed), self.version,
-                                 self.failed, now)
+            v, failed = self.record.trained_under(self.printed, self.version, self.failed)
+            self.lines.completed(self.printed, self.loss(self.printed), v, failed, now)
             if self.service is not None:  # the live page's progress (service_source.py)
                 self.service.report_progress(self.printed, self.loss(self.printed),
                                              self.lines.tokens, self.iterations, now)

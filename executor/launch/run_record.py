@@ -22,10 +22,19 @@ class RunRecord:
     # (t, worker, incarnation, version, first iteration) of each entry into a version
     entries: list = field(default_factory=list)
     plans: dict = field(default_factory=dict)         # version -> plan
+    # iteration -> the plan version its step ran under (the losses' `done` messages say):
+    # by the time an iteration's line is printed, a newer plan may be in force already.
+    trained: dict = field(default_factory=dict)
 
     def published(self, plan) -> None:
         self.plans[plan.version] = plan
         self.published_at.append((time.time(), plan.version))
+
+    def trained_under(self, it: int, version: int, failed) -> tuple[int, list]:
+        """(version, failed workers) iteration `it` ran under; the given ones if unknown."""
+        v = self.trained.get(it, version)
+        plan = self.plans.get(v)
+        return v, sorted(tuple(x) for x in (plan.failed if plan is not None else failed))
 
     def plans_used(self, iterations: int) -> list[dict]:
         """Every plan version some worker trained under: what the run really ran."""
