@@ -90,6 +90,8 @@ class Coordinator:
         if service is not None and service.plan.job.identity_hash() != job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
+        # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
+        os.makedirs(self.run_dir, exist_ok=True)
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
                                            dict(cfg.to_dict(), workload=model))
