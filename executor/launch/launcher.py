@@ -67,6 +67,7 @@ class TrainResult:
     summary: Optional[Summary]
     halted: Optional[str] = None
     model_error: bool = False  # halted because a worker found the model itself wrong
+    model_exception: bool = False  # ... because the model's own code raised (exit 4)
     checkpoint: Optional[str] = None
     versions: int = 0
     run_dir: str = ""
@@ -126,6 +127,7 @@ class Coordinator:
         self.reaped: set[int] = set()  # pids whose exit has been handled
         self.lost_worker: Optional[Worker] = None
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
+        self.model_exception = False  # the fatal is an exception the model's code raised
         self.failed: set[Worker] = set()
         # Membership: the incarnation each worker's newest plan admits (stamped on plans).
         self.incs = [[1] * self.S for _ in range(self.D)]
@@ -381,7 +383,10 @@ class Coordinator:
             if m["it"] == self.iterations - 1:
                 self.final_checks[w[1]] = m["checksum"]
         elif kind == "fatal":  # e.g. a stage's output broke its activation spec
-            self.fatal = self.fatal or f"worker {wkey(w)}: {m['reason']}"
+            if self.fatal is None:  # the model's own exception comes with the worker's log
+                self.fatal = f"worker {wkey(w)}: {m['reason']}" + (
+                    f"; traceback in {m['log']}" if m.get("log") else "")
+                self.model_exception = m.get("error") == "exception"
         elif kind == "suspect":
             if m["v"] == self.version and self.suspect_since is None:
                 self.suspect_since = time.monotonic()
@@ -445,7 +450,8 @@ class Coordinator:
         self.console.print(f"[red bold]training halted:[/] {reason}; {where}")
         return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
                            run_dir=self.run_dir, events=self.events,
-                           model_error=reason == self.fatal)
+                           model_error=reason == self.fatal,
+                           model_exception=reason == self.fatal and self.model_exception)
 
     def final_checkpoint(self) -> None:
         """The last iteration's checkpoint: local workers have exited (their parts are
