@@ -138,6 +138,7 @@ class Coordinator:
         self.hold_limit = 4 * timeout + (60.0 if service is not None else 5.0)
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
+        self.byes: set[Worker] = set()  # external workers that said they are leaving
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
         self.suspect_since: Optional[float] = None
@@ -416,6 +417,23 @@ class Coordinator:
         end = time.monotonic() + timeout
         for p in self.procs.values():
             p.join(max(0.1, end - time.monotonic()))
+        if self.external:
+            self.await_byes(end)
+
+    def await_byes(self, end: float) -> None:
+        """External workers (torchrun'd, node agents') have no process here to join, but
+        they read this store until they have seen the end: closing it before they say
+        `bye` crashed them (and their agents took that for failures, even restarted them).
+        Only `done` (the last losses, for a halt) is handled meanwhile: nothing may
+        publish a plan after the end."""
+        want = set(self.live())
+        while not want <= self.byes and time.monotonic() < end:
+            self.mailbox.wait(0.05)
+            for m in self.mailbox.drain():
+                if m["t"] == "bye":
+                    self.byes.add((m["r"], m["s"]))
+                elif m["t"] == "done":
+                    self.handle(m)
 
     # ---- output -----------------------------------------------------------------------
     def loss(self, i: int) -> float:

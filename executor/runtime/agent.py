@@ -89,6 +89,7 @@ class Agent:
         self.inc = incarnation  # which process of this worker we are (membership)
         self.fresh = incarnation > 1  # restarted: its state must come from a live peer
         self.entered = False  # has been admitted to some plan version
+        self.leaving = False  # training ended for us (done, fenced out or halted): exit 0
         self._asked = -1  # newest plan version on which we asked to be admitted
         self.done = start_iteration - 1  # last iteration this worker has stepped
         self.version, self._refused = -1, -1
@@ -146,6 +147,7 @@ class Agent:
                     plan = None
                     continue
                 if role == "stop":
+                    self.leaving = True
                     return 0
                 try:
                     self._enter(plan)
@@ -154,6 +156,7 @@ class Agent:
                     plan = self._abort(exc)
         except TrainingHalted as exc:
             self.log(f"training halted: {exc}")
+            self.leaving = True
             return 0
         except ActivationSpecError as exc:  # the model is wrong: no plan can help
             return self._fatal(str(exc))
@@ -169,6 +172,11 @@ class Agent:
             self.parts.finish()  # the last iteration's part, before the process ends
             if self.world is not None:
                 self.world.close()
+            if self.leaving:  # the last word: the coordinator may close its store now
+                try:
+                    self.source.send("bye")
+                except Exception:  # closed already (it waited for us in vain)
+                    pass
 
     def _fatal(self, reason: str, **extra) -> int:
         """Halt the run with `reason` (the coordinator publishes the halt), then exit 2.
@@ -214,6 +222,8 @@ class Agent:
                 self.source.heartbeat(self.me[0], self.me[1], self.done + 1, self.inc,
                                       self.last_compute)
             except Exception:  # the coordinator is gone: nothing left to train for
+                if self.leaving:  # unless we are done: it closed its store after our bye
+                    return
                 os._exit(3)
             time.sleep(0.5)
 
