@@ -11,7 +11,7 @@ from typing import List, Optional
 import typer
 from click.core import ParameterSource
 
-from planner.commands.cli_errors import EXIT_BAD_INPUT, EXIT_NO_PLAN, user_errors
+from planner.commands.cli_errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN, user_errors
 from planner.solvers.timeline import Mode
 
 
@@ -208,6 +208,8 @@ def train_cmd(
                    store_port=store_port, console=console, service=watch, stalls=stalls,
                    slows=slows, detect_stragglers=detect_stragglers, device=device, model=model,
                    mode=Mode(split_backward=not no_split, staggered=not sync))
+    if result.model_exception:  # the model's code raised: a bug to fix, not a failure
+        raise typer.Exit(EXIT_MODEL_ERROR)
     if result.halted:  # a model that breaks its own activation spec is bad input
         raise typer.Exit(EXIT_BAD_INPUT if result.model_error else EXIT_NO_PLAN)
     console.print(f"done: {iterations} iterations, final loss {result.summary.losses[-1]:.5f}, "

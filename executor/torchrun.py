@@ -43,6 +43,11 @@ def torchrun_env() -> dict:
 
 def main(argv=None) -> int:
     env = torchrun_env()
+    # A SIGKILLed torchrun agent runs no cleanup: its workers would train on to the end.
+    from planner.procs import die_with_parent, watch_parent
+    if os.getppid() != 1:  # torchrun may itself be a container's pid 1
+        die_with_parent()
+    watch_parent()
     print(f"executor.torchrun: node {env['NODE']} rank {env['RANK']}/{env['WORLD_SIZE']} "
           f"local {env['LOCAL_RANK']}/{env['LOCAL_WORLD_SIZE']} restart {env['RESTART']}",
           flush=True)

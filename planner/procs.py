@@ -10,6 +10,8 @@ import ctypes
 import os
 import signal
 import sys
+import threading
+import time
 
 _PR_SET_PDEATHSIG = 1
 
@@ -27,3 +29,18 @@ def die_with_parent(sig: int = signal.SIGKILL) -> bool:
     if os.getppid() != parent or parent == 1:  # the parent died before prctl took effect
         os._exit(1)
     return True
+
+
+def watch_parent(interval_s: float = 0.5) -> None:
+    """Exit (code 1) once this process's parent is gone, checked every interval_s in a
+    daemon thread: the fallback where PR_SET_PDEATHSIG is not available or was set for a
+    parent thread that has since exited (the kernel signals on the thread's exit)."""
+    parent = os.getppid()
+
+    def watch():
+        while True:
+            time.sleep(interval_s)
+            if os.getppid() != parent:  # re-parented: init or a subreaper adopted us
+                os._exit(1)
+
+    threading.Thread(target=watch, name="recycle-parent-watch", daemon=True).start()

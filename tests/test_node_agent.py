@@ -210,3 +210,62 @@ def test_attached_agent_reports_a_kill_and_bad_input_is_one_line(tmp_path):
                 held.proc.wait()
     finally:
         srv.stop()
+
+
+def test_a_finished_run_through_agents_ends_with_every_process_exiting_0(tmp_path):
+    # `recycle train --external --service` in a process of its own: its store goes with it.
+    # It used to exit as soon as training was done, while the workers still read the store
+    # for the end marker: every worker crashed (DistNetworkError, then SIGABRT), the agents
+    # exited 1 and, with --max-restarts, restarted workers onto a store that was gone.
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    agents, coord = [], None
+    try:
+        jid, token = register(srv.url)
+        port = free_port()
+        clog = open(tmp_path / "coordinator.log", "w")
+        coord = subprocess.Popen(
+            [sys.executable, "-m", "recycle.cli", "train", "--external", "--service", srv.url,
+             "--job-id", jid, "--store-port", str(port), "--iterations", "3", "--timeout", "4",
+             "--run-dir", str(tmp_path / "run"), "--vocab", "32", "--seq-len", "8",
+             "--d-model", "16", "--heads", "2", "--layers", "2", "--micro-batch-size", "2"],
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RECYCLE_TOKEN": token},
+            stdout=clog, stderr=subprocess.STDOUT)
+        clog.close()
+        agents = [AgentProc(srv.url, jid, token, n, "--store", f"127.0.0.1:{port}",
+                            "--max-restarts", "1", "--run-dir", str(tmp_path / f"n{n}"))
+                  for n in (0, 1)]
+        # node 1's workers (not the checkpoint writers, whose last parts it waits for)
+        pids = [agents[1].pid_of(w) for w in ((1, 0), (1, 1))]
+        # Slow workers at the end: stopped the moment the service hears training is done,
+        # before they can have seen the coordinator's end marker; the coordinator must wait
+        # for them (it used to exit at once: a race its workers lost on a quiet machine).
+        with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as admin:
+            t0 = time.monotonic()
+            while (admin.get(f"/v1/jobs/{jid}").json()["state"] != "finished"
+                   and coord.poll() is None and time.monotonic() - t0 < 90):
+                time.sleep(0.005)
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        time.sleep(2.0)
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        assert coord.wait(100) == 0, (tmp_path / "coordinator.log").read_text()
+        try:
+            codes = [a.stop(30) for a in agents]
+        except subprocess.TimeoutExpired:  # e.g. it restarted a worker after the end
+            raise AssertionError(f"an agent did not exit: {agents[0].lines + agents[1].lines}")
+        lines = agents[0].lines + agents[1].lines
+        assert codes == [0, 0], lines
+        exits = [x for x in lines if re.search(r"worker \d:\d \(pid \d+\) exited", x)]
+        assert len(exits) == 4 and all("exited with code 0" in x for x in exits), lines
+        assert sum("started worker" in x for x in lines) == 4, lines  # no restart
+        for n in (0, 1):
+            for log in (tmp_path / f"n{n}").glob("worker-*.log"):
+                text = log.read_text()
+                assert "training complete" in text and "Traceback" not in text, text
+    finally:
+        for p in [a.proc for a in agents] + ([coord] if coord else []):
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        srv.stop()

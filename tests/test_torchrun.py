@@ -105,3 +105,76 @@ def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
             p.wait()
         for f in logs:
             f.close()
+
+
+def children(pid: int) -> list[int]:
+    out = []
+    for d in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                if d.isdigit() and int(fh.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    out.append(int(d))
+        except (OSError, ValueError):
+            pass
+    return out
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@pytest.mark.hard_timeout(120)
+def test_workers_die_with_a_sigkilled_torchrun_agent(tmp_path):
+    # A SIGKILLed agent runs no cleanup: its workers used to train on to the end.
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs, logs = [], []
+    try:
+        clog = open(tmp_path / "coordinator.log", "w")
+        logs.append(clog)
+        procs.append(subprocess.Popen(  # long enough to outlive the test
+            [sys.executable, "-m", "recycle.cli", "train", "--external", "--store-port", "0",
+             "-d", "1", "-s", "2", "-m", "2", "--iterations", "100000", "--timeout", "4",
+             "--checkpoint-every", "100000", "--run-dir", str(tmp_path / "run"),
+             "--vocab", "32", "--seq-len", "8", "--d-model", "16", "--heads", "2",
+             "--layers", "2", "--micro-batch-size", "2"],
+            cwd=ROOT, env=env, stdout=clog, stderr=subprocess.STDOUT, start_new_session=True))
+        text, t0 = "", time.monotonic()
+        while "RECYCLE_STORE" not in text and time.monotonic() - t0 < 60:
+            time.sleep(0.1)
+            text = (tmp_path / "coordinator.log").read_text()
+        port = re.search(r"RECYCLE_STORE=<this host>:(\d+)", text)
+        assert port, text
+        env["RECYCLE_STORE"] = f"127.0.0.1:{port[1]}"
+        log = open(tmp_path / "node.log", "w")
+        logs.append(log)
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
+             "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
+             "--master-port", str(free_port()), "--max-restarts", "0", "-m", "executor.torchrun"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        procs.append(agent)
+        while "iter    0" not in text and time.monotonic() - t0 < 90:  # workers training
+            time.sleep(0.1)
+            text = (tmp_path / "coordinator.log").read_text()
+        assert "iter    0" in text, text + (tmp_path / "node.log").read_text()
+        workers = children(agent.pid)
+        assert len(workers) == 2, workers
+        os.kill(agent.pid, signal.SIGKILL)
+        agent.wait()
+        end = time.monotonic() + 5.0
+        while any(alive(w) for w in workers) and time.monotonic() < end:
+            time.sleep(0.05)
+        assert not any(alive(w) for w in workers), "workers outlived their torchrun agent"
+    finally:
+        for p in procs:  # the whole session: orphaned workers are in their agent's group
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            p.wait()
+        for f in logs:
+            f.close()

@@ -83,6 +83,7 @@ class TrainResult:
     summary: Optional[Summary]
     halted: Optional[str] = None
     model_error: bool = False  # halted because a worker found the model itself wrong
+    model_exception: bool = False  # ... because the model's own code raised (exit 4)
     checkpoint: Optional[str] = None
     versions: int = 0
     run_dir: str = ""
@@ -108,6 +109,8 @@ class Coordinator:
         if service is not None and service.plan.job.identity_hash() != job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
+        # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
+        os.makedirs(self.run_dir, exist_ok=True)
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
                                            dict(cfg.to_dict(), workload=model),
@@ -144,6 +147,7 @@ class Coordinator:
         self.reaped: set[int] = set()  # pids whose exit has been handled
         self.lost_worker: Optional[Worker] = None
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
+        self.model_exception = False  # the fatal is an exception the model's code raised
         self.failed: set[Worker] = set()
         # Membership: the incarnation each worker's newest plan admits (stamped on plans).
         self.incs = [[1] * self.S for _ in range(self.D)]
@@ -155,6 +159,7 @@ class Coordinator:
         self.hold_limit = 4 * timeout + (60.0 if service is not None else 5.0)
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
+        self.byes: set[Worker] = set()  # external workers that said they are leaving
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
         self.suspect_since: Optional[float] = None
@@ -442,7 +447,10 @@ class Coordinator:
             if m["it"] == self.iterations - 1:
                 self.final_checks[w[1]] = m["checksum"]
         elif kind == "fatal":  # e.g. a stage's output broke its activation spec
-            self.fatal = self.fatal or f"worker {wkey(w)}: {m['reason']}"
+            if self.fatal is None:  # the model's own exception comes with the worker's log
+                self.fatal = f"worker {wkey(w)}: {m['reason']}" + (
+                    f"; traceback in {m['log']}" if m.get("log") else "")
+                self.model_exception = m.get("error") == "exception"
         elif kind == "suspect":
             if m["v"] == self.version and self.suspect_since is None:
                 self.suspect_since = time.monotonic()
@@ -496,6 +504,23 @@ class Coordinator:
         end = time.monotonic() + timeout
         for p in self.procs.values():
             p.join(max(0.1, end - time.monotonic()))
+        if self.external:
+            self.await_byes(end)
+
+    def await_byes(self, end: float) -> None:
+        """External workers (torchrun'd, node agents') have no process here to join, but
+        they read this store until they have seen the end: closing it before they say
+        `bye` crashed them (and their agents took that for failures, even restarted them).
+        Only `done` (the last losses, for a halt) is handled meanwhile: nothing may
+        publish a plan after the end."""
+        want = set(self.live())
+        while not want <= self.byes and time.monotonic() < end:
+            self.mailbox.wait(0.05)
+            for m in self.mailbox.drain():
+                if m["t"] == "bye":
+                    self.byes.add((m["r"], m["s"]))
+                elif m["t"] == "done":
+                    self.handle(m)
 
     # ---- output -----------------------------------------------------------------------
     def loss(self, i: int) -> float:
@@ -533,7 +558,8 @@ class Coordinator:
         self.console.print(f"[red bold]training halted:[/] {reason}; {where}")
         return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
                            run_dir=self.run_dir, events=self.events,
-                           model_error=reason == self.fatal)
+                           model_error=reason == self.fatal,
+                           model_exception=reason == self.fatal and self.model_exception)
 
     def final_checkpoint(self) -> None:
         """The last iteration's checkpoint: local workers have exited (their parts are

@@ -299,7 +299,10 @@ class NodeAgent:
         else:
             self.say(f"agent node {self.node}: worker {w[0]}:{w[1]} (pid {pid}) exited {how}; "
                      f"failure not applied ({status}): {answer.get('detail', answer)}")
-        if not self.attach and self.restarts.get(w, 0) < self.max_restarts:
+        # Never after the end: a restarted worker would wait for a coordinator that is gone
+        ended = self.state == "finished" or (status == 409 and str(answer.get("detail", ""))
+                                              .startswith("job is finished"))
+        if not self.attach and not ended and self.restarts.get(w, 0) < self.max_restarts:
             self.restarts[w] = self.restarts.get(w, 0) + 1
             self.spawn(w)  # the new process takes the next incarnation and asks back in
 

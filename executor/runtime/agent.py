@@ -28,6 +28,7 @@ import os
 import socket
 import threading
 import time
+import traceback
 from typing import Optional
 
 import torch
@@ -48,6 +49,20 @@ from planner.plan import Plan, WorkerPlan
 
 
 HOST = socket.gethostname()
+
+
+class ModelError(Exception):
+    """The model's own code (its forward, loss, backward or data) raised: the same code
+    runs on every replica, so no plan can route around it; the run halts naming it."""
+
+
+def own_log() -> Optional[str]:
+    """The file this process's output goes to (the worker's log), if it is a file."""
+    try:
+        path = os.readlink("/proc/self/fd/1")
+    except OSError:
+        return None
+    return path if os.path.isfile(path) else None
 
 
 class Agent:
@@ -74,6 +89,7 @@ class Agent:
         self.inc = incarnation  # which process of this worker we are (membership)
         self.fresh = incarnation > 1  # restarted: its state must come from a live peer
         self.entered = False  # has been admitted to some plan version
+        self.leaving = False  # training ended for us (done, fenced out or halted): exit 0
         self._asked = -1  # newest plan version on which we asked to be admitted
         self.done = start_iteration - 1  # last iteration this worker has stepped
         self.version, self._refused = -1, -1
@@ -131,6 +147,7 @@ class Agent:
                     plan = None
                     continue
                 if role == "stop":
+                    self.leaving = True
                     return 0
                 try:
                     self._enter(plan)
@@ -139,21 +156,33 @@ class Agent:
                     plan = self._abort(exc)
         except TrainingHalted as exc:
             self.log(f"training halted: {exc}")
+            self.leaving = True
             return 0
         except ActivationSpecError as exc:  # the model is wrong: no plan can help
             return self._fatal(str(exc))
+        except ModelError as exc:  # full traceback here; its last line to the coordinator
+            cause = exc.__cause__
+            self.log("".join(traceback.format_exception(cause)).rstrip())
+            last = traceback.format_exception_only(cause)[-1].strip()
+            return self._fatal(f"the model raised {last} ({exc})", error="exception",
+                               log=own_log())
         finally:
             self.log(f"optimizer: {self.stepper.stats.line()}")
             self.batches.close()
             self.parts.finish()  # the last iteration's part, before the process ends
             if self.world is not None:
                 self.world.close()
+            if self.leaving:  # the last word: the coordinator may close its store now
+                try:
+                    self.source.send("bye")
+                except Exception:  # closed already (it waited for us in vain)
+                    pass
 
-    def _fatal(self, reason: str) -> int:
+    def _fatal(self, reason: str, **extra) -> int:
         """Halt the run with `reason` (the coordinator publishes the halt), then exit 2.
         Waits a little for the halt so that our exit is not taken for a failure first."""
         self.log(f"fatal: {reason}")
-        self.source.send("fatal", reason=reason)
+        self.source.send("fatal", reason=reason, **extra)
         try:
             self.source.wait_for_plan(10 ** 9, 4 * self.timeout_s)
         except TrainingHalted:
@@ -193,6 +222,8 @@ class Agent:
                 self.source.heartbeat(self.me[0], self.me[1], self.done + 1, self.inc,
                                       self.last_compute)
             except Exception:  # the coordinator is gone: nothing left to train for
+                if self.leaving:  # unless we are done: it closed its store after our bye
+                    return
                 os._exit(3)
             time.sleep(0.5)
 
@@ -315,7 +346,8 @@ class Agent:
             elif a.op in ("I", "B"):
                 self._backward(plan, it, a.microbatch, a.op)
             elif a.op == "W":
-                self.clock.timed(self.compute.backward_weight, a.microbatch)
+                self._model("weight gradients", a.microbatch, it,
+                            self.compute.backward_weight, a.microbatch)
             else:
                 self._step(it)
                 if sync:
@@ -345,7 +377,18 @@ class Agent:
             self._ahead += 1
 
     def _batch(self, it: int, g: int):
-        return self.batches.get(it, g)
+        return self._model("data", g, it, self.batches.get, it, g,
+                           timed=False)  # loading is not compute: --slow must not stretch it
+
+    def _model(self, what: str, g: int, it: int, fn, *args, timed: bool = True):
+        """Run the model's code: what it raises is a ModelError, not a failure of this
+        worker that a new plan could route around."""
+        try:
+            return self.clock.timed(fn, *args) if timed else fn(*args)
+        except (CommError, ActivationSpecError, TrainingHalted):
+            raise
+        except Exception as exc:
+            raise ModelError(f"in its {what} of micro-batch {g}, iteration {it}") from exc
 
     def _forward(self, plan: Plan, it: int, g: int) -> None:
         s = self.me[1]
@@ -354,7 +397,7 @@ class Agent:
         else:
             x = self.world.recv_activation(s - 1, (plan.routes[g][s - 1], s - 1), it, g)
         targets = self._batch(it, g)[1] if s == self.S - 1 else None
-        out = self.clock.timed(self.compute.forward, g, x, targets)
+        out = self._model("forward", g, it, self.compute.forward, g, x, targets)
         if s < self.S - 1:
             self.world.send_activation(out, s, (plan.routes[g][s + 1], s + 1), it, g)
 
@@ -364,7 +407,7 @@ class Agent:
         if s < self.S - 1:
             grad = self.world.recv_grad(s, (plan.routes[g][s + 1], s + 1), it, g)
         fn = self.compute.backward_input if op == "I" else self.compute.backward_full
-        gx = self.clock.timed(fn, g, grad)
+        gx = self._model("backward", g, it, fn, g, grad)
         if s > 0:
             self.world.send_grad(gx, s - 1, (plan.routes[g][s - 1], s - 1), it, g)
 

@@ -12,6 +12,7 @@ from planner.failures import FailedSetError
 
 EXIT_BAD_INPUT = 2
 EXIT_NO_PLAN = 3  # a valid question whose answer is "restore from checkpoint"
+EXIT_MODEL_ERROR = 4  # `train`: the model's own code raised (no plan can route around it)
 
 
 def one_line(exc: BaseException, what: str = "input") -> str:
