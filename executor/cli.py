@@ -155,7 +155,7 @@ def train_cmd(
         check_plannable(replicas, stages, microbatches)
         if not external:  # the workers are this machine's processes
             check_local_workers(replicas, stages)
-        check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows)
+        check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows, external)
         if not external:  # torchrun'd workers check their own hosts
             from executor.runtime.comm import check_device
             check_device(device)

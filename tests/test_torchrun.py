@@ -40,8 +40,9 @@ def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
     coord_cmd = [sys.executable, "-m", "recycle.cli", "train", "--external",
                  "--store-port", "0", "-d", str(D), "-s", str(S), "-m", str(M),
                  "--iterations", str(ITERS), "--kill", "1:1@1", "--timeout", "4",
-                 # torchrun restarts node 1; training waits before iteration 3 for 1:1
-                 "--rejoin", "1:1@3",
+                 # torchrun restarts node 1 (it stops 1:0 too): training waits before
+                 # iteration 3 until both are back
+                 "--rejoin", "1:1@3", "--rejoin", "1:0@3",
                  "--summary", str(summary), "--run-dir", str(tmp_path / "run"),
                  "--vocab", "32", "--seq-len", "8", "--d-model", "16", "--heads", "2",
                  "--layers", "2", "--micro-batch-size", "2"]

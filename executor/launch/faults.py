@@ -50,9 +50,10 @@ def parse_slow(text: str) -> tuple[int, int, int, float]:
 
 
 def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=(),
-                 stalls=(), slows=()) -> None:
+                 stalls=(), slows=(), external: bool = False) -> None:
     """Refuse (ValueError, one line) a fault no run could ever carry out: it would be
-    waited for, or silently never happen."""
+    waited for, or silently never happen. With external workers a death may come from
+    their launcher (torchrun stops a node's other workers), so a rejoin needs no kill."""
     def flag_of(rejoin) -> str:  # (r, s, it[, asap]): asap entries are --restart's
         return "--restart" if len(rejoin) > 3 and rejoin[3] else "--rejoin"
 
@@ -71,7 +72,7 @@ def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=
     # A rejoin serves one death (earliest entry first): each needs its own --kill or
     # --stall (a stalled worker may be declared failed) of that worker at or before it.
     deaths = sorted((k[2], (k[0], k[1])) for k in list(kills) + list(stalls))
-    for r, s, it, flag in sorted((*k[:3], flag_of(k)) for k in rejoins):
+    for r, s, it, flag in sorted((*k[:3], flag_of(k)) for k in rejoins if not external):
         cause = next((d for d in deaths if d[1] == (r, s) and d[0] <= it), None)
         if cause is None:
             raise ValueError(f"{flag} {r}:{s}@{it}: no --kill or --stall of worker {r}:{s} "
