@@ -147,7 +147,9 @@ class SpeedDetector:
                 new = cur
             news = self._evidence(d, s)
             self.streak[(d, s)] = self.streak[(d, s)] + news if new != cur else 0
-            if new != cur and self.streak[(d, s)] >= self.persist:
+            # persist 1 (off): any change applies at once, also one that a peer's report
+            # brought about (the service's detector: its tests count the iterations)
+            if new != cur and (self.persist == 1 or self.streak[(d, s)] >= self.persist):
                 self.grid[d][s] = new
                 self.streak[(d, s)] = 0
                 changed = True
