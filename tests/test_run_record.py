@@ -1,0 +1,35 @@
+"""What a run's summary derives from its record: recovery times and the failed set each
+iteration trained under (executor/launch/run_record.py). Pure data, no processes."""
+from executor.launch.run_record import RunRecord, failed_by_iteration
+from planner.job import JobSpec
+from planner.solvers.backends import solve
+
+JOB = JobSpec.uniform(2, 2, 2)
+
+
+def test_kill_recovery_ignores_a_member_that_died_meanwhile():
+    """torchrun: the coordinator kills 1:1, node 1's agent then stops 1:0. The plan after
+    the kill still names 1:0, whose process never enters it: the recovery is the time the
+    survivors took (0.2 s), not the time until 1:0's replacement came (it was 13 s)."""
+    rec = RunRecord()
+    rec.plans[0] = solve(JOB, []).stamped(0, [[1, 1], [1, 1]])
+    rec.plans[1] = solve(JOB, [(1, 1)]).stamped(1, [[1, 1], [1, 1]])
+    rec.plans[2] = solve(JOB, []).stamped(2, [[1, 1], [2, 2]])
+    rec.published_at = [(0.0, 0), (10.05, 1), (23.0, 2)]
+    rec.kills_at = [(10.0, (1, 1), 1)]
+    rec.entries = [(0.1, w, 1, 0, 0) for w in [(0, 0), (0, 1), (1, 0), (1, 1)]]
+    rec.entries += [(10.1, (0, 0), 1, 1, 1), (10.2, (0, 1), 1, 1, 1)]  # 1:0 died: never in
+    rec.entries += [(23.1, w, 1, 2, 3) for w in [(0, 0), (0, 1)]]
+    rec.entries += [(23.2, w, 2, 2, 3) for w in [(1, 0), (1, 1)]]  # the new incarnations
+    kill = [r for r in rec.recovery([]) if r["kind"] == "kill"]
+    assert [r["seconds"] for r in kill] == [0.2], kill
+
+
+def test_failed_by_iteration_follows_the_newest_version_entered():
+    """A re-plan for speeds splits the failed set's span into two versions; a version
+    nobody entered before the next one is not there at all."""
+    plans = [{"version": 0, "failed": [], "first_iteration": 0},
+             {"version": 1, "failed": [[0, 1]], "first_iteration": 2},
+             {"version": 3, "failed": [[0, 1]], "first_iteration": 3},  # speeds changed
+             {"version": 4, "failed": [], "first_iteration": 5}]
+    assert failed_by_iteration(plans, 6) == [[], [], [[0, 1]], [[0, 1]], [[0, 1]], []]
