@@ -65,4 +65,7 @@ def test_an_exception_in_the_model_is_reported_as_the_models_with_exit_4(tmp_pat
             f"(in its forward of micro-batch ") in err, r.stderr
     log = run / f"worker-{who.replace(':', '-')}.log"
     assert "".join(f"traceback in {log}".split()) in flat, r.stderr
+    halt_line = next(line for line in r.stderr.splitlines() if "training halted" in line)
+    assert f"traceback in {log}" in halt_line, r.stderr  # one line: the path is whole
+    assert "fix the model first" in halt_line, r.stderr  # resuming alone would raise again
     assert 'raise ValueError("boom' in log.read_text()  # the full traceback is there

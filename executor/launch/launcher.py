@@ -555,7 +555,10 @@ class Coordinator:
         path = self.checkpoints.newest()
         where = (f"newest checkpoint {path}; continue with `recycle train --resume {path}`"
                  if path else "no complete checkpoint yet")
-        self.console.print(f"[red bold]training halted:[/] {reason}; {where}")
+        if reason == self.fatal:  # the same code would raise again on resume
+            where = "fix the model first; " + where
+        # one line, never wrapped: a log or checkpoint path must stay whole to be copied
+        self.console.print(f"[red bold]training halted:[/] {reason}; {where}", soft_wrap=True)
         return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
                            run_dir=self.run_dir, events=self.events,
                            model_error=reason == self.fatal,
