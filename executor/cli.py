@@ -116,6 +116,7 @@ def train_cmd(
             raise ValueError(f"--iterations must be at least 1, not {iterations}")
         if not timeout > 0:
             raise ValueError(f"--timeout must be positive, not {timeout:g}")
+        vocab_flag = vocab  # None unless given: then --data's token file sizes the vocab
         from executor.models.families import flag_values  # as --model NAME[:FLAVOUR] fixes them
         d_model, layers, heads, seq_len, vocab = flag_values(model, d_model, layers, heads,
                                                              seq_len, vocab)
@@ -130,6 +131,9 @@ def train_cmd(
                      precision=precision, lr_schedule=lr_schedule, warmup_iters=warmup,
                      total_iters=iterations, min_lr_ratio=min_lr_ratio, clip=clip,
                      data=os.path.abspath(data) if data else "")
+        if data:  # the model's vocab is the token file's (its header or sidecar)
+            from executor.data.token_file import data_vocab
+            cfg = dataclasses.replace(cfg, vocab=data_vocab(data, vocab_flag))
         kills = [parse_event(k) for k in kill]
         rejoins = ([(*parse_event(r), False) for r in rejoin]
                    + [(*parse_event(r), True) for r in restart])  # (r, s, it, asap)

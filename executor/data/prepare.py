@@ -45,8 +45,8 @@ def text_files(paths: list[str], pattern: str) -> list[str]:
     return out
 
 
-def prepare(paths: list[str], out: str, *, pattern: str = "*.py", max_bytes: int = 0,
-            force: bool = False) -> Prepared:
+def check_out(out: str, force: bool) -> None:
+    """--out is writable and not replaced by accident (checked before any work)."""
     if os.path.isdir(out):
         raise ValueError(f"--out {out} is a directory")
     if os.path.exists(out) and not force:
@@ -54,9 +54,14 @@ def prepare(paths: list[str], out: str, *, pattern: str = "*.py", max_bytes: int
     parent = os.path.dirname(os.path.abspath(out))
     if not os.path.isdir(parent) or not os.access(parent, os.W_OK):
         raise ValueError(f"--out {out}: cannot write in {parent}")
+
+
+def read_documents(paths: list[str], pattern: str, max_bytes: int) -> tuple[list[bytes], int]:
+    """The UTF-8 text of each file in order (at most `max_bytes` with one separator each,
+    0: no limit), and how many files were skipped as not text."""
     if max_bytes < 0:
         raise ValueError(f"--max-mb must be positive, not {max_bytes / 1e6:g}")
-    buf, used, skipped = bytearray(), 0, 0
+    docs, size, skipped = [], 0, 0
     for path in text_files(paths, pattern):
         with open(path, "rb") as fh:
             raw = fh.read()
@@ -68,13 +73,22 @@ def prepare(paths: list[str], out: str, *, pattern: str = "*.py", max_bytes: int
         if SEPARATOR in raw or not raw:
             skipped += 1
             continue
-        if max_bytes and len(buf) + len(raw) + 1 > max_bytes:
+        if max_bytes and size + len(raw) + 1 > max_bytes:
             break
-        buf += raw + SEPARATOR
-        used += 1
-    if not buf:
+        docs.append(raw)
+        size += len(raw) + 1
+    if not docs:
         raise ValueError("the files hold no text (all empty, binary or over --max-mb)")
-    return Prepared(write_tokens(out, bytes(buf)), used, skipped)
+    return docs, skipped
+
+
+def prepare(paths: list[str], out: str, *, pattern: str = "*.py", max_bytes: int = 0,
+            force: bool = False) -> Prepared:
+    """Byte-level: the documents' bytes, each followed by the NUL separator."""
+    check_out(out, force)
+    docs, skipped = read_documents(paths, pattern, max_bytes)
+    buf = b"".join(d + SEPARATOR for d in docs)
+    return Prepared(write_tokens(out, buf), len(docs), skipped)
 
 
 def stdlib_dir() -> str:
