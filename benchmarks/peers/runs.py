@@ -72,7 +72,10 @@ def recycle_run(st: Setup, workdir: str) -> Run:
            "--heads", str(m["n_heads"]), "--seq-len", str(m["seq_len"]),
            "--micro-batch-size", str(m["micro_batch_size"]), "--lr", str(m["lr"]),
            "--timeout", str(st.timeout), "--device", "cpu", "--summary", summary,
-           "--run-dir", os.path.join(workdir, "run")]
+           "--run-dir", os.path.join(workdir, "run"),
+           # as torchft here: no periodic checkpoint (only the last), and with S=1 no
+           # pipeline bubble for a deferred W to fill, so the fused backward
+           "--checkpoint-every", str(st.iterations), "--no-split"]
     if st.kill_at >= 0:
         cmd += ["--kill", f"1:0@{st.kill_at}"]
     t0 = time.time()
