@@ -12,6 +12,7 @@ Needs the optional extras: pip install 'recycle[peers,tokens]'.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -86,26 +87,30 @@ def write(a, setups, runs) -> None:
                 for i, run in enumerate(rs)]
         rows.append((system, kill, figs))
     table = ["| system | failure | samples/s (median of rounds) | per round | samples dropped | "
-             "kill -> next step (s) | losses and params equal | whole command (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "kill -> next step (s) | losses equal (1e-5) | param checksum rel. diff | "
+             "CPU ms per sample | whole command (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for system, kill, figs in rows:
         ok = [f for f in figs if "error" not in f]
         if not ok:
             table.append(f"| {system} | {'kill' if kill else 'none'} | error: "
-                         f"{figs[0]['error'][:200]} | | | | | |")
+                         f"{figs[0]['error'][:200]} | | | | | | | |")
             continue
         sps = [f["samples_per_s"] for f in ok]
         k2s = [f["kill_to_step_s"] for f in ok if f.get("kill_to_step_s") is not None]
-        eq = [f.get("equal") for f in ok]
+        eq = [f.get("losses_equal") for f in ok]
         what = ("vs its own failure-free run" if kill else
                 "vs ReCycle's failure-free run" if system == "torchft" else "")
-        eq_s = (f"{sum(bool(e) for e in eq)}/{len(eq)} {what}; max loss diff "
+        eq_s = (f"{sum(bool(e) for e in eq)}/{len(eq)} {what}; max diff "
                 f"{max(f.get('max_loss_diff') or 0 for f in ok):.2g}") if what else "(the reference)"
+        ck = [f["checksum_rel"] for f in ok if "checksum_rel" in f]
+        ck_s = f"max {max(ck):.2g}" if ck else "-"
         table.append(
             f"| {system} | {'replica 1 killed @' + str(st.kill_at) if kill else 'none'} | "
             f"{statistics.median(sps):.1f} | {', '.join(f'{x:.1f}' for x in sps)} | "
             f"{statistics.median(f['dropped'] for f in ok):.0f} of {st.batch * st.iterations} | "
-            f"{(', '.join(f'{x:.2f}' for x in k2s)) if k2s else '-'} | {eq_s} | "
+            f"{(', '.join(f'{x:.2f}' for x in k2s)) if k2s else '-'} | {eq_s} | {ck_s} | "
+            f"{statistics.median(f['cpu_ms_per_sample'] for f in ok):.1f} | "
             f"{statistics.median(f['wall_s'] for f in ok):.1f} |")
     ratios = []
     rec, tft = runs[("recycle", True)], runs[("torchft", True)]
@@ -144,7 +149,10 @@ def write(a, setups, runs) -> None:
         "of step 0 to the end of the last step (start-up left out for both; 'whole command' "
         "has it). Samples dropped: samples of the N global batches that no update used. "
         "kill -> next step: from the SIGKILL to the end of the first optimizer step after "
-        "it. Equal: every loss and the final parameter checksum within 1e-5.", "",
+        "it. Losses equal: every iteration's loss within 1e-5 of the failure-free run's; "
+        "checksum: the final parameters' float64 sum, relative difference. CPU ms per "
+        "sample: CPU time of all the run's processes (start-up included) over the samples "
+        "trained, a figure the machine's other load inflates less than wall time.", "",
         *table, "",
         f"ReCycle / torchft samples/s under the failure, per round (side by side, "
         f"interleaved): {', '.join(f'{x:.2f}' for x in ratios)}; median "
@@ -153,6 +161,12 @@ def write(a, setups, runs) -> None:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as fh:
         fh.write(text + "\n")
+    raw = {f"{s}-{'kill' if k else 'clean'}": [
+        {"step_end": r.step_end, "samples": r.samples, "losses": r.losses, "t_kill": r.t_kill,
+         "wall": r.wall, "cpu_s": r.cpu_s, "checksum": r.checksum, "error": r.error}
+        for r in rs] for (s, k), rs in runs.items()}
+    with open(os.path.splitext(a.out)[0] + ".json", "w") as fh:
+        json.dump(raw, fh)
     print(text)
 
 
