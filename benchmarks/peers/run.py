@@ -54,12 +54,14 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=5.0)
     ap.add_argument("--data", default=os.path.join(tempfile.gettempdir(), "recycle-peers-bpe4096.bin"))
     ap.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "results", "peers.md"))
+    ap.add_argument("--render", metavar="PEERS.json", help="no runs: write the table again "
+                    "from the raw data a run saved (with the flags that run had)")
     a = ap.parse_args()
     try:
         import torchft  # noqa: F401  (the replicas import it; fail here, in one line)
     except ImportError as exc:
         sys.exit(f"error: torchft is not installed ({exc}): pip install 'recycle[peers]'")
-    data = token_data(a.data)
+    data = a.data if a.render else token_data(a.data)
     from executor.data.token_file import open_tokens
     model = dict(d_model=a.d_model, n_layers=a.layers, n_heads=a.heads, seq_len=a.seq_len,
                  micro_batch_size=a.micro_batch_size, vocab=open_tokens(data).vocab, lr=3e-3)
@@ -67,6 +69,8 @@ def main() -> None:
                        a.kill_at if k else -1, a.timeout) for k in (False, True)}
     order = [(s, k) for k in (False, True) for s in SYSTEMS]
     runs: dict = {key: [] for key in order}
+    if a.render:
+        return write(a, setups, load_runs(a.render, order))
     for r in range(a.rounds):
         for key in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
             system, kill = key
@@ -88,13 +92,13 @@ def write(a, setups, runs) -> None:
         rows.append((system, kill, figs))
     table = ["| system | failure | samples/s (median of rounds) | per round | samples dropped | "
              "kill -> next step (s) | losses equal (1e-5) | param checksum rel. diff | "
-             "CPU ms per sample | whole command (s) |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "whole command (s) |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for system, kill, figs in rows:
         ok = [f for f in figs if "error" not in f]
         if not ok:
             table.append(f"| {system} | {'kill' if kill else 'none'} | error: "
-                         f"{figs[0]['error'][:200]} | | | | | | | |")
+                         f"{figs[0]['error'][:200]} | | | | | | |")
             continue
         sps = [f["samples_per_s"] for f in ok]
         k2s = [f["kill_to_step_s"] for f in ok if f.get("kill_to_step_s") is not None]
@@ -110,7 +114,6 @@ def write(a, setups, runs) -> None:
             f"{statistics.median(sps):.1f} | {', '.join(f'{x:.1f}' for x in sps)} | "
             f"{statistics.median(f['dropped'] for f in ok):.0f} of {st.batch * st.iterations} | "
             f"{(', '.join(f'{x:.2f}' for x in k2s)) if k2s else '-'} | {eq_s} | {ck_s} | "
-            f"{statistics.median(f['cpu_ms_per_sample'] for f in ok):.1f} | "
             f"{statistics.median(f['wall_s'] for f in ok):.1f} |")
     ratios = []
     rec, tft = runs[("recycle", True)], runs[("torchft", True)]
@@ -119,13 +122,16 @@ def write(a, setups, runs) -> None:
         if "error" not in fr and "error" not in ft:
             ratios.append(fr["samples_per_s"] / ft["samples_per_s"])
     m = setups[False].model
+    made = os.path.getmtime(a.render) if a.render else time.time()
     cmd = (f"PYTHONPATH=. python -m benchmarks.peers.run --rounds {a.rounds} -d {a.replicas} "
            f"-m {a.microbatches} --iterations {a.iterations} --kill-at {a.kill_at} "
            f"--d-model {a.d_model} --layers {a.layers} --heads {a.heads} --seq-len {a.seq_len} "
            f"--micro-batch-size {a.micro_batch_size} --timeout {a.timeout:g}")
     text = "\n".join([
         "# ReCycle and torchft side by side", "",
-        f"Made by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+        f"Made by `{cmd}` on {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(made))}"
+        + (f" (table re-made from its raw data by `--render {os.path.relpath(a.render, ROOT)}`)"
+           if a.render else "") + ", "
         f"{os.cpu_count()} cores (shared), torch threads 1 per process.", "",
         f"Same model (the project's GPT: d_model {m['d_model']}, {m['n_layers']} layers, "
         f"{m['n_heads']} heads, seq_len {m['seq_len']}, vocab {m['vocab']} from the token "
@@ -148,11 +154,9 @@ def write(a, setups, runs) -> None:
         "samples/s: samples in the updates of steps 1..N-1 over the wall time from the end "
         "of step 0 to the end of the last step (start-up left out for both; 'whole command' "
         "has it). Samples dropped: samples of the N global batches that no update used. "
-        "kill -> next step: from the SIGKILL to the end of the first optimizer step after "
-        "it. Losses equal: every iteration's loss within 1e-5 of the failure-free run's; "
-        "checksum: the final parameters' float64 sum, relative difference. CPU ms per "
-        "sample: CPU time of all the run's processes (start-up included) over the samples "
-        "trained, a figure the machine's other load inflates less than wall time.", "",
+        "kill -> next step: from the SIGKILL to the end of the first optimizer step of the "
+        "iteration in flight or a later one. Losses equal: every iteration's loss within 1e-5 of the failure-free run's; "
+        "checksum: the final parameters' float64 sum, relative difference.", "",
         *table, "",
         f"ReCycle / torchft samples/s under the failure, per round (side by side, "
         f"interleaved): {', '.join(f'{x:.2f}' for x in ratios)}; median "
@@ -161,13 +165,25 @@ def write(a, setups, runs) -> None:
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as fh:
         fh.write(text + "\n")
+    print(text)
+    if a.render:
+        return
     raw = {f"{s}-{'kill' if k else 'clean'}": [
         {"step_end": r.step_end, "samples": r.samples, "losses": r.losses, "t_kill": r.t_kill,
-         "wall": r.wall, "cpu_s": r.cpu_s, "checksum": r.checksum, "error": r.error}
+         "wall": r.wall, "checksum": r.checksum, "error": r.error}
         for r in rs] for (s, k), rs in runs.items()}
     with open(os.path.splitext(a.out)[0] + ".json", "w") as fh:
         json.dump(raw, fh)
-    print(text)
+
+
+def load_runs(path: str, order) -> dict:
+    from benchmarks.peers.runs import Run
+    with open(path) as fh:
+        raw = json.load(fh)
+    ints = lambda d: {int(k): v for k, v in d.items()}
+    return {(s, k): [Run(s, k, ints(r["step_end"]), ints(r["samples"]), ints(r["losses"]),
+                         r["t_kill"], r["wall"], r["checksum"], r["error"])
+                     for r in raw[f"{s}-{'kill' if k else 'clean'}"]] for s, k in order}
 
 
 def _version() -> str:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import re
 import shutil
 import socket
@@ -50,7 +49,6 @@ class Run:
     t_kill: Optional[float] = None
     wall: float = 0.0  # the whole command, start-up included
     checksum: Optional[float] = None
-    cpu_s: float = 0.0  # CPU time of every process of the run (user + system)
     error: str = ""
 
 
@@ -64,23 +62,6 @@ def _env() -> dict:
     return {**os.environ, "PYTHONPATH": ROOT, "RECYCLE_THREADS": "1"}
 
 
-def _children_cpu() -> float:
-    r = resource.getrusage(resource.RUSAGE_CHILDREN)  # every waited-for descendant
-    return r.ru_utime + r.ru_stime
-
-
-def measured(fn):
-    """The run, with the CPU time its processes took (a figure the machine's other load
-    does not inflate as much as wall time)."""
-    def wrapper(st: Setup, workdir: str) -> Run:
-        before = _children_cpu()
-        run = fn(st, workdir)
-        run.cpu_s = _children_cpu() - before
-        return run
-    return wrapper
-
-
-@measured
 def recycle_run(st: Setup, workdir: str) -> Run:
     run = Run("recycle", st.kill_at >= 0)
     m = st.model
@@ -125,7 +106,6 @@ def recycle_run(st: Setup, workdir: str) -> Run:
     return run
 
 
-@measured
 def torchft_run(st: Setup, workdir: str) -> Run:
     run = Run("torchft", st.kill_at >= 0)
     lh_bin = shutil.which("torchft_lighthouse", path=os.path.dirname(PY)) or "torchft_lighthouse"
@@ -195,7 +175,7 @@ def figures(run: Run, st: Setup, clean: Optional[Run]) -> dict:
     trained = sum(n for s, n in run.samples.items() if s > 0)
     out = {"samples_per_s": trained / span, "steps": len(run.samples),
            "dropped": st.batch * st.iterations - sum(run.samples.values()),
-           "wall_s": run.wall, "cpu_ms_per_sample": 1e3 * run.cpu_s / sum(run.samples.values())}
+           "wall_s": run.wall}
     if run.t_kill is not None:
         # the step in flight at the kill or a later one (another replica may still be
         # finishing the step before, after the kill)
