@@ -91,7 +91,7 @@ def train_cmd(
     warmup: int = typer.Option(0, "--warmup", help="iterations of linear learning-rate warm-up"),
     min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="cosine floor as a fraction of --lr [default: 0.1]"),
     clip: float = typer.Option(0.0, "--clip", help="clip gradients to this global norm over the whole model (0: off)"),
-    data: Optional[str] = typer.Option(None, "--data", help="token file from `recycle data prepare` (default: the model's synthetic data)"),
+    data: Optional[str] = typer.Option(None, "--data", help="token file from `recycle data prepare`; the model's vocab is the file's unless --vocab is given (default: the model's synthetic data)"),
     split: Optional[str] = typer.Option(None, "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the per-layer costs of a --job from `recycle profile --split balanced`); default: balanced if the --job has per-layer costs, else layers"),
 ):
     """Train a model (--model; default: the small built-in GPT) on a DxS grid of worker
