@@ -25,7 +25,8 @@ from api.storage.sqlite_store import Store
 from api.stragglers import SpeedError, quantize_speed
 from planner.solvers.backends import solve
 from planner.cache import PlanCache
-from planner.failures import Worker, canonicalize, dead_stage, NoPlanError
+from planner.failures import Worker, canonicalize
+from planner.membership import Halt, Membership, Publish, Reject
 from planner.inputs.limits import TooLarge, check_plannable
 from planner.job import JobSpec
 from planner.plan import Plan
@@ -92,17 +93,15 @@ class JobRuntime:
     id: str
     spec: JobSpec
     token_hash: str
-    state: str
-    reason: Optional[str]
-    failed: list[Worker]
     max_failures: int
     created: float
     plan: Plan
     plan_bytes: bytes
-    # [replica][stage]: the incarnation of each worker that the plan in force admits (1 for
-    # a worker's first process). Every published version is stamped with it, so it is
-    # recovered from the latest plan after a restart.
-    incarnations: list[list[int]] = field(default_factory=list)
+    # Who is in which version (planner/membership.py): failed set, the incarnation of each
+    # worker that the plan in force admits, state and halt reason. Every published version
+    # is stamped with the incarnations, so they are recovered from the latest plan after a
+    # restart; state, reason and failed set from the job's row.
+    members: Membership = None
     # Speeds (api/stragglers.py): the operator's settings and the detector's levels (only
     # cells other than 1.0) that the plan in force was made for; the grid in force itself
     # is the plan's `job.speed`.
@@ -127,12 +126,28 @@ class JobRuntime:
     def version(self) -> int:
         return self.plan.version
 
+    @property
+    def failed(self) -> list[Worker]:
+        return sorted(self.members.failed)
+
+    @property
+    def state(self) -> str:
+        return self.members.state
+
+    @property
+    def reason(self) -> Optional[str]:
+        return self.members.reason
+
+    @property
+    def incarnations(self) -> list[list[int]]:
+        return [list(row) for row in self.members.incarnations]
+
     def notify(self) -> None:
         old, self.changed = self.changed, asyncio.Event()
         old.set()
 
     def incarnation(self, replica: int, stage: int) -> int:
-        return self.incarnations[replica][stage]
+        return self.members.incarnation((replica, stage))
 
     @property
     def speeds(self) -> list[list[float]]:
@@ -195,13 +210,14 @@ class Service:
             plan = Plan.from_json(latest["plan_json"])
             spec = JobSpec.model_validate_json(row["spec_json"])
             grid = plan.incarnations or _ones(spec)
+            members = Membership.start(
+                spec.replicas, spec.stages, [tuple(w) for w in json.loads(row["failed_json"])],
+                grid, version=plan.version, state=row["state"], reason=row["reason"]
+            ).with_speeds(plan.job.speed)
             self.jobs[row["id"]] = JobRuntime(
-                id=row["id"], spec=spec,
-                token_hash=row["token_hash"], state=row["state"], reason=row["reason"],
-                failed=[tuple(w) for w in json.loads(row["failed_json"])],
+                id=row["id"], spec=spec, token_hash=row["token_hash"],
                 max_failures=row["max_failures"], created=row["created"], plan=plan,
-                plan_bytes=latest["plan_json"].encode(),
-                incarnations=[list(r) for r in grid])
+                plan_bytes=latest["plan_json"].encode(), members=members)
             job = self.jobs[row["id"]]
             job.remember()
             job.operator, job.measured = stragglers.restore(
@@ -292,9 +308,10 @@ class Service:
         now = time.time()
         self.store.create_job(job_id, spec.model_dump_json(), spec.spec_hash(),
                               hash_token(token), k, record, solvers, now)
-        job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), state="running",
-                         reason=None, failed=[], max_failures=k, created=now,
-                         plan=plan, plan_bytes=record["json"].encode(), incarnations=grid,
+        job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), max_failures=k,
+                         created=now, plan=plan, plan_bytes=record["json"].encode(),
+                         members=Membership.start(spec.replicas, spec.stages, (), grid, 0
+                                                  ).with_speeds(plan.job.speed),
                          detector=self._detector(spec, {}))
         job.remember()
         self.jobs[job_id] = job
@@ -320,9 +337,12 @@ class Service:
             if old is not None:
                 return old, True
             w = (ev.replica, ev.stage)
-            failed, inc, replacement = self._membership(job, ev, w)
-            grid = [list(row) for row in job.incarnations]
-            grid[w[0]][w[1]] = inc
+            members, decision = (job.members.fail(w, ev.incarnation) if ev.kind == "failure"
+                                 else job.members.recover(w, ev.incarnation))
+            if isinstance(decision, Reject):
+                raise ApiError(409, decision.reason)
+            halted = isinstance(decision, Halt)
+            replacement = not halted and decision.cause == "replacement"
             cause = f"{'replacement' if replacement else ev.kind}:{source}"
             # a failed or new process: the detector's level for the old one is forgotten
             measured = {k: v for k, v in job.measured.items() if k != w}
@@ -330,46 +350,43 @@ class Service:
                 spec = stragglers.spec_for(job.spec, job.operator, measured)
             except SpeedError:  # cannot happen in practice; keep the speeds in force
                 measured, spec = job.measured, job.plan.job
-            dead = dead_stage(job.spec, failed)
+            members = members.with_speeds(spec.speed)
             fresh, plan, plan_source, record = None, None, None, None
-            if dead is None:
-                if replacement and spec.spec_hash() == job.plan.job.spec_hash():
+            if not halted:
+                if decision.same_plan and spec.spec_hash() == job.plan.job.spec_hash():
                     fresh = job.plan  # same failed set and speeds: the plan in force,
-                    #                   admitting `inc`
+                    #                   admitting the new incarnation
                 else:
-                    fresh, plan_source = await asyncio.to_thread(self._plan_now, spec, failed)
-                plan = fresh.stamped(job.version + 1, grid)
+                    fresh, plan_source = await asyncio.to_thread(
+                        self._plan_now, spec, list(decision.failed))
+                plan = fresh.stamped(decision.version, decision.incarnation_rows())
                 record = _plan_record(plan, cause)
-            state = "running" if dead is None else "halted"
-            reason = None if dead is None else str(NoPlanError(dead))
+            failed = sorted(members.failed)
             answer = {"job_id": job.id, "event_id": ev.event_id, "kind": ev.kind,
                       "replica": ev.replica, "stage": ev.stage, "source": source,
-                      "state": state, "reason": reason, "failed": failed,
+                      "state": members.state, "reason": members.reason, "failed": failed,
                       "plan_version": plan.version if plan else job.version,
-                      "plan_source": plan_source, "incarnation": inc}
+                      "plan_source": plan_source, "incarnation": members.incarnation(w)}
             write = asyncio.ensure_future(asyncio.to_thread(
                 self.store.apply_event, job.id,
                 {**ev.model_dump(), "source": source, "body_json": body_json},
-                answer, state, reason, failed, record))
+                answer, members.state, members.reason, failed, record))
             # while the write waits for its fsync (in a thread, without the GIL), the new
             # version's shares are built here, ready for the long-polls that its publish
             # wakes; published only once the write is done, as always
             views = self._prebuild(job, plan) if plan is not None else {}
             await write
-            job.failed, job.state, job.reason = [tuple(x) for x in failed], state, reason
-            job.measured = measured
+            job.members, job.measured = members, measured
             job.fed.pop(w, None)
             if job.detector is not None:
                 job.detector.forget(*w)
             if plan is not None:
-                job.incarnations = grid
                 self._install(job, plan, record["json"], cause, views)
                 self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
             else:
                 job.notify()
                 self._count_jobs()
-        self.metrics.events.labels(ev.kind, source, "halted" if dead is not None
-                                   else "accepted").inc()
+        self.metrics.events.labels(ev.kind, source, "halted" if halted else "accepted").inc()
         if self.monitor:
             self.monitor.forget(job.id, w)
         if plan_source == "greedy":
@@ -460,10 +477,11 @@ class Service:
         except SpeedError as e:
             raise ApiError(422, f"speed: {e}") from None
         fresh, plan, plan_source, record = None, None, None, None
-        if spec.spec_hash() != job.plan.job.spec_hash():
+        members, decision = job.members.measured(spec.speed, f"speed:{source}")
+        if isinstance(decision, Publish):
             fresh, plan_source = await asyncio.to_thread(self._plan_now, spec, job.failed)
-            plan = fresh.stamped(job.version + 1, job.incarnations)
-            record = _plan_record(plan, f"speed:{source}")
+            plan = fresh.stamped(decision.version, decision.incarnation_rows())
+            record = _plan_record(plan, decision.cause)
         version = plan.version if plan else job.version
         rows = []
         for ev in events:
@@ -471,7 +489,7 @@ class Service:
             rows.append(({**ev, "kind": "speed", "source": source}, answer))
         await asyncio.to_thread(self.store.apply_events, job.id, rows, job.state, job.reason,
                                 job.failed, record)
-        job.operator, job.measured = operator, measured
+        job.operator, job.measured, job.members = operator, measured, members
         if plan is not None:
             self._install(job, plan, record["json"], f"speed:{source}")
             self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
@@ -535,31 +553,6 @@ class Service:
                 return
         self._after_speeds(job, "detector", len(events), fresh, plan_source, spec)
 
-    @staticmethod
-    def _membership(job: JobRuntime, ev: EventIn, w) -> tuple[list, int, bool]:
-        """(new failed set, w's incarnation after the event, is it a replacement), or a
-        409 for an event that conflicts with the job's membership."""
-        name = f"worker {w[0]}:{w[1]}"
-        have, k = job.incarnation(*w), ev.incarnation
-        if ev.kind == "failure":
-            if w in job.failed:
-                raise ApiError(409, f"{name} has already failed")
-            if k is not None and k < have:
-                raise ApiError(409, f"{name} incarnation {k} is superseded by {have}; "
-                                    "its failure is stale")
-            return sorted(set(job.failed) | {w}), have, False
-        if w in job.failed:
-            if k is not None and k < have:
-                raise ApiError(409, f"{name} incarnation {k} is older than {have}")
-            # without an incarnation: the next one, so plans still tell processes apart
-            return sorted(set(job.failed) - {w}), have + 1 if k is None else k, False
-        if k is None:
-            raise ApiError(409, f"{name} is live; nothing to recover (a restarted process "
-                                "replaces it by sending its incarnation)")
-        if k <= have:
-            raise ApiError(409, f"{name} incarnation {k} is not newer than {have}")
-        return sorted(job.failed), k, True
-
     async def finish(self, job: JobRuntime) -> None:
         """Training completed: stop watching the job's workers (they exit now). Idempotent."""
         async with job.lock:
@@ -567,7 +560,7 @@ class Service:
                 raise job.halted_error()
             if job.state == "running":
                 await asyncio.to_thread(self.store.set_state, job.id, "finished")
-                job.state = "finished"
+                job.members, _ = job.members.finish()
                 if self.monitor:
                     self.monitor.forget_job(job.id)
                 job.notify()
@@ -615,7 +608,8 @@ class Service:
             plan = await asyncio.to_thread(self.cache.get, current, job.failed)
             if plan is None or plan.metrics.period >= job.plan.metrics.period:
                 return False
-            plan = plan.stamped(job.version + 1, job.incarnations)
+            job.members, decision = job.members.improved(cause)
+            plan = plan.stamped(decision.version, decision.incarnation_rows())
             record = _plan_record(plan, cause)
             self.store.add_plan(job.id, record)
             self._install(job, plan, record["json"], cause)
@@ -632,9 +626,11 @@ class Service:
         failed set again as a new version, so every worker rebuilds its communicators."""
         await asyncio.sleep(delay)
         async with job.lock:
-            if job.state != "running" or job.version != version:
+            members, decision = job.members.resync(version)
+            if not isinstance(decision, Publish):
                 return
-            plan = job.plan.stamped(job.version + 1, job.incarnations)
+            job.members = members
+            plan = job.plan.stamped(decision.version, decision.incarnation_rows())
             record = _plan_record(plan, "resync")
             self.store.add_plan(job.id, record)
             self._install(job, plan, record["json"], "resync")

@@ -59,6 +59,7 @@ from executor.runtime.rendezvous import Mailbox, publish_plan, read_int, set_cou
 from planner.solvers.backends import solve
 from planner.failures import NoPlanError
 from planner.job import JobSpec
+from planner.membership import Halt, Membership, Publish
 from planner.speeds import SpeedDetector, with_speeds
 from planner.solvers.timeline import Mode
 
@@ -68,6 +69,10 @@ Worker = tuple[int, int]
 # silent this long is dead (torchrun restarting its node), not slow, so the survivors train
 # re-routed instead of waiting out 3 x --timeout for the restart.
 SILENT_AFTER_SUSPECT_S = 2.0
+
+
+class Halted(Exception):
+    """The membership leaves no plan (planner/membership.py Halt): the run stops."""
 
 
 @dataclass
@@ -148,9 +153,10 @@ class Coordinator:
         self.lost_worker: Optional[Worker] = None
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
         self.model_exception = False  # the fatal is an exception the model's code raised
-        self.failed: set[Worker] = set()
-        # Membership: the incarnation each worker's newest plan admits (stamped on plans).
-        self.incs = [[1] * self.S for _ in range(self.D)]
+        # Who is in which version (planner/membership.py): the failed set, the incarnation
+        # each worker's newest plan admits, the speeds planned for. Decided there; here
+        # carried out (local) or followed (with a service, whose plans say it).
+        self.members = Membership.start(self.D, self.S).with_speeds(job.speed)
         # Rejoins awaited: dead (or declared failed) workers with a --rejoin due.
         self.pending: dict[Worker, Rejoin] = {}
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
@@ -170,9 +176,8 @@ class Coordinator:
         self.iteration_end: dict[int, float] = {}
         self.events: list[str] = []
         self.faults = Injector(kills, stalls, self.event)
-        # Stragglers (planner/speeds.py): speeds in force (the spec's own, if any), and the
-        # detector fed by the workers' compute times, which re-plans when they change.
-        self.speeds = job.speed
+        # Stragglers (planner/speeds.py): the detector fed by the workers' compute times,
+        # which re-plans (Membership.measured) when they change.
         # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
         # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
         self.detector = SpeedDetector(self.D, self.S, persist=2) if detect_stragglers else None
@@ -212,9 +217,8 @@ class Coordinator:
             elif w not in self.failed:  # the plan in force admits a process that is gone
                 self.service.report_failure(w, self.plan.incarnation(*w), self.run_id, why)
         elif w not in self.failed:
-            self.failed.add(w)
             self.done.pop(w, None)
-            self.publish()
+            self.decide(*self.members.fail(w))
         self.restart(w)
 
     def restart(self, w: Worker) -> None:
@@ -289,12 +293,31 @@ class Coordinator:
         if final:
             plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
         else:
-            plan = solve(with_speeds(self.job, self.speeds), sorted(self.failed),
-                         solver=self.solver, mode=self.mode)  # may raise NoPlanError
-            plan = plan.stamped(self.version + 1, self.incs)
+            return self.decide(*self.members.first())
+        self.version, self.plan = plan.version, plan
+        publish_plan(self.store, plan)
+        self.record.published(plan)
+
+    def decide(self, members: Membership, decision) -> None:
+        """Carry out a membership decision (local mode): plan and publish, or halt."""
+        self.members = members
+        if isinstance(decision, Halt):
+            raise Halted(decision.reason)
+        if not isinstance(decision, Publish):
+            return
+        if decision.same_plan and self.plan is not None:
+            plan = self.plan
+        else:
+            plan = solve(with_speeds(self.job, members.speeds), list(decision.failed),
+                         solver=self.solver, mode=self.mode)
+        plan = plan.stamped(decision.version, decision.incarnation_rows())
         self.version, self.plan, self.suspect_since = plan.version, plan, None
         publish_plan(self.store, plan)
         self.record.published(plan)
+
+    @property
+    def failed(self) -> frozenset:
+        return self.members.failed
 
     def follow(self) -> None:
         """Service mode: take the newest plan the service published."""
@@ -303,7 +326,8 @@ class Coordinator:
             return
         self.version, self.plan = plan.version, plan
         self.record.published(plan)
-        self.failed = {tuple(w) for w in plan.failed}
+        self.members = Membership.start(self.D, self.S, [tuple(w) for w in plan.failed],
+                                        plan.incarnations, plan.version)
         for w in self.failed:
             self.done.pop(w, None)
         for w in list(self.pending):  # the service admitted the restarted process
@@ -354,7 +378,7 @@ class Coordinator:
                 # 5 ms: with many workers each message would otherwise cost a whole tick.
                 self.mailbox.wait(0.02)
                 time.sleep(max(0.0, began + 0.005 - time.monotonic()))
-        except NoPlanError as exc:
+        except (NoPlanError, Halted) as exc:
             return self.halt(str(exc))
         finally:
             self.mailbox.close()
@@ -395,15 +419,14 @@ class Coordinator:
             # out one comm timeout first, so a worker still blocked in the old version can
             # reach the new one; re-publishing sooner let workers chase versions forever.
             self.event(f"suspect reported under plan v{self.version} but no worker died: re-publishing")
-            self.publish()
+            self.decide(*self.members.resync(self.version))
         if self.detector is not None and self.service is None:
             grid = self.detector.update()
             if grid is not None:
                 slow = {f"{d}:{s}": v for d, row in enumerate(grid) for s, v in enumerate(row)
                         if v != 1.0}
                 self.event(f"measured speeds changed: {slow or 'all nominal'}: re-planning")
-                self.speeds = grid
-                self.publish()
+                self.decide(*self.members.measured(grid))
         vals = [self.done[w][0] for w in self.live() if w in self.done]
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
             # only the coordinator moves the counter: add the difference (one round trip)
@@ -454,7 +477,7 @@ class Coordinator:
         elif kind == "suspect":
             if m["v"] == self.version and self.suspect_since is None:
                 self.suspect_since = time.monotonic()
-        elif kind == "ready" and self.service is None and m["inc"] > self.incs[w[0]][w[1]]:
+        elif kind == "ready" and self.service is None and m["inc"] > self.members.incarnation(w):
             # A newer process of w asks in: its predecessor is dead (or w was failed).
             if w not in self.failed:  # (torchrun restarted it) that death is news: a failure
                 self.died(w, f"a new process, incarnation {m['inc']}, replaced it")
@@ -466,18 +489,16 @@ class Coordinator:
         entered the plan that has `w` failed. Only a process still alive is admitted: one
         that died meanwhile would be waited for."""
         p = self.procs.get(w)
-        if (p is not None and p.exitcode is not None) or inc <= self.incs[w[0]][w[1]]:
+        if (p is not None and p.exitcode is not None) or inc <= self.members.incarnation(w):
             self.asking.pop(w, None)
             return
         if not self.reached(-1):
             return
         self.asking.pop(w, None)
-        self.incs[w[0]][w[1]] = inc
-        self.failed.discard(w)
         self.admitted(w)
         self.event(f"worker {wkey(w)} is back (incarnation {inc}): publishing the plan that "
                    "includes it")
-        self.publish()
+        self.decide(*self.members.recover(w, inc))
 
     def check_heartbeats(self) -> None:
         """External workers: a heartbeat older than 3 x --timeout is a death; once a peer
@@ -488,7 +509,7 @@ class Coordinator:
         for w in self.live():
             if self.store.check([f"hb/{wkey(w)}"]):
                 t, _, inc = self.store.get(f"hb/{wkey(w)}").decode().split()
-                if int(inc) == self.incs[w[0]][w[1]] and time.time() - float(t) > limit:
+                if int(inc) == self.members.incarnation(w) and time.time() - float(t) > limit:
                     self.died(w, f"heartbeat stopped {time.time() - float(t):.1f} s ago")
 
     def complete(self) -> bool:
