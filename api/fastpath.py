@@ -28,7 +28,7 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from api.hotpath.encode import PARTS, whole_plan
-from api.service import ApiError
+from api.jobs.runtime import ApiError
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
