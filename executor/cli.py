@@ -99,8 +99,8 @@ def train_cmd(
     from rich.console import Console
 
     from executor.checkpoint import read_checkpoint
-    from executor.launch.faults import check_faults, parse_slow
-    from executor.launch.launcher import parse_event, parse_stall, train
+    from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
+    from executor.launch.launcher import train
     from executor.inputs.train_options import check_local_workers, check_train_options, grid_of
     from executor.inputs.train_options import check_training, resume_changes
     from planner.inputs.limits import check_plannable, load_spec

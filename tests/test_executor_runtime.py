@@ -20,7 +20,8 @@ from rich.console import Console
 
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store
-from executor.launch.launcher import parse_event, parse_stall, train
+from executor.launch.faults import parse_event, parse_stall
+from executor.launch.launcher import train
 from executor.launch.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
