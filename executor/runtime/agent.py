@@ -36,7 +36,6 @@ import torch
 from executor.checkpoint import load_stage
 from executor.checkpoint.part_writer import PartWriter
 from executor.runtime.batches import Batches
-from executor.runtime import comm
 from executor.runtime.comm import CommError, Superseded, World
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
@@ -44,44 +43,18 @@ from executor.compute.reference import checksum
 from executor.compute.stage import StageCompute
 from executor.runtime.compute_clock import ComputeClock
 from executor.runtime.interpreter import FAULT, StageSteps, run_steps, with_fault_point
+from executor.runtime.grad_sum import allreduce_grads
+from executor.runtime.model_error import ModelError, own_log
+from executor.runtime.role import Role, next_role
+from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
 from executor.runtime.stepper import StageStepper
 from executor.runtime.wire import ActivationSpecError
 from planner.job import JobSpec
-from planner.lowering import BWD, FWD, Op, Step, lower
+from planner.lowering import Op, lower
 from planner.plan import Plan, WorkerPlan
 
 
 HOST = socket.gethostname()
-COMM_DIRECTION = {FWD: comm.FWD, BWD: comm.BWD}  # a step's direction as the World's tag
-
-
-class _WorldTransport:
-    """RECV and SEND steps over the plan version's World (gloo/NCCL point-to-point)."""
-
-    def __init__(self, world: World, it: int):
-        self.world, self.it = world, it
-
-    def recv(self, st: Step):
-        fn = self.world.recv_activation if st.direction == FWD else self.world.recv_grad
-        return fn(st.boundary, st.peer, self.it, st.microbatch)
-
-    def send(self, st: Step, value) -> None:
-        fn = self.world.send_activation if st.direction == FWD else self.world.send_grad
-        fn(value, st.boundary, st.peer, self.it, st.microbatch)
-
-
-class ModelError(Exception):
-    """The model's own code (its forward, loss, backward or data) raised: the same code
-    runs on every replica, so no plan can route around it; the run halts naming it."""
-
-
-def own_log() -> Optional[str]:
-    """The file this process's output goes to (the worker's log), if it is a file."""
-    try:
-        path = os.readlink("/proc/self/fd/1")
-    except OSError:
-        return None
-    return path if os.path.isfile(path) else None
 
 
 class Agent:
@@ -164,10 +137,10 @@ class Agent:
             while True:
                 plan = plan or self._await_plan()
                 role = self._role(plan)
-                if role == "wait":
+                if role is Role.WAIT:
                     plan = None
                     continue
-                if role == "stop":
+                if role is Role.STOP:
                     self.leaving = True
                     return 0
                 try:
@@ -210,32 +183,21 @@ class Agent:
             pass
         return 2
 
-    def _role(self, plan: Plan) -> str:
-        """Membership (docs/executor.md): 'enter' the plan if it admits this very process,
-        'wait' for a newer one if it predates us, 'stop' if we are fenced out or done."""
+    def _role(self, plan: Plan) -> Role:
+        """Membership (docs/executor.md): what this process does with `plan` (next_role),
+        with its side effects: the log line, and asking once per version to be admitted."""
         self.version = self.source.version = plan.version
-        if not plan.workers:
-            self.log(f"training complete (plan v{plan.version})")
-            return "stop"
-        named = plan.incarnation(*self.me)
-        listed = plan.worker(*self.me) is not None
-        if listed and named == self.inc:
-            return "enter"
-        if (listed and named > self.inc) or (self.entered and not listed):
-            why = (f"incarnation {named} replaced us" if listed
-                   else f"declared failed (failed {plan.failed})")
-            self.log(f"not in plan v{plan.version}: {why}: stopping")
-            return "stop"
-        # The plan does not know this process yet: it lists our predecessor (which is dead:
-        # we would not run otherwise) or has us failed. Ask once per version to be admitted;
-        # whoever publishes answers with a plan that names this incarnation.
-        self.fresh = True  # the others train on without us: our state must come from a peer
-        if plan.version > self._asked:
-            self._asked = plan.version
-            self.log(f"waiting to be admitted (plan v{plan.version} names incarnation "
-                     f"{named if listed else '-'})")
-            self.source.rejoin(plan.version)
-        return "wait"
+        role, why = next_role(plan, self.me, self.inc, self.entered)
+        if role is Role.STOP:
+            self.log(f"training complete (plan v{plan.version})" if not plan.workers
+                     else f"not in plan v{plan.version}: {why}: stopping")
+        elif role is Role.WAIT:
+            self.fresh = True  # the others train on without us: our state comes from a peer
+            if plan.version > self._asked:
+                self._asked = plan.version
+                self.log(f"waiting to be admitted (plan v{plan.version} {why})")
+                self.source.rejoin(plan.version)
+        return role
 
     def _heartbeats(self) -> None:
         while True:
@@ -358,7 +320,7 @@ class Agent:
         self._recvs = [(k, st) for k, st in enumerate(steps) if st.op is Op.RECV]
         self._ahead = 0
         stage = StageSteps(self.compute, self.me[1], self.S, lambda g: self._batch(it, g),
-                           _WorldTransport(self.world, it),
+                           WorldTransport(self.world, it),
                            lambda what, g, fn, *a: self._model(what, g, it, fn, *a))
         table = {**stage.table(), Op.ALLREDUCE: lambda st: self._allreduce(),
                  Op.OPT: lambda st: self._step(it, sync), FAULT: lambda st: self._fault(it)}
@@ -405,37 +367,12 @@ class Agent:
             raise ModelError(f"in its {what} of micro-batch {g}, iteration {it}") from exc
 
     def _allreduce(self) -> None:
-        """ALLREDUCE: sum the stage's gradients over its live peers (the OPT step follows).
-        On the last stage the per-micro-batch losses ride along in the same all-reduce
-        (each g has one contributor, so the sum is exact): every last-stage peer that
-        stepped can report all of the iteration's losses, even if the peer that computed
-        some of them dies right after. A stage with one live worker has nothing to sum:
-        no flattening, no copy back. Either way a parameter without a gradient steps on
-        zeros, as it does with peers (the sum needs a tensor): the update must not depend
-        on how many workers a stage has left."""
+        """ALLREDUCE: the stage's gradients summed over its live peers (the OPT follows)."""
         self.clock.step_begins()
-        params = self.params
         last = self.me[1] == self.S - 1
-        if self.world.stage_size == 1:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            losses = self.compute.losses() if last else {}
-        else:
-            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                     for p in params]
-            if last:
-                lv = torch.zeros(self.job.num_microbatches, device=self.device)
-                for g, v in self.compute.losses().items():
-                    lv[g] = v
-                parts.append(lv)
-            flat = self.world.allreduce_stage(torch.cat(parts))
-            off = 0
-            for p in params:  # views of the summed buffer: it is ours, no copy needed
-                p.grad = flat[off:off + p.numel()].view_as(p)
-                off += p.numel()
-            losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
-        self._losses = losses
+        self._losses = allreduce_grads(self.params, self.world,
+                                       self.compute.losses() if last else None,
+                                       self.job.num_microbatches, self.device)
 
     def _step(self, it: int, sync: bool) -> None:
         """OPT: snapshot, AdamW step, report the iteration (and its losses) done."""
