@@ -125,3 +125,20 @@ def test_any_sequence_keeps_the_invariants(seq):
             for s in range(S):
                 assert new.incarnation((r, s)) >= m.incarnation((r, s))
         m = new
+
+
+# ---- the worker's side: what a process does with a plan (executor/runtime/role.py) ------
+def test_next_role_enters_waits_or_stops():
+    from executor.runtime.role import Role, next_role
+    from planner.job import JobSpec
+    from planner.solvers.backends import solve
+    plan = solve(JobSpec.uniform(2, 2, 2), [(1, 0)]).stamped(3, [[1, 1], [2, 1]])
+    assert next_role(plan, (0, 0), 1, False)[0] is Role.ENTER
+    assert next_role(plan, (1, 0), 2, False) == (Role.WAIT, "names incarnation -")  # failed: ask in
+    assert next_role(plan, (1, 0), 2, True)[0] is Role.STOP  # was in, now declared failed
+    assert next_role(plan, (1, 1), 2, False) == (Role.WAIT, "names incarnation 1")  # predecessor
+    assert next_role(plan, (0, 1), 1, True)[0] is Role.ENTER
+    newer = plan.stamped(4, [[3, 1], [2, 1]])
+    assert next_role(newer, (0, 0), 1, True) == (Role.STOP, "incarnation 3 replaced us")
+    done = plan.model_copy(update={"workers": []})
+    assert next_role(done, (0, 0), 1, True)[0] is Role.STOP
