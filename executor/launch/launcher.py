@@ -1,36 +1,14 @@
 """`train`: one process per (replica, stage) and the in-process coordinator.
 
-The coordinator hosts the TCPStore, plans with planner.solvers.backends.solve and publishes
-versioned plans into the store (rendezvous.py). Failure detection, in order of speed:
-  1. the worker's process exits (poll of the child; a SIGKILL shows up within a loop tick);
-  2. a peer's comm op fails ('connection closed' or a timeout) and it reports a suspect:
-     the coordinator re-publishes (same failed set if nobody died) so every worker
-     re-syncs under a new version instead of waiting forever;
-  3. external workers (torchrun): heartbeat older than hb_timeout.
-Injected faults (faults.py): --kill R:S@I really SIGKILLs the worker when it reports it is
-halfway through its actions of iteration I, --stall R:S@I:SECONDS SIGSTOPs it there and
-SIGCONTs it later (a hang without a death: peers time out and report it, the coordinator
-re-publishes, the late worker catches up with the newest plan);
---rejoin R:S@I: each entry is consumed by one death of that worker (the earliest pending
-entry first), so a worker can be killed and rejoined several times. A death is always a
-failure event first (a plan without the worker, published here or, with a service,
-reported to it): the survivors train re-routed. The new process (next incarnation) is
-started when the run reaches I, i.e. every live worker has completed I-1 under the plan
-in force (--restart R:S@I: as soon as the death is in a plan), and asks to be admitted;
-the plan naming it is published on that request (it loads its state from a live peer
-while entering, see agent.py). Meanwhile the coordinator holds iteration I (store key
-`hold`): the others wait before it for that plan, and the hold is released on admission,
-on the new process's death, or a deadline after its start, by the coordinator only.
-Checkpoints (executor/checkpoint/, torch.distributed.checkpoint): one writer per stage saves
-its part every `ckpt_every` iterations; the coordinator completes a checkpoint (writes its
-manifest) once all parts and losses are in. Losing every replica of a stage halts and
-names the newest complete checkpoint, which `resume` continues from.
-
-With a service (`service=ServiceWatch`, service_source.py) the coordinator does not plan:
-workers poll, heartbeat and report suspects to the service, whose plans the coordinator
-only follows. A process exit it sees is posted to the service as a failure event at once
-(no heartbeat timeout), and a due rejoin restarts the worker once the service's plan has
-it failed (the new process posts its recovery event itself).
+The coordinator hosts the TCPStore (rendezvous.py), watches its workers and drives the
+run's membership (planner/membership.py decides; publishing.py plans and publishes, or
+follows the plan service with --service). Deaths are seen, fastest first, as a process
+exit, a peer's suspect (a re-published version if nobody died), or, for external
+(torchrun'd) workers, a stopped heartbeat. A death is a failure event at once; a due
+--rejoin/--restart brings the worker back later (admission.py, rejoins.py). Injected
+faults are faults.py's, the workers' messages messages.py's, losses losses.py's, and the
+end of a run, complete or halted with the newest checkpoint, ending.py's. The rules are in
+docs/executor.md ("Who is in which plan version").
 """
 from __future__ import annotations
 
@@ -49,19 +27,20 @@ from executor.checkpoint import CheckpointStore, read_checkpoint
 from executor.runtime.comm import host_store
 from executor.launch.faults import Injector
 from executor.compute.model import ModelConfig
+from executor.launch.admission import Admission
 from executor.launch.ending import RunEnd, TrainResult
 from executor.launch.losses import LossBook
 from executor.launch.messages import HANDLERS
-from executor.launch.rejoins import Rejoin, RejoinBook
+from executor.launch.publishing import Halted, Publishing
+from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
 from executor.worker import child as worker_child
 from executor.launch.progress_lines import ProgressLines
-from executor.runtime.rendezvous import Mailbox, publish_plan, read_int, set_counter, wkey
-from planner.solvers.backends import solve
+from executor.runtime.rendezvous import Mailbox, wkey
 from planner.failures import NoPlanError
 from planner.job import JobSpec
-from planner.membership import Halt, Membership, Publish
-from planner.speeds import SpeedDetector, with_speeds
+from planner.membership import Membership
+from planner.speeds import SpeedDetector
 from planner.solvers.timeline import Mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -72,11 +51,7 @@ Worker = tuple[int, int]
 SILENT_AFTER_SUSPECT_S = 2.0
 
 
-class Halted(Exception):
-    """The membership leaves no plan (planner/membership.py Halt): the run stops."""
-
-
-class Coordinator(RunEnd):
+class Coordinator(Admission, Publishing, RunEnd):
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
                  run_dir=None, checkpoint_dir=None,
@@ -196,105 +171,6 @@ class Coordinator(RunEnd):
             self.decide(*self.members.fail(w))
         self.restart(w)
 
-    def restart(self, w: Worker) -> None:
-        """Consume the earliest --rejoin/--restart of `w`, if any (one entry per death);
-        the process starts later, in spawn_due()."""
-        line = self.rejoins.consume(w, time.monotonic())
-        if line is not None:
-            self.event(line)
-            self.update_hold()
-
-    def returning(self, w: Worker, rejoin: Rejoin) -> bool:
-        """May `w`'s next process start now? Only once the plan in force has `w` failed
-        (its death is a failure event first) and its old process has exited; for --rejoin,
-        also once every live worker has completed the iteration before the rejoin's under
-        that plan, so the iterations in between train re-routed, every time."""
-        p = self.procs.get(w)
-        if w not in self.failed or (p is not None and p.exitcode is None):
-            return False
-        return rejoin.asap or self.reached(rejoin.iteration - 1)
-
-    def reached(self, iteration: int) -> bool:
-        """Every live worker has entered the plan in force and completed `iteration`."""
-        return all(self.done.get(x, (-1, -1))[1] >= self.version
-                   and self.done[x][0] >= iteration for x in self.live())
-
-    def spawn_due(self) -> None:
-        for w, rejoin in self.rejoins.to_spawn(self.returning):
-            self.event(f"restarting worker {wkey(w)} to rejoin at iteration {rejoin.iteration}")
-            self.spawn(w)
-            rejoin.spawned = time.monotonic()
-            self.record.restarts_at.append((time.time(), w, rejoin.iteration))
-
-    def admitted(self, w: Worker) -> None:
-        if self.rejoins.drop(w):
-            self.update_hold()
-
-    def update_hold(self) -> None:
-        """Workers wait before the earliest iteration a pending rejoin is due at."""
-        for line in self.rejoins.expire(time.monotonic()):
-            self.event(line)
-        set_counter(self.store, "hold", self.rejoins.hold())
-
-    # ---- plans ------------------------------------------------------------------------
-    def publish(self, final: bool = False) -> None:
-        if self.service is not None:
-            if final:  # first the service (so exiting workers are not declared failed)
-                self.service.finish(self.console)
-                return self.store.set("finished", "1")
-            return self.follow()
-        if final:
-            plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
-        else:
-            return self.decide(*self.members.first())
-        self.version, self.plan = plan.version, plan
-        publish_plan(self.store, plan)
-        self.record.published(plan)
-
-    def decide(self, members: Membership, decision) -> None:
-        """Carry out a membership decision (local mode): plan and publish, or halt."""
-        self.members = members
-        if isinstance(decision, Halt):
-            raise Halted(decision.reason)
-        if not isinstance(decision, Publish):
-            return
-        if decision.same_plan and self.plan is not None:
-            plan = self.plan
-        else:
-            plan = solve(with_speeds(self.job, members.speeds), list(decision.failed),
-                         solver=self.solver, mode=self.mode)
-        plan = plan.stamped(decision.version, decision.incarnation_rows())
-        self.version, self.plan, self.suspect_since = plan.version, plan, None
-        publish_plan(self.store, plan)
-        self.record.published(plan)
-
-    @property
-    def failed(self) -> frozenset:
-        return self.members.failed
-
-    def follow(self) -> None:
-        """Service mode: take the newest plan the service published."""
-        plan = self.service.plan
-        if plan.version == self.version:
-            return
-        self.version, self.plan = plan.version, plan
-        self.record.published(plan)
-        self.members = Membership.start(self.D, self.S, [tuple(w) for w in plan.failed],
-                                        plan.incarnations, plan.version)
-        for w in self.failed:
-            self.done.pop(w, None)
-        for w in list(self.rejoins.pending):  # the service admitted the restarted process
-            if (plan.worker(*w) is not None
-                    and plan.incarnation(*w) == read_int(self.store, f"inc/{wkey(w)}")):
-                self.admitted(w)
-        for w in self.failed:  # declared failed while its process lives on (a stall)
-            if self.rejoins.await_failed(w):
-                self.update_hold()
-        self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
-
-    def live(self) -> list[Worker]:
-        return [w.key for w in self.plan.workers if w.key not in self.failed]
-
     # ---- main loop ---------------------------------------------------------------------
     def run(self) -> TrainResult:
         try:
@@ -407,22 +283,6 @@ class Coordinator(RunEnd):
             if self.service is not None:  # the live page's progress (service_source.py)
                 self.service.report_progress(i, self.losses.loss(i), self.lines.tokens,
                                              self.iterations, now)
-
-    def admit(self, w: Worker, inc: int) -> None:
-        """Publish the plan admitting incarnation `inc` of `w` once every survivor has
-        entered the plan that has `w` failed. Only a process still alive is admitted: one
-        that died meanwhile would be waited for."""
-        p = self.procs.get(w)
-        if (p is not None and p.exitcode is not None) or inc <= self.members.incarnation(w):
-            self.asking.pop(w, None)
-            return
-        if not self.reached(-1):
-            return
-        self.asking.pop(w, None)
-        self.admitted(w)
-        self.event(f"worker {wkey(w)} is back (incarnation {inc}): publishing the plan that "
-                   "includes it")
-        self.decide(*self.members.recover(w, inc))
 
     def check_heartbeats(self) -> None:
         """External workers: a heartbeat older than 3 x --timeout is a death; once a peer
