@@ -12,7 +12,7 @@ import typer
 from click.core import ParameterSource
 
 from planner.commands.cli_errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN, user_errors
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 
 def register(app: typer.Typer) -> None:

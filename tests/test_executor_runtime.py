@@ -78,7 +78,7 @@ def test_one_worker_sigkilled_mid_iteration(tmp_path):
 
 def test_fused_backward_synchronous_plans_with_a_kill(tmp_path):
     """`recycle train --no-split --sync`: plans of B actions, same exactness."""
-    from planner.solvers.timeline import Mode
+    from planner.plan import Mode
     res = run(tmp_path, 2, 2, 3, kills=[(1, 0, 1)], mode=Mode(split_backward=False, staggered=False))
     assert_exact(res, 2, 2, 3, tmp_path)
     assert "fused B, synchronous optimizer) at iteration 1" in logs(tmp_path)

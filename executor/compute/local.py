@@ -38,7 +38,7 @@ from executor.runtime.stepper import StageStepper
 from planner.lowering import WORK, Op, Step, lower
 from planner.solvers.backends import solve
 from planner.plan import Plan
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 Key = tuple[int, int]  # (replica, stage)
 Event = Union[Plan, Sequence[Sequence[int]]]

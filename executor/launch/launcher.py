@@ -41,7 +41,7 @@ from planner.failures import NoPlanError
 from planner.job import JobSpec
 from planner.membership import Membership
 from planner.speeds import SpeedDetector
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 Worker = tuple[int, int]
