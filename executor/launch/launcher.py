@@ -27,6 +27,7 @@ from executor.checkpoint import CheckpointStore, read_checkpoint
 from executor.runtime.comm import host_store
 from executor.launch.faults import Injector
 from executor.compute.model import ModelConfig
+from executor.inputs.run_config import save_config
 from executor.launch.admission import Admission
 from executor.launch.ending import RunEnd, TrainResult
 from executor.launch.losses import LossBook
@@ -57,7 +58,7 @@ class Coordinator(Admission, Publishing, RunEnd):
                  run_dir=None, checkpoint_dir=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
                  deadline_s=None, service=None, mode: Mode = Mode(), device="auto",
-                 model: str = "gpt"):
+                 model: str = "gpt", run_config=None):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
@@ -68,6 +69,8 @@ class Coordinator(Admission, Publishing, RunEnd):
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
         os.makedirs(self.run_dir, exist_ok=True)
+        if run_config is not None:  # RUN_DIR/run.toml: `recycle train --config` repeats it
+            save_config(run_config, self.run_dir)
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
                                            dict(cfg.to_dict(), workload=model),
