@@ -6,7 +6,6 @@ batches, within 1e-5, whatever failed on the way.
 """
 import glob
 import io
-import json
 import multiprocessing
 import os
 import threading
@@ -139,9 +138,9 @@ def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
 
 
 def _config(job, timeout):
-    return json.dumps({"model": CFG.to_dict(), "job": job.model_dump(mode="json"),
-                       "iterations": 1, "timeout": timeout, "ckpt_dir": None, "resume": None,
-                       "local_workers": job.replicas * job.stages, "run_id": "t"})
+    from executor.inputs.worker_settings import WorkerSettings
+    return WorkerSettings(CFG, job, 1, "t", timeout=timeout,
+                          local_workers=job.replicas * job.stages).to_json()
 
 
 def test_world_rendezvous_follows_a_newer_plan(tmp_path):

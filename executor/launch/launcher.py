@@ -12,7 +12,6 @@ docs/executor.md ("Who is in which plan version").
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
 import sys
@@ -28,6 +27,7 @@ from executor.runtime.comm import host_store
 from executor.launch.faults import Injector
 from executor.compute.model import ModelConfig
 from executor.inputs.run_config import save_config
+from executor.inputs.worker_settings import WorkerSettings
 from executor.launch.admission import Admission
 from executor.launch.ending import RunEnd, TrainResult
 from executor.launch.losses import LossBook
@@ -94,15 +94,13 @@ class Coordinator(Admission, Publishing, RunEnd):
                                f"{self.store.port} torchrun ... -m executor.torchrun",
                                soft_wrap=True)
         self.run_id = uuid.uuid4().hex[:8]
-        self.store.set("config", json.dumps({
-            "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
-            "workload": model,  # --model NAME: every worker loads the same Workload
-            "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
-            "resume": resume, "device": device, "local_workers": None if external else len(self.workers),
-            "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],
-            "slows": [list(k) for k in slows],
-            "run_id": self.run_id,
-            "service": service.worker_config() if service else None}))
+        self.store.set("config", WorkerSettings(
+            cfg, job, iterations, self.run_id, workload=model, timeout=timeout,
+            ckpt_dir=self.ckpt_dir, ckpt_every=ckpt_every, resume=resume, device=device,
+            local_workers=None if external else len(self.workers),
+            kills=[list(k) for k in kills], stalls=[list(k) for k in stalls],
+            slows=[list(k) for k in slows],
+            service=service.worker_config() if service else None).to_json())
         self.mailbox = Mailbox(self.store)
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.reaped: set[int] = set()  # pids whose exit has been handled
