@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-import sys
 import tempfile
 import time
 import uuid
@@ -32,10 +31,10 @@ from executor.launch.admission import Admission
 from executor.launch.ending import RunEnd, TrainResult
 from executor.launch.losses import LossBook
 from executor.launch.messages import HANDLERS
+from executor.launch.processes import Processes
 from executor.launch.publishing import Halted, Publishing
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
-from executor.worker import child as worker_child
 from executor.launch.progress_lines import ProgressLines
 from executor.runtime.rendezvous import Mailbox, wkey
 from planner.failures import NoPlanError
@@ -44,15 +43,10 @@ from planner.membership import Membership
 from planner.speeds import SpeedDetector
 from planner.plan import Mode
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 Worker = tuple[int, int]
-# External workers heartbeat every 0.5 s: once a peer has reported a suspect, a worker
-# silent this long is dead (torchrun restarting its node), not slow, so the survivors train
-# re-routed instead of waiting out 3 x --timeout for the restart.
-SILENT_AFTER_SUSPECT_S = 2.0
 
 
-class Coordinator(Admission, Publishing, RunEnd):
+class Coordinator(Processes, Admission, Publishing, RunEnd):
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
                  run_dir=None, checkpoint_dir=None,
@@ -132,21 +126,6 @@ class Coordinator(Admission, Publishing, RunEnd):
         # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
         # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
         self.detector = SpeedDetector(self.D, self.S, persist=2) if detect_stragglers else None
-
-    # ---- processes ----------------------------------------------------------------------
-    def spawn(self, w: Worker) -> None:
-        """A worker process: forked from a forkserver that has torch imported (real, separate
-        processes; the same entry point as `python -m executor.worker`)."""
-        if ROOT not in sys.path:
-            sys.path.insert(0, ROOT)
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["executor.worker"])
-        p = ctx.Process(target=worker_child, name=f"recycle-worker-{wkey(w)}", args=(
-            f"127.0.0.1:{self.store.port}", w[0], w[1],
-            os.path.join(self.run_dir, f"worker-{w[0]}-{w[1]}.log"),
-            self.service.token if self.service else None))
-        p.start()
-        self.procs[w] = p
 
     def event(self, msg: str) -> None:
         self.events.append(msg)
@@ -285,17 +264,6 @@ class Coordinator(Admission, Publishing, RunEnd):
                 self.service.report_progress(i, self.losses.loss(i), self.lines.tokens,
                                              self.iterations, now)
 
-    def check_heartbeats(self) -> None:
-        """External workers: a heartbeat older than 3 x --timeout is a death; once a peer
-        has reported a suspect, one older than SILENT_AFTER_SUSPECT_S is."""
-        limit = 3 * self.timeout
-        if self.suspect_since is not None:
-            limit = min(limit, SILENT_AFTER_SUSPECT_S)
-        for w in self.live():
-            if self.store.check([f"hb/{wkey(w)}"]):
-                t, _, inc = self.store.get(f"hb/{wkey(w)}").decode().split()
-                if int(inc) == self.members.incarnation(w) and time.time() - float(t) > limit:
-                    self.died(w, f"heartbeat stopped {time.time() - float(t):.1f} s ago")
 
 
 def train(cfg: ModelConfig, replicas: int, stages: int, microbatches: int, iterations: int,
