@@ -3,11 +3,14 @@ ones say `bye`), the last checkpoint, the summary; or halted, with the newest ch
 resume from and a line that says why."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from executor.checkpoint import CheckpointStore, read_checkpoint
 from executor.compute.reference import Summary
+from executor.launch.losses import LossBook
 from executor.runtime.rendezvous import set_counter
 
 
@@ -26,6 +29,24 @@ class TrainResult:
 
 class RunEnd:
     """Mixed into the Coordinator (launcher.py): its store, workers, losses and record."""
+
+    def open_checkpoints(self, checkpoint_dir: Optional[str], model: str,
+                         resume: Optional[str]) -> Optional[str]:
+        """Where checkpoints go, and, resuming, the checkpoint's losses and first
+        iteration; returns the checkpoint resumed from (absolute) or None."""
+        job, cfg = self.job, self.cfg
+        self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
+        self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
+                                           dict(cfg.to_dict(), workload=model),
+                                           job=job.model_dump(mode="json"))
+        self.start, losses = 0, {}
+        if resume:
+            resume, man = read_checkpoint(resume, job, cfg, self.iterations, model)
+            resume = os.path.abspath(resume)
+            self.start = man.iteration + 1
+            losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
+        self.losses = LossBook(self.n, self.start, losses)
+        return resume
 
     def complete(self) -> bool:
         """Every iteration's losses are in, and every live worker reported the last one

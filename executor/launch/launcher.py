@@ -21,22 +21,19 @@ from typing import Optional, Sequence
 
 from rich.console import Console
 
-from executor.checkpoint import CheckpointStore, read_checkpoint
-from executor.runtime.comm import host_store
 from executor.launch.faults import Injector
 from executor.compute.model import ModelConfig
 from executor.inputs.run_config import save_config
 from executor.inputs.worker_settings import WorkerSettings
 from executor.launch.admission import Admission
 from executor.launch.ending import RunEnd, TrainResult
-from executor.launch.losses import LossBook
 from executor.launch.messages import HANDLERS
 from executor.launch.processes import Processes
 from executor.launch.publishing import Halted, Publishing
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
 from executor.launch.progress_lines import ProgressLines
-from executor.runtime.rendezvous import Mailbox, wkey
+from executor.runtime.rendezvous import wkey
 from planner.failures import NoPlanError
 from planner.job import JobSpec
 from planner.membership import Membership
@@ -65,37 +62,18 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
         os.makedirs(self.run_dir, exist_ok=True)
         if run_config is not None:  # RUN_DIR/run.toml: `recycle train --config` repeats it
             save_config(run_config, self.run_dir)
-        self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
-        self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
-                                           dict(cfg.to_dict(), workload=model),
-                                           job=job.model_dump(mode="json"))
         self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
-        self.start, losses = 0, {}
-        if resume:
-            resume, man = read_checkpoint(resume, job, cfg, iterations, model)
-            resume = os.path.abspath(resume)
-            self.start = man.iteration + 1
-            losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
-        self.losses = LossBook(self.n, self.start, losses)
+        resume = self.open_checkpoints(checkpoint_dir, model, resume)
         self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
-        # Loopback unless torchrun'd workers on other machines must reach it: the store has
-        # no authentication, so it never holds a secret (the service token travels apart).
-        self.store = host_store("0.0.0.0" if external else "127.0.0.1", store_port, timeout)
-        if external:  # the port actually bound (--store-port 0 picks a free one)
-            self.console.print(f"coordinator waiting for workers: RECYCLE_STORE=<this host>:"
-                               f"{self.store.port} torchrun ... -m executor.torchrun",
-                               soft_wrap=True)
-        self.run_id = uuid.uuid4().hex[:8]
-        self.store.set("config", WorkerSettings(
-            cfg, job, iterations, self.run_id, workload=model, timeout=timeout,
+        self.open_store(store_port, WorkerSettings(
+            cfg, job, iterations, uuid.uuid4().hex[:8], workload=model, timeout=timeout,
             ckpt_dir=self.ckpt_dir, ckpt_every=ckpt_every, resume=resume, device=device,
             local_workers=None if external else len(self.workers),
             kills=[list(k) for k in kills], stalls=[list(k) for k in stalls],
             slows=[list(k) for k in slows],
-            service=service.worker_config() if service else None).to_json())
-        self.mailbox = Mailbox(self.store)
+            service=service.worker_config() if service else None))
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.reaped: set[int] = set()  # pids whose exit has been handled
         self.lost_worker: Optional[Worker] = None

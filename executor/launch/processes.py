@@ -7,7 +7,9 @@ import os
 import sys
 import time
 
-from executor.runtime.rendezvous import wkey
+from executor.inputs.worker_settings import WorkerSettings
+from executor.runtime.comm import host_store
+from executor.runtime.rendezvous import Mailbox, wkey
 from executor.worker import child as worker_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -20,6 +22,20 @@ SILENT_AFTER_SUSPECT_S = 2.0
 
 class Processes:
     """Mixed into the Coordinator (launcher.py): its store, run dir and members."""
+
+    def open_store(self, port: int, settings: WorkerSettings) -> None:
+        """The run's TCPStore, with the workers' settings in it. Loopback unless torchrun'd
+        workers on other machines must reach it: the store has no authentication, so it
+        never holds a secret (the service token travels apart)."""
+        self.store = host_store("0.0.0.0" if self.external else "127.0.0.1", port,
+                                self.timeout)
+        if self.external:  # the port actually bound (--store-port 0 picks a free one)
+            self.console.print(f"coordinator waiting for workers: RECYCLE_STORE=<this host>:"
+                               f"{self.store.port} torchrun ... -m executor.torchrun",
+                               soft_wrap=True)
+        self.run_id = settings.run_id
+        self.store.set("config", settings.to_json())
+        self.mailbox = Mailbox(self.store)
 
     def spawn(self, w: Worker) -> None:
         """A worker process: forked from a forkserver that has torch imported (real, separate
