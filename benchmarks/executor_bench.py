@@ -1,4 +1,4 @@
-"""`recycle bench executor`: ReCycle's runtime against torch.distributed.pipelining.
+"""`python -m benchmarks.bench_executor`: ReCycle's runtime against torch.distributed.pipelining.
 
 One run, one model, one machine:
   1. profile the model (executor.compute.profile) for an S-stage split; the p2p delay is the
@@ -220,7 +220,7 @@ def run_executor_bench(out: str = "benchmarks/results/executor.md", *, stages: i
     S, M = stages, microbatches
     cfg = bench_config(model, d_model, n_layers, seq_len, micro_batch_size)
     wl = check_workload(model, cfg, S)  # ValueError (one line) if it does not load
-    command = "recycle bench executor " + shlex.join([
+    command = "python -m benchmarks.bench_executor " + shlex.join([
         *(["--model", model] if model != DEFAULT_MODEL else []),
         "--out", out, "--stages", str(S), "--microbatches", str(M), "--iterations", str(iterations),
         "--warmup", str(warmup),
