@@ -209,3 +209,32 @@ def test_shared_weight_under_bf16_autocast():
     for (n, p), q in zip(module.named_parameters(), ref.parameters()):
         err = (p.grad - q.grad).norm() / q.grad.norm().clamp_min(1e-12)
         assert err < 0.05, (n, float(err))
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_models_without_shared_weights_keep_one_plain_call_per_group(family, monkeypatch):
+    """The common case is untouched: no group of the GPT or Llama stages needs a first
+    hop, and W makes one engine call per group."""
+    from executor.compute import split_backward
+    from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
+    from executor.models import llama
+    from executor.models.flavours import LLAMA
+    wl = DEFAULT_WORKLOAD if family == "gpt" else llama.workload()
+    cfg = ModelConfig(n_layers=2) if family == "gpt" else \
+        ModelConfig(**LLAMA["debug"].shape(), micro_batch_size=2)
+    calls = []
+    real = split_backward._grad
+    monkeypatch.setattr(split_backward, "_grad", lambda *a: calls.append(1) or real(*a))
+    x, tgt = wl.microbatch(cfg, 0, 0)
+    comps = [StageCompute(wl.build_stage(cfg, s, 2), s == 0, s == 1, 1.0, wl.loss_fn)
+             for s in range(2)]
+    for c in comps:
+        x = c.forward(0, x, tgt if c.is_last else None)
+    grad = None
+    for c in reversed(comps):
+        grad = c.backward_input(0, grad)
+        groups = list(c._after_i[0][0].groups)  # W empties the list
+        assert groups and all(grp.kids is None for grp in groups)
+        calls.clear()
+        c.backward_weight(0)
+        assert len(calls) == len(groups)
