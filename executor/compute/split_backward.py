@@ -22,7 +22,14 @@ Why not call torch's two functions directly (their reverse_closure is reused):
   deferred) and is returned so the caller can report it once, by name;
 - torch analyses the graph on every micro-batch and makes one W call per group; here the
   analysis is keyed by the graph's structure and reused, and groups whose intermediates
-  cannot reach one another (q, k, v of one input) share one W call.
+  cannot reach one another (q, k, v of one input) share one W call;
+- a parameter used again further down the same stage (ALBERT's shared Linear, a head tied
+  to the embedding) joins the trunk at nodes one above another; a W call from all of them
+  (torch's, and this module's before) runs the trunk between them again and frees buffers
+  later W calls need ("backward through the graph a second time"). Here each upper use
+  first goes one hop, to the edges into the parameter's side that only it feeds, and the
+  group's call starts there (_nested); a use with no such edge of its own (a bias added
+  by both uses) is computed in I and reported.
 """
 from __future__ import annotations
 
