@@ -160,6 +160,14 @@ def test_shared_weights_are_deferred_and_w_reruns_nothing_of_i(case, deferred, c
     cls, first, last = CASES[case]
     module, ref = _make(cls)
     comp = StageCompute(module, first, last, SCALE, lm_loss)
+    # micro-batch 1 first: the first W of a graph structure also runs its Linear and norm
+    # groups through the engine, to check that the direct products give the same bits
+    # (executor/compute/direct_w.py); the FLOPs below are a later micro-batch's
+    with caplog.at_level(logging.WARNING, logger="recycle.compute"):
+        comp.forward(1, *_data(first, last, 1)[:2])
+        comp.backward_input(1, _data(first, last, 1)[2])
+    comp.backward_weight(1)
+    comp.zero_grad()
     x, tgt, msg = _data(first, last, 0)
     comp.forward(0, x, tgt)
     with caplog.at_level(logging.WARNING, logger="recycle.compute"), \

@@ -81,6 +81,12 @@ def test_flops_w_carries_the_weight_products_and_i_plus_w_is_one_backward(stage)
     comp = StageCompute(module, stage == 0, last, 1.0, wl.loss_fn)
     out = comp.forward(0, x, tgt)
     grad = None if last else torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    # the first W of a graph structure also runs its Linear groups through the engine, to
+    # check that the direct products give the same bits (direct_w): count a later one's
+    comp.backward_input(0, grad)
+    comp.backward_weight(0)
+    comp.zero_grad()
+    comp.forward(0, x, tgt)
     with FlopCounterMode(display=False) as fi:
         comp.backward_input(0, grad)
     with FlopCounterMode(display=False) as fw:
@@ -340,6 +346,10 @@ def test_sibling_projections_share_one_w_call():
     gen = torch.Generator().manual_seed(7)
     h = torch.randn(CFG.micro_batch_size, CFG.seq_len, CFG.d_model, generator=gen)
     grad = torch.randn(h.shape, generator=gen)
+    comp.forward(0, h)  # a first micro-batch: its W also checks direct_w against the engine
+    comp.backward_input(0, grad)
+    comp.backward_weight(0)
+    comp.zero_grad()
     comp.forward(0, h)
     with FlopCounterMode(display=False) as fi:
         gx = comp.backward_input(0, grad)

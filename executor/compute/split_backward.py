@@ -43,6 +43,8 @@ from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, Node
 from torch.distributed.pipelining._backward import reverse_closure
 
+from executor.compute import direct_w
+
 
 @dataclass
 class Group:
@@ -57,6 +59,9 @@ class Group:
     # -1) into the parameters' side that only this node feeds: W's first hop (_nested)
     kids: Optional[list] = None
     grads: list[tuple] = field(default_factory=list)  # per node, the captured gradients of outs
+    # (the plan's per-group list, this group's index): W without the engine (direct_w) if
+    # the list says so for this graph structure (None: not tried yet, False: engine)
+    direct: Optional[tuple] = None
 
 
 @dataclass
@@ -130,6 +135,7 @@ class _Plan:
     """plan_groups' answer in node indices of _walk's order and parameter indices."""
     groups: list[tuple]  # per W call: nodes, their outs, params, accs, kids
     stray: list[int]
+    direct: list = field(default_factory=list)  # per group: direct_w's recipe, False, None
 
 
 def _below(key: tuple, starts) -> set:
@@ -289,21 +295,29 @@ class GraphPlans:
             self._key = full_key
             self.analyses += 1
         plan = self._plan
+        if len(plan.direct) != len(plan.groups):
+            plan.direct = [None] * len(plan.groups)
         groups = [Group([self.params[i] for i in ps], [order[n] for n in nodes],
                         accs=[order[n] for n in accs], outs=outs,
                         kids=None if kids is None else
                         [None if ks is None else [(order[c], nr, i) for c, nr, i in ks]
-                         for ks in kids])
-                  for nodes, outs, ps, accs, kids in plan.groups]
+                         for ks in kids], direct=(plan.direct, j))
+                  for j, (nodes, outs, ps, accs, kids) in enumerate(plan.groups)]
         return groups, [self.params[i] for i in plan.stray]
 
 
-def accumulate(p: Tensor, g: Optional[Tensor]) -> None:
-    """AccumulateGrad's rule: the first gradient is taken, later ones added."""
+def accumulate(p: Tensor, g: Optional[Tensor], owned: bool = False) -> None:
+    """AccumulateGrad's rule: the first gradient is taken, later ones added. owned: g is a
+    new tensor nobody else holds; kept as is when it has p's layout (as AccumulateGrad
+    steals one), else copied: g may be a tensor others hold (a received gradient that
+    autograd passed through unchanged)."""
     if g is None:
         return
-    if p.grad is None:  # a copy: g may be a tensor others hold (a received gradient that
-        p.grad = torch.empty_like(p).copy_(g)  # autograd passed through unchanged)
+    if p.grad is None:
+        if owned and g.dtype == p.dtype and g.stride() == p.stride() and not g._is_view():
+            p.grad = g
+        else:
+            p.grad = torch.empty_like(p).copy_(g)
     else:
         p.grad.add_(g)
 
@@ -374,24 +388,50 @@ def _first_hops(grp: Group, roots: list, root_grads: list) -> None:
                 root_grads.append(g)
 
 
+def _engine_grads(grp: Group) -> list:
+    """grp's parameter gradients by the autograd engine (first hops included)."""
+    roots, root_grads = [], []
+    if grp.kids is None:
+        for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
+            for i, g in zip(outs, gs):
+                if g is not None:
+                    roots.append(GradientEdge(n, i))
+                    root_grads.append(g)
+    else:
+        _first_hops(grp, roots, root_grads)
+    if not roots:
+        return [None] * len(grp.params)
+    return list(_grad(roots, root_grads, [GradientEdge(a, 0) for a in grp.accs]))
+
+
+def _direct_or_engine(grp: Group) -> tuple[list, bool]:
+    """A group's gradients directly (direct_w) when its structure has proven bit-identical
+    to the engine's, else by the engine; the first micro-batch of a structure tries both.
+    Returns (gradients per parameter, whether they are new tensors nobody else holds)."""
+    if grp.direct is None:
+        return _engine_grads(grp), False
+    slot, j = grp.direct
+    state = slot[j]
+    if state:
+        return direct_w.compute(grp, state), True
+    if state is False:
+        return _engine_grads(grp), False
+    rec = direct_w.recipe(grp)
+    fast = direct_w.compute(grp, rec) if rec is not None else None  # before the engine
+    got = _engine_grads(grp)  # frees the saved tensors it used
+    slot[j] = rec if fast is not None and direct_w.same(fast, got) else False
+    return got, False
+
+
 def backward_weight(pending: PendingW) -> None:
     """W. Per group, autograd from the captured gradients into its parameters only (one
     call per group: a call from intermediates of a chain would re-run the trunk between
-    them; groups whose intermediates are siblings were merged into one). A group whose
+    them; groups whose intermediates are siblings were merged into one), or for a Linear's
+    or a norm's weights the same products without the engine (direct_w). A group whose
     parameter is used again further down the trunk first takes each upper use one hop,
     into edges only that use feeds (_nested), and starts its call from there."""
     for grp in pending.groups:
-        roots, root_grads = [], []
-        if grp.kids is None:
-            for n, outs, gs in zip(grp.nodes, grp.outs, grp.grads):
-                for i, g in zip(outs, gs):
-                    if g is not None:
-                        roots.append(GradientEdge(n, i))
-                        root_grads.append(g)
-        else:
-            _first_hops(grp, roots, root_grads)
-        if roots:
-            dws = _grad(roots, root_grads, [GradientEdge(a, 0) for a in grp.accs])
-            for p, g in zip(grp.params, dws):
-                accumulate(p, g)
+        grads, owned = _direct_or_engine(grp)
+        for p, g in zip(grp.params, grads):
+            accumulate(p, g, owned)
     pending.groups.clear()
