@@ -9,12 +9,15 @@ Per model and stage (the executor benchmark's shapes, benchmarks/executor_bench.
 bench_config), per micro-batch, the thread's CPU time on one torch thread of:
   fused B  StageCompute.backward_full under a fused plan (one autograd backward; what
            torch's Schedule1F1B runs);
-  ours     StageCompute.backward_input then backward_weight (executor/compute/split_backward.py);
+  ours     StageCompute.backward_input then backward_weight (executor/compute/split_backward.py;
+           W of Linear and norm groups without the engine, executor/compute/direct_w.py);
+  ours, engine W   the same with every W group through the autograd engine (as before
+           direct_w);
   torch    a plain forward, then stage_backward_input and stage_backward_weight, as
            torch's PipelineStage calls them for zero-bubble schedules; on the first stage
            (token ids need no grad) torch's split finds no trunk and would leave every
            weight without gradient, so there it is one plain backward in W, I empty.
-Each round runs the three in a rotating order on the same input and output gradient;
+Each round runs the four in a rotating order on the same input and output gradient;
 medians over rounds. "all stages" sums the stages' medians: the work of one micro-batch
 through the whole pipeline. Exactness: each split's parameter and input gradients
 against fused B's (max abs difference), and both splits on a parameter used twice in one
@@ -36,7 +39,7 @@ from benchmarks.executor_bench import bench_config
 from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 
-MECHS = ("fused B", "ours", "torch")
+MECHS = ("fused B", "ours", "ours, engine W", "torch")
 
 
 def _t() -> float:
@@ -61,6 +64,7 @@ class Stage:
         self.fused = StageCompute(self.module, self.first, self.last, 1.0, wl.loss_fn)
         self.fused.split = False
         self.ours = StageCompute(self.module, self.first, self.last, 1.0, wl.loss_fn)
+        self.engine = StageCompute(self.module, self.first, self.last, 1.0, wl.loss_fn)
 
     def run(self, mech: str) -> tuple[float, list, object]:
         """One micro-batch's backward by `mech`: (CPU seconds, parameter grads, input grad)."""
@@ -84,13 +88,16 @@ class Stage:
             dt = _t() - t0
             gx = None if self.first else dx[0]
         else:
-            comp = self.fused if mech == "fused B" else self.ours
+            comp = {"fused B": self.fused, "ours": self.ours}.get(mech, self.engine)
             comp.forward(0, self.x, self.y)
             t0 = _t()
             if mech == "fused B":
                 gx = comp.backward_full(0, self.grad)
             else:
                 gx = comp.backward_input(0, self.grad)
+                if comp is self.engine:  # no group takes the direct way
+                    plan = comp._plans._plan
+                    plan.direct = [False] * len(plan.groups)
                 comp.backward_weight(0)
             dt = _t() - t0
             comp._losses.clear()
@@ -113,13 +120,14 @@ def measure(model: str, stages: int, rounds: int) -> list[dict]:
         st = Stage(model, s, stages)
         ref = st.run("fused B")
         exact = {}
-        for m in ("ours", "torch"):
+        for m in MECHS[1:]:
             got = st.run(m)
             exact[m] = max(_diff(got[1], ref[1]),
                            0.0 if st.first else _diff([got[2]], [ref[2]]))
         times = {m: [] for m in MECHS}
+        k = len(MECHS)
         for r in range(rounds + 3):
-            order = MECHS[r % 3:] + MECHS[:r % 3]
+            order = MECHS[r % k:] + MECHS[:r % k]
             for m in order:
                 dt = st.run(m)[0]
                 if r >= 3:
@@ -193,22 +201,25 @@ def main() -> None:
              f"torch {torch.__version__}, CPU, 1 torch thread, {os.cpu_count()} cores shared "
              f"with other jobs (1-min load average {load0:.1f} at start, "
              f"{os.getloadavg()[0]:.1f} at the end). us of thread CPU time per micro-batch, "
-             f"median of {a.rounds} rounds, the three mechanisms in rotating order each round; "
+             f"median of {a.rounds} rounds, the mechanisms in rotating order each round; "
              f"S={a.stages}. exact: max abs difference of parameter (and input) gradients "
              "to fused B's.", "",
-             "| model | stage | fused B | ours I+W | / B | torch I+W | / B | exact ours | exact torch |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "| model | stage | fused B | ours I+W | / B | ours, engine W | / B | torch I+W | / B "
+             "| exact ours | exact engine W | exact torch |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for model in a.models:
         rs = [r for r in rows if r["model"] == model]
         for r in rs + [None]:
             if r is None:
-                b, o, t = (sum(x[k] for x in rs) for k in MECHS)
+                b, o, e, t = (sum(x[k] for x in rs) for k in MECHS)
                 lines.append(f"| {model} | all stages | {us(b)} | {us(o)} | {o / b:.2f} "
-                             f"| {us(t)} | {t / b:.2f} | | |")
+                             f"| {us(e)} | {e / b:.2f} | {us(t)} | {t / b:.2f} | | | |")
                 continue
-            b, o, t = (r[k] for k in MECHS)
-            lines.append(f"| {model} | {r['stage']} | {us(b)} | {us(o)} | {o / b:.2f} | {us(t)} "
-                         f"| {t / b:.2f} | {r['exact']['ours']:.1e} | {r['exact']['torch']:.1e} |")
+            b, o, e, t = (r[k] for k in MECHS)
+            ex = r["exact"]
+            lines.append(f"| {model} | {r['stage']} | {us(b)} | {us(o)} | {o / b:.2f} | {us(e)} "
+                         f"| {e / b:.2f} | {us(t)} | {t / b:.2f} | {ex['ours']:.1e} "
+                         f"| {ex['ours, engine W']:.1e} | {ex['torch']:.1e} |")
     lines += ["", "Parameter used twice in one stage (ALBERT block of tests/test_shared_weights.py), "
               f"gradients against autograd's: ours {shared['ours']}; torch {shared['torch']}.", ""]
     text = "\n".join(lines)

@@ -13,6 +13,7 @@ layout rule, addmm's beta, mul's other operand, then sum_to the parameter's shap
     MmBackward0      trunk on mat1, the parameter on mat2 (directly or through .t())
     AddmmBackward0   the same, plus a bias on `self` (alpha = beta = 1)
     MulBackward0     trunk on one operand, the parameter (possibly broadcast) on the other
+    NativeLayerNormBackward0   the affine weight and bias (the input's gradient masked off)
 
 Anything else, or a parameter reached through any other node, goes to the engine.
 Exactness: the first micro-batch of each graph structure computes such a group both ways
@@ -62,6 +63,8 @@ def recipe(grp) -> Optional[list]:
                 e[1] for e in edges if e[0] == 0) and n._saved_alpha == 1 and n._saved_beta == 1
         elif kind == "MulBackward0":
             ok = len(edges) == 1 and not edges[0][1]
+        elif kind == "NativeLayerNormBackward0":
+            ok = [e[0] for e in edges] in ([1], [1, 2], [2]) and not any(e[1] for e in edges)
         else:
             ok = False
         if not ok:
@@ -101,6 +104,9 @@ def compute(grp, rec: list) -> list:
             grad = gs[0]
             if grad is None:
                 continue
+            if kind == "NativeLayerNormBackward0":  # one kernel, only the affine outputs
+                _layer_norm(n, grad, edges, grp.params, got)
+                continue
             for k, transposed, i in edges:
                 if kind == "MulBackward0":
                     g = grad * (n._saved_other if k == 0 else n._saved_self)
@@ -116,6 +122,19 @@ def compute(grp, rec: list) -> list:
                     g = g.clone()
                 got[i] = g if got[i] is None else got[i] + g
     return got
+
+
+def _layer_norm(n, grad: Tensor, edges: list, params: list, got: list) -> None:
+    """native_layer_norm_backward with the input's output masked off, as the engine runs
+    it when only the weight and bias are wanted."""
+    want = {k for k, _, _ in edges}
+    weight, bias = n._saved_weight, n._saved_bias
+    _, gw, gb = torch.ops.aten.native_layer_norm_backward(
+        grad, n._saved_input, list(n._saved_normalized_shape), n._saved_result1,
+        n._saved_result2, weight, bias, [False, 1 in want, 2 in want])
+    for k, _, i in edges:
+        g = gw if k == 1 else gb
+        got[i] = g if got[i] is None else got[i] + g
 
 
 def same(a: list, b: list) -> bool:
