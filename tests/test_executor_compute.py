@@ -57,6 +57,7 @@ def test_stages_concatenated_equal_full_model(stages):
 def _chain(stages, g=0, it=0):
     parts = [build_stage(CFG, s, stages) for s in range(stages)]
     comps = [StageCompute(m, s == 0, s == stages - 1, 0.5) for s, m in enumerate(parts)]
+    comps[0].split_first = True  # these tests split every stage (StageCompute.split_first)
     tok, tgt = microbatch(CFG, it, g)
     x = tok
     for c in comps:

@@ -99,6 +99,7 @@ def _data(first: bool, last: bool, g: int):
 
 def _split(module, first, last, order):
     comp = StageCompute(module, first, last, SCALE, lm_loss)
+    comp.split_first = True  # the tied model is a first stage: split it all the same
     gxs = {}
     for g in range(MBS):
         x, tgt, msg = _data(first, last, g)
@@ -160,6 +161,7 @@ def test_shared_weights_are_deferred_and_w_reruns_nothing_of_i(case, deferred, c
     cls, first, last = CASES[case]
     module, ref = _make(cls)
     comp = StageCompute(module, first, last, SCALE, lm_loss)
+    comp.split_first = True  # the tied model is a first stage: split it all the same
     # micro-batch 1 first: the first W of a graph structure also runs its Linear and norm
     # groups through the engine, to check that the direct products give the same bits
     # (executor/compute/direct_w.py); the FLOPs below are a later micro-batch's
@@ -236,6 +238,7 @@ def test_models_without_shared_weights_keep_one_plain_call_per_group(family, mon
     x, tgt = wl.microbatch(cfg, 0, 0)
     comps = [StageCompute(wl.build_stage(cfg, s, 2), s == 0, s == 1, 1.0, wl.loss_fn)
              for s in range(2)]
+    comps[0].split_first = True
     for c in comps:
         x = c.forward(0, x, tgt if c.is_last else None)
     grad = None

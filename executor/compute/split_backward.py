@@ -67,12 +67,16 @@ class Group:
 @dataclass
 class PendingW:
     """What I leaves for W: the groups with their captured gradients. Holding the nodes keeps
-    alive the part of the graph below them (what W must traverse); the rest is freed."""
+    alive the part of the graph below them (what W must traverse); the rest is freed.
+    `whole`: (roots, gradients) of a backward left entirely to W (the first stage)."""
     groups: list[Group]
+    whole: Optional[tuple] = None
 
     def grad_bytes(self) -> int:
+        extra = [g for g in self.whole[1] if g is not None] if self.whole else []
         return sum(t.untyped_storage().nbytes() for grp in self.groups for gs in grp.grads
-                   for t in gs if t is not None)
+                   for t in gs if t is not None) + sum(t.untyped_storage().nbytes()
+                                                       for t in extra)
 
 
 @contextmanager
@@ -430,6 +434,10 @@ def backward_weight(pending: PendingW) -> None:
     or a norm's weights the same products without the engine (direct_w). A group whose
     parameter is used again further down the trunk first takes each upper use one hop,
     into edges only that use feeds (_nested), and starts its call from there."""
+    if pending.whole is not None:  # one plain backward, accumulating into .grad itself
+        roots, grads = pending.whole
+        pending.whole = None
+        torch.autograd.backward(roots, grads)
     for grp in pending.groups:
         grads, owned = _direct_or_engine(grp)
         for p, g in zip(grp.params, grads):
