@@ -70,16 +70,21 @@ def recipe(grp) -> Optional[list]:
         if not ok:
             return None
         out.append((kind, edges))
+    if {i for _, es in out for _, _, i in es} != set(range(len(grp.params))):
+        return None  # a parameter also reached some other way
     return out
 
 
-def _mat2_grad(node, grad: Tensor, mat1: Tensor) -> Tensor:
+def _mat2_grad(node, grad: Tensor, mat1: Tensor, transposed: bool) -> Tensor:
     """autograd's mm_mat2_backward: a column-major mat2 (a Linear's weight.t()) gets its
-    gradient computed column-major too."""
+    gradient computed column-major too; `transposed`: the parameter is mat2.t(), so the
+    product itself (not a view of it) is the weight's gradient."""
     sizes, strides = node._saved_mat2_sym_sizes, node._saved_mat2_sym_strides
     if strides[0] == 1 and strides[1] == sizes[0]:
-        return grad.t().mm(mat1).t()
-    return mat1.t().mm(grad)
+        g = grad.t().mm(mat1)  # mat2's gradient is g.t()
+        return g if transposed else g.t()
+    g = mat1.t().mm(grad)
+    return g.t() if transposed else g
 
 
 def _sum_to(g: Tensor, shape) -> Tensor:
@@ -114,9 +119,7 @@ def compute(grp, rec: list) -> list:
                     g = grad
                 else:
                     g = _mat2_grad(n, grad, n._saved_self if kind == "MmBackward0"
-                                   else n._saved_mat1)
-                if transposed:
-                    g = g.t()
+                                   else n._saved_mat1, transposed)
                 g = _sum_to(g, grp.params[i].shape)
                 if g is grad:  # a bias as wide as the gradient: not ours to keep
                     g = g.clone()
