@@ -67,6 +67,15 @@ class Stage:
         self.ours = StageCompute(self.module, self.first, self.last, 1.0, wl.loss_fn)
         self.engine = StageCompute(self.module, self.first, self.last, 1.0, wl.loss_fn)
         self.engine.split_first = True
+        self.walk_s = 0.0  # ours: the graph walk of the last I (GraphPlans.plan_groups)
+        plans, real = self.ours._plans, self.ours._plans.plan_groups
+
+        def walked(*a):
+            t0 = _t()
+            out = real(*a)
+            self.walk_s = _t() - t0
+            return out
+        plans.plan_groups = walked
 
     def run(self, mech: str) -> tuple[float, list, object]:
         """One micro-batch's backward by `mech`: (CPU seconds, parameter grads, input grad)."""
@@ -127,7 +136,7 @@ def measure(model: str, stages: int, rounds: int) -> list[dict]:
             got = st.run(m)
             exact[m] = max(_diff(got[1], ref[1]),
                            0.0 if st.first else _diff([got[2]], [ref[2]]))
-        times = {m: [] for m in MECHS + ("ours I",)}
+        times = {m: [] for m in MECHS + ("ours I", "walk")}
         k = len(MECHS)
         for r in range(rounds + 3):
             order = MECHS[r % k:] + MECHS[:r % k]
@@ -137,6 +146,7 @@ def measure(model: str, stages: int, rounds: int) -> list[dict]:
                     times[m].append(dt * 1e6)
                     if m == "ours":
                         times["ours I"].append(st.i_s * 1e6)
+                        times["walk"].append(st.walk_s * 1e6)
         rows.append({"model": model, "stage": s, "exact": exact,
                      **{m: statistics.median(v) for m, v in times.items()}})
         print(rows[-1], flush=True)
@@ -207,23 +217,26 @@ def main() -> None:
              f"with other jobs (1-min load average {load0:.1f} at start, "
              f"{os.getloadavg()[0]:.1f} at the end). us of thread CPU time per micro-batch, "
              f"median of {a.rounds} rounds, the mechanisms in rotating order each round; "
-             f"S={a.stages}. exact: max abs difference of parameter (and input) gradients "
-             "to fused B's.", "",
-             "| model | stage | fused B | ours I | ours I+W | / B | wt-d I+W | / B | torch I+W "
-             "| / B | exact ours | exact wt-d | exact torch |",
+             f"S={a.stages}. ours I (walk): I alone, and within it the walk over the graph that "
+             "finds the intermediates (GraphPlans.plan_groups). exact: max abs difference of "
+             "parameter (and input) gradients to fused B's.", "",
+             "| model | stage | fused B | ours I (walk) | ours I+W | / B | wt-d I+W | / B "
+             "| torch I+W | / B | exact ours | exact wt-d | exact torch |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
              "| ---: |"]
     for model in a.models:
         rs = [r for r in rows if r["model"] == model]
         for r in rs + [None]:
             if r is None:
-                b, o, e, t, i = (sum(x[k] for x in rs) for k in MECHS + ("ours I",))
-                lines.append(f"| {model} | all stages | {us(b)} | {us(i)} | {us(o)} | {o / b:.2f} "
+                b, o, e, t, i, w = (sum(x[k] for x in rs) for k in MECHS + ("ours I", "walk"))
+                lines.append(f"| {model} | all stages | {us(b)} | {us(i)} ({us(w)}) | {us(o)} "
+                             f"| {o / b:.2f} "
                              f"| {us(e)} | {e / b:.2f} | {us(t)} | {t / b:.2f} | | | |")
                 continue
-            b, o, e, t, i = (r[k] for k in MECHS + ("ours I",))
+            b, o, e, t, i, w = (r[k] for k in MECHS + ("ours I", "walk"))
             ex = r["exact"]
-            lines.append(f"| {model} | {r['stage']} | {us(b)} | {us(i)} | {us(o)} | {o / b:.2f} "
+            lines.append(f"| {model} | {r['stage']} | {us(b)} | {us(i)} ({us(w)}) | {us(o)} "
+                         f"| {o / b:.2f} "
                          f"| {us(e)} "
                          f"| {e / b:.2f} | {us(t)} | {t / b:.2f} | {ex['ours']:.1e} "
                          f"| {ex['wt-d']:.1e} | {ex['torch']:.1e} |")
