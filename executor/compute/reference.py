@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import autocast, boundary_cast
 from executor.optim.clip import coefficient, global_norm, scale_, stage_sq_norm
-from executor.optim.schedule import lr_at, set_lr
+from executor.optim.schedule import IterationLR
 
 
 @dataclass
@@ -106,6 +106,7 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
     wl = workload
     modules = [wl.build_stage(cfg, s, stages) for s in range(stages)]
     opts = [wl.make_optimizer(cfg, m.parameters()) for m in modules]
+    lrs = [IterationLR(opt, cfg) for opt in opts]
     n = replicas * microbatches
     scale = 1.0 / n
     losses, norms = [], []
@@ -130,10 +131,10 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
         grads = [[p.grad for p in m.parameters()] for m in modules]
         norms.append(global_norm([stage_sq_norm(gs) for gs in grads]))
         c = coefficient(norms[-1], cfg.clip) if cfg.clip > 0 else 1.0
-        for opt, gs in zip(opts, grads):
+        for opt, lr, gs in zip(opts, lrs, grads):
             if c < 1.0:
                 scale_(gs, c)
-            set_lr(opt, lr_at(cfg, it))
+            lr.at(it)
             opt.step()
             opt.zero_grad(set_to_none=True)
     return Summary(losses=losses, param_checksums=[checksum(m) for m in modules],

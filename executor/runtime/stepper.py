@@ -34,7 +34,7 @@ import torch
 from torch import nn
 
 from executor.optim.clip import NormBoard, NormWaitTimeout, coefficient, global_norm, scale_, stage_sq_norm
-from executor.optim.schedule import lr_at, set_lr
+from executor.optim.schedule import IterationLR
 from executor.optim.snapshot import StageSnapshots
 from executor.runtime.comm import CommError, Superseded
 
@@ -73,6 +73,7 @@ class StageStepper:
         self.stage, self.stages, self.store = stage, stages, store
         self.params = [p for group in opt.param_groups for p in group["params"]]
         self.snapshots = StageSnapshots(module, opt)
+        self.lr = IterationLR(opt, cfg)  # the rate is set by iteration number: optim/schedule.py
         self.board: Optional[NormBoard] = None
         if cfg.clip > 0:
             if store is None:
@@ -100,7 +101,7 @@ class StageStepper:
         t0 = time.perf_counter()
         self.snapshots.capture(it)
         t1 = time.perf_counter()
-        set_lr(self.opt, lr_at(self.cfg, it))
+        self.lr.at(it)
         final = True
         if self.board is not None:
             grads = [p.grad for p in self.params]
@@ -149,7 +150,7 @@ class StageStepper:
             saved = [p.grad for p in self.params]
             for p, g in zip(self.params, pend.grads):
                 p.grad = g
-            set_lr(self.opt, lr_at(self.cfg, pend.it))
+            self.lr.at(pend.it)
             self.opt.step()
             for p, g in zip(self.params, saved):
                 p.grad = g
