@@ -33,6 +33,7 @@ from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.reference import Summary, checksum, snapshot
 from executor.compute.stage import StageCompute
 from executor.runtime.stepper import StageStepper
+from executor.runtime.tied import ties_of
 from planner.solvers.backends import solve
 from planner.plan import Plan
 from planner.solvers.timeline import Mode
@@ -69,6 +70,12 @@ class LocalRunner:
         self.workers: dict[Key, _Worker] = {}
         for w in plan.workers:
             self.workers[w.key] = self._new_worker(w.stage)
+        # Tied weights (runtime/tied.py): an owner's OPT waits for its mirrors' gradients,
+        # which in one thread means after the mirror stages' OPT.
+        self.mirrors_of: dict[int, set[int]] = {}
+        for w in self.workers.values():
+            for tie in ties_of(w.module):
+                self.mirrors_of.setdefault(tie.owner[0], set()).update(s for s, _ in tie.mirrors)
 
     def _new_worker(self, stage: int) -> _Worker:
         module = self.wl.build_stage(self.cfg, stage, self.S)
@@ -128,7 +135,9 @@ class LocalRunner:
                 return s == S - 1 or (s + 1, a.microbatch) in grads
             if a.op == "OPT":
                 return all(queues[k][pos[k]].op == "OPT" for k in queues
-                           if k[1] == s and pos[k] < len(queues[k]))
+                           if k[1] == s and pos[k] < len(queues[k])) and all(
+                    pos[k] == len(queues[k]) for k in queues
+                    if k[1] in self.mirrors_of.get(s, ()))
             return True
 
         while True:
@@ -175,7 +184,8 @@ class LocalRunner:
             done += 1
         if sorted(losses) != list(range(self.n)):
             raise RuntimeError(f"iteration {it} computed losses for {sorted(losses)}")
-        for w in self.workers.values():  # every stage's norm is in: steps become final
+        # every stage's norm is in: steps become final (owners of tied weights first)
+        for _, w in sorted(self.workers.items(), key=lambda kw: (kw[0][1], kw[0][0])):
             w.stepper.settle()
             w.stepper.forget_committed(it)
         return sum(losses[g] for g in range(self.n)) / self.n
