@@ -107,6 +107,11 @@ def _names(module: nn.Module) -> dict[int, str]:
 def build_pieces(full: nn.Module, split: Split, stage: int, stages: int) -> nn.Module:
     """Stage `stage` of `full`, with the run's tie table (from all stages of this build)."""
     mods = [PiecesStage(full, stage_pieces(split, s, stages)) for s in range(stages)]
+    held = {pid for m in mods for pid in _names(m)}
+    left = [n for n, p in full.named_parameters() if id(p) not in held]
+    if left:  # the forward would skip them: a split that does not name every piece
+        raise ValueError(f"the split leaves out parameters of the model: {', '.join(left[:4])}"
+                         f"{' ...' if len(left) > 4 else ''}")
     return declare(mods[stage], find_ties([_names(m) for m in mods]))
 
 
