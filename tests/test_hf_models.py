@@ -94,3 +94,14 @@ def test_sigkill_and_rejoin_2x2_equal_reference(tmp_path, name, dead):
     ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(name))
     diffs = compare(res.summary, ref, TOL)
     assert not diffs, "\n".join(diffs) + "\n" + out.getvalue()
+
+
+def test_per_layer_profile_of_a_rotary_model_for_split_balanced():
+    """`recycle profile --split balanced` feeds each layer the previous one's output: a
+    Llama stage's output is (hidden, position ids), whose gradient message is one tensor."""
+    from executor.compute.profile import profile_layers
+    from executor.models.balance import balanced_boundaries
+    cfg = cfg_of(LLAMA)
+    costs = profile_layers(cfg, repeats=1, workload=load_workload(LLAMA))
+    assert len(costs) == cfg.n_layers + 2 and min(costs) >= 1
+    assert len(balanced_boundaries(costs, 2)) == 1
