@@ -46,6 +46,17 @@ class TiedLM(nn.Module):
         return self.head(self.norm(x))
 
 
+class AlbertLM(TiedLM):
+    """ALBERT-style: ONE block applied at every layer (a weight used several times in a
+    stage, and across stages when the layers are split), plus the tied embedding/head.
+    `--model 'examples.tied_lm:AlbertLM?split=emb,blocks.0,blocks.1,blocks.2,norm,head'`"""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__(cfg)
+        shared = self.blocks[0]
+        self.blocks = nn.ModuleList(shared for _ in range(cfg.n_layers))
+
+
 def pieces(n_layers: int) -> list[str]:
     return ["emb", *(f"blocks.{i}" for i in range(n_layers)), "norm", "head"]
 

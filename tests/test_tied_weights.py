@@ -13,7 +13,7 @@ import pytest
 import torch
 from rich.console import Console
 
-from examples.tied_lm import TiedLM, pieces, workload
+from examples.tied_lm import AlbertLM, TiedLM, pieces, workload
 from executor.compute.local import run_plan_locally
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
@@ -23,6 +23,7 @@ from executor.models.modules import module_workload
 from executor.runtime.tied import Tie, ties_of
 from planner.job import JobSpec
 from planner.solvers.backends import solve
+from planner.solvers.timeline import Mode
 
 pytestmark = pytest.mark.hard_timeout(150)
 CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
@@ -83,11 +84,28 @@ def test_factory_and_split_on_the_command_line():
     assert [n for n, _ in seq.build_stage(CFG, 1, 2).named_parameters()] == ["2.weight", "2.bias"]
 
 
-def _run(tmp_path, cfg, kills, rejoins):
+ALBERT = "examples.tied_lm:AlbertLM?split=" + ",".join(pieces(3))
+
+
+def test_albert_reuse_within_and_across_stages():
+    """One block object at every layer: used twice within stage 0 (layers 0 and 1) and
+    once on stage 1 (layer 2, a tie of every block parameter), plus the tied head."""
+    cfg = dataclasses.replace(CFG, n_layers=3)
+    wl = load_workload(ALBERT)
+    ties = ties_of(wl.build_stage(cfg, 0, 2))
+    assert len(ties) == 7 and Tie(((0, "blocks.0.fc1.weight"), (1, "blocks.2.fc1.weight"))) in ties
+    one = train_reference(cfg, 2, 2, 3, 1, workload=wl)
+    two = train_reference(cfg, 2, 2, 3, 2, workload=wl)
+    assert max(abs(a - b) for a, b in zip(one.losses, two.losses)) <= TOL
+    plan = solve(JobSpec.uniform(2, 2, 2), [], solver="greedy")
+    assert not compare(run_plan_locally(cfg, plan, 3, {1: [[0, 1]]}, workload=wl), two, TOL)
+
+
+def _run(tmp_path, cfg, kills, rejoins, model=NAME, **kw):
     out = io.StringIO()
     res = train(cfg, 2, 2, 2, 4, kills=kills, rejoins=rejoins, deadline_s=90,
                 run_dir=str(tmp_path), console=Console(file=out, width=200), timeout=4.0,
-                model=NAME)
+                model=model, **kw)
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     return res, out.getvalue()
 
@@ -99,5 +117,24 @@ def test_processes_sigkill_and_rejoin_on_a_tied_stage_equal_reference(tmp_path, 
     res, out = _run(tmp_path, cfg, [(*dead, 1)], [(*dead, 2)])
     assert "SIGKILL worker" in out and "is back" in out
     ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(NAME))
+    diffs = compare(res.summary, ref, TOL)
+    assert not diffs, "\n".join(diffs) + "\n" + out
+
+
+def test_processes_albert_fused_backward_synchronous_with_a_kill(tmp_path):
+    """The shared-weight reuse case through a SIGKILL and a rejoin, under the other
+    schedule family (fused B, synchronous optimizer: a barrier after every iteration)."""
+    cfg = dataclasses.replace(CFG, n_layers=3)
+    res, out = _run(tmp_path, cfg, [(1, 0, 1)], [(1, 0, 2)], model=ALBERT,
+                    mode=Mode(split_backward=False, staggered=False))
+    ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(ALBERT))
+    diffs = compare(res.summary, ref, TOL)
+    assert not diffs, "\n".join(diffs) + "\n" + out
+
+
+def test_processes_albert_split_backward_kill_on_stage_1(tmp_path):
+    cfg = dataclasses.replace(CFG, n_layers=3)
+    res, out = _run(tmp_path, cfg, [(0, 1, 2)], [(0, 1, 3)], model=ALBERT)
+    ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(ALBERT))
     diffs = compare(res.summary, ref, TOL)
     assert not diffs, "\n".join(diffs) + "\n" + out

@@ -159,7 +159,7 @@ def build(config, cfg: ModelConfig, stage: int, stages: int) -> nn.Module:
     n = len(parts["blocks"])
     mods = [HFStage(parts, *layer_range(n, s, stages, cfg.boundaries), s == 0, s == stages - 1)
             for s in range(stages)]
-    names = [{id(p): k for k, p in m.named_parameters(remove_duplicate=False)} for m in mods]
+    names = [{id(p): k for k, p in m.named_parameters()} for m in mods]
     return declare(mods[stage], find_ties(names))
 
 

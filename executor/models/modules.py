@@ -101,7 +101,7 @@ class PiecesStage(nn.Module):
 
 
 def _names(module: nn.Module) -> dict[int, str]:
-    return {id(p): n for n, p in module.named_parameters(remove_duplicate=False)}
+    return {id(p): n for n, p in module.named_parameters()}  # a shared one: its first name
 
 
 def build_pieces(full: nn.Module, split: Split, stage: int, stages: int) -> nn.Module:

@@ -122,14 +122,14 @@ def copy_from_owners(modules: Sequence[nn.Module], ties: Sequence[Tie]) -> None:
 
 # ---- the workers: the exchange through the store -----------------------------------------
 
-def _pack(t: Tensor) -> bytes:
+def _pack(tensors: dict) -> bytes:
     bio = io.BytesIO()
-    torch.save(t.detach().cpu(), bio)
+    torch.save({k: t.detach().cpu() for k, t in tensors.items()}, bio)
     return bio.getvalue()
 
 
-def _unpack(b: bytes, like: Tensor) -> Tensor:
-    return torch.load(io.BytesIO(b), weights_only=True).to(like.device, like.dtype)
+def _unpack(b: bytes) -> dict:
+    return torch.load(io.BytesIO(b), weights_only=True)
 
 
 class TiedExchange:
@@ -151,7 +151,7 @@ class TiedExchange:
         if (self.owned or self.mirrored) and store is None:
             raise ValueError("weights tied across stages need the run's store")
         self.pending: Optional[tuple[int, int]] = None  # mirror: (version, it) awaited
-        self.published: list[tuple[int, int]] = []
+        self.published: list[str] = []  # our keys, deleted once every worker is past them
 
     @property
     def active(self) -> bool:
@@ -162,31 +162,41 @@ class TiedExchange:
         return {id(p) for _, p, _ in self.mirrored}
 
     @staticmethod
-    def key(kind: str, version: int, it: int, tie: int, stage: int) -> str:
-        return f"recycle/tied/v{version}/i{it}/{kind}{tie}/s{stage}"
+    def key(kind: str, version: int, it: int, stage: int) -> str:
+        """One blob per (kind, version, iteration, publishing stage): {tie index: tensor}."""
+        return f"recycle/tied/v{version}/i{it}/{kind}/s{stage}"
+
+    def _publish(self, key: str, tensors: dict) -> None:
+        # Every peer of the stage holds the same tensors (after the all-reduce, or after
+        # the same step): the first one's write serves all; a race writes equal bytes.
+        if not self.store.check([key]):
+            self.store.set(key, _pack(tensors))
+        self.published.append(key)
 
     # mirror
     def send_grads(self, version: int, it: int) -> None:
         """Publish the summed gradients of the mirrored weights and take them out of this
         stage's step (grad None)."""
-        for k, p, _ in self.mirrored:
-            g = p.grad if p.grad is not None else torch.zeros_like(p)
-            self.store.set(self.key("grad", version, it, k, self.stage), _pack(g))
+        if not self.mirrored:
+            return
+        grads = {k: p.grad if p.grad is not None else torch.zeros_like(p)
+                 for k, p, _ in self.mirrored}
+        for _, p, _ in self.mirrored:
             p.grad = None
-        if self.mirrored:
-            self.published.append((version, it))
-            self.pending = (version, it)
+        self._publish(self.key("grad", version, it, self.stage), grads)
+        self.pending = (version, it)
 
     def receive_values(self, wait: Callable[[list[str]], None]) -> None:
         """Copy the owner's stepped value into each mirrored weight (the step it awaits)."""
         if self.pending is None:
             return
         version, it = self.pending
-        keys = {k: self.key("value", version, it, k, so) for k, _, so in self.mirrored}
-        wait(list(keys.values()))
+        keys = {so: self.key("value", version, it, so) for _, _, so in self.mirrored}
+        wait(sorted(set(keys.values())))
+        blobs = {so: _unpack(self.store.get(key)) for so, key in keys.items()}
         with torch.no_grad():
-            for k, p, _ in self.mirrored:
-                p.copy_(_unpack(self.store.get(keys[k]), p))
+            for k, p, so in self.mirrored:
+                p.copy_(blobs[so][k])
         self.pending = None
 
     # owner
@@ -194,22 +204,22 @@ class TiedExchange:
         """g_owner + every mirror's gradient, in stage order, in place."""
         if not self.owned:
             return
-        keys = [self.key("grad", version, it, k, s) for k, _, mirrors in self.owned
-                for s, _ in mirrors]
-        wait(keys)
+        stages = sorted({s for _, _, mirrors in self.owned for s, _ in mirrors})
+        keys = {s: self.key("grad", version, it, s) for s in stages}
+        wait(list(keys.values()))
+        blobs = {s: _unpack(self.store.get(key)) for s, key in keys.items()}
         for k, p, mirrors in self.owned:
             for s, _ in mirrors:
-                g = _unpack(self.store.get(self.key("grad", version, it, k, s)), p)
+                g = blobs[s][k].to(p.device, p.dtype)
                 if p.grad is None:
                     p.grad = g
                 else:
                     p.grad.add_(g)
 
     def send_values(self, version: int, it: int) -> None:
-        for k, p, _ in self.owned:
-            self.store.set(self.key("value", version, it, k, self.stage), _pack(p))
         if self.owned:
-            self.published.append((version, it))
+            self._publish(self.key("value", version, it, self.stage),
+                          {k: p.detach() for k, p, _ in self.owned})
 
     # both
     def drop_from(self, r: int) -> None:
@@ -219,13 +229,13 @@ class TiedExchange:
 
     def forget_before(self, committed: int) -> None:
         """Delete our keys of iterations every worker has settled."""
-        done = [k for k in self.published if k[1] < committed]
-        self.published = [k for k in self.published if k[1] >= committed]
-        for version, it in done:
-            for k, _, _ in self.mirrored:
-                self.store.delete_key(self.key("grad", version, it, k, self.stage))
-            for k, _, _ in self.owned:
-                self.store.delete_key(self.key("value", version, it, k, self.stage))
+        keep = []
+        for key in self.published:
+            if int(key.split("/i", 1)[1].split("/", 1)[0]) < committed:
+                self.store.delete_key(key)
+            else:
+                keep.append(key)
+        self.published = keep
 
 
 def wait_keys(store, keys: list[str], limit_s: float, interrupt: Callable[[], None],
