@@ -70,6 +70,8 @@ def test_config_json_and_bad_names(tmp_path):
                      (f"hf:{tmp_path}/missing.json", "cannot read")]:
         with pytest.raises(ValueError, match=why):
             load_workload(bad)
+    with pytest.raises(ValueError, match="--seq-len 32 is longer than"):
+        load_workload(GPT2).build_stage(cfg_of(GPT2, seq_len=32), 0, 2)
     with pytest.raises(ValueError, match="--layers 3 contradicts --model hf:gpt2"):
         architecture(GPT2, d_model=None, n_layers=3, n_heads=None, seq_len=None, vocab=None)
 

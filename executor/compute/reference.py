@@ -109,7 +109,7 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
                     stages: int, *, workload: Workload = DEFAULT_WORKLOAD) -> Summary:
     wl = workload
     modules = [wl.build_stage(cfg, s, stages) for s in range(stages)]
-    ties = ties_of(modules[0])
+    ties = sorted({t for m in modules for t in ties_of(m)}, key=lambda t: t.holders)
     check_tie_table(ties, modules)
     opts = [wl.make_optimizer(cfg, m.parameters()) for m in modules]
     n = replicas * microbatches

@@ -95,11 +95,15 @@ def hf_config(name: str):
     return config
 
 
+def _positions(c) -> int:
+    return getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", None) or 1024
+
+
 def shape(name: str) -> dict:
     """ModelConfig's architecture fields for hf:CONFIG (seq_len: a default the flags may
     change, at most the model's positions)."""
     c = hf_config(name)
-    positions = getattr(c, "max_position_embeddings", None) or getattr(c, "n_positions", 1024)
+    positions = _positions(c)
     return dict(d_model=c.hidden_size, n_layers=c.num_hidden_layers,
                 n_heads=c.num_attention_heads, vocab=c.vocab_size, seq_len=min(16, positions))
 
@@ -167,11 +171,15 @@ def workload(name: str) -> Workload:
     """The Workload of hf:CONFIG: next-token cross-entropy on token data (synthetic, or a
     token file with `--data`), the model's vocab from its config."""
     config = hf_config(name)
+    positions = _positions(config)
 
     def build_stage(cfg: ModelConfig, stage: int, stages: int) -> nn.Module:
         if cfg.vocab != config.vocab_size:
             raise ValueError(f"--model {name} has vocab_size {config.vocab_size}, the run "
                              f"{cfg.vocab}")
+        if cfg.seq_len > positions:
+            raise ValueError(f"--seq-len {cfg.seq_len} is longer than --model {name}'s "
+                             f"{positions} positions")
         return build(config, cfg, stage, stages)
 
     return Workload(build_stage=build_stage, microbatch=data.microbatch, reads_tokens=True)
