@@ -65,6 +65,8 @@ def test_config_json_and_bad_names(tmp_path):
                         seq_len=None, vocab=None)["n_layers"] == 2
     assert hf_config(f"hf:{tmp_path}/config.json?n_layer=3").n_layer == 3
     assert hf_config(GPT2).resid_pdrop == 0.0  # dropout off unless asked
+    assert hf_config(GPT2 + "&resid_pdrop=0.1").resid_pdrop == 0.1
+    assert hf_config(LLAMA).head_dim == 8  # derived at construction from the overrides
     for bad, why in [("hf:nosuchmodel", "neither a config.json nor a transformers model type"),
                      ("hf:gpt2?n_wings=2", "has no field 'n_wings'"),
                      (f"hf:{tmp_path}/missing.json", "cannot read")]:

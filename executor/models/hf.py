@@ -79,19 +79,23 @@ def hf_config(name: str):
         if kind not in CONFIG_MAPPING:
             raise ValueError(f"--model {name}: {path} has model_type {kind!r}, which this "
                              f"transformers {tf.__version__} does not know")
-        config = CONFIG_MAPPING[kind].from_dict(d)
+        cls = CONFIG_MAPPING[kind]
     elif src in CONFIG_MAPPING:
-        config = CONFIG_MAPPING[src]()
+        d, cls = {}, CONFIG_MAPPING[src]
     else:
         raise ValueError(f"--model {name}: {src!r} is neither a config.json nor a "
                          f"transformers model type (e.g. gpt2, llama)")
+    default = cls.from_dict(d)
+    for key in overrides:  # a config class takes unknown keys silently
+        if not hasattr(default, key):
+            raise ValueError(f"--model {name}: {cls.__name__} has no field {key!r}")
+    # Overrides go in at construction: fields derived there (Llama's head_dim from
+    # hidden_size and the heads) follow them.
+    config = cls.from_dict({**d, **overrides})
     for key in list(vars(config)):  # no dropout: replicas and the reference must agree
-        if ("dropout" in key or "pdrop" in key) and isinstance(getattr(config, key), float):
+        if (("dropout" in key or "pdrop" in key) and key not in overrides
+                and isinstance(getattr(config, key), float)):
             setattr(config, key, 0.0)
-    for key, value in overrides.items():
-        if not hasattr(config, key):
-            raise ValueError(f"--model {name}: {type(config).__name__} has no field {key!r}")
-        setattr(config, key, value)
     return config
 
 
