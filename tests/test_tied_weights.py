@@ -138,3 +138,16 @@ def test_processes_albert_split_backward_kill_on_stage_1(tmp_path):
     ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(ALBERT))
     diffs = compare(res.summary, ref, TOL)
     assert not diffs, "\n".join(diffs) + "\n" + out
+
+
+def test_exchange_keys_are_deleted_once_every_worker_is_past_them():
+    from executor.compute.local import LocalRunner
+    from executor.runtime.tied import TiedExchange
+    runner = LocalRunner(CFG, solve(JobSpec.uniform(2, 2, 2), [], solver="greedy"), workload())
+    for it in range(3):
+        runner.iteration(it)
+    gone = [TiedExchange.key("grad", 0, 0, 1), TiedExchange.key("value", 0, 0, 0),
+            TiedExchange.key("grad", 0, 1, 1), TiedExchange.key("value", 0, 1, 0)]
+    kept = [TiedExchange.key("grad", 0, 2, 1), TiedExchange.key("value", 0, 2, 0)]
+    assert not any(runner.store.check([k]) for k in gone)
+    assert runner.store.check(kept)  # iteration 2 is committed only when 3 is stepped
