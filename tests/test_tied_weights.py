@@ -151,3 +151,10 @@ def test_exchange_keys_are_deleted_once_every_worker_is_past_them():
     kept = [TiedExchange.key("grad", 0, 2, 1), TiedExchange.key("value", 0, 2, 0)]
     assert not any(runner.store.check([k]) for k in gone)
     assert runner.store.check(kept)  # iteration 2 is committed only when 3 is stepped
+
+
+def test_a_gradient_view_travels_without_its_flat_buffer():
+    from executor.runtime.tied import _pack, _unpack
+    flat = torch.arange(100_000, dtype=torch.float32)  # the stage's all-reduced gradients
+    blob = _pack({0: flat[10:20]})
+    assert len(blob) < 4_000 and torch.equal(_unpack(blob)[0], flat[10:20])

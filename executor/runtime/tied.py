@@ -124,7 +124,9 @@ def copy_from_owners(modules: Sequence[nn.Module], ties: Sequence[Tie]) -> None:
 
 def _pack(tensors: dict) -> bytes:
     bio = io.BytesIO()
-    torch.save({k: t.detach().cpu() for k, t in tensors.items()}, bio)
+    # a copy of its own: torch.save writes a view's whole storage (a gradient is a view of
+    # the stage's flat all-reduce buffer)
+    torch.save({k: t.detach().to("cpu", copy=True) for k, t in tensors.items()}, bio)
     return bio.getvalue()
 
 
