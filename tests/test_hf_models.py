@@ -109,3 +109,18 @@ def test_per_layer_profile_of_a_rotary_model_for_split_balanced():
     costs = profile_layers(cfg, repeats=1, workload=load_workload(LLAMA))
     assert len(costs) == cfg.n_layers + 2 and min(costs) >= 1
     assert len(balanced_boundaries(costs, 2)) == 1
+
+
+@pytest.mark.parametrize("stages", [1, 3], ids=["tie-within-one-stage", "tie-across-3-stages"])
+def test_in_process_runner_with_a_failure_equals_reference(stages):
+    """One stage: the embedding and the head are one parameter used twice (deferred W of a
+    reused weight); three stages: a tie between stage 0 and stage 2 over a middle stage."""
+    from executor.compute.local import run_plan_locally
+    from planner.job import JobSpec
+    from planner.solvers.backends import solve
+    cfg = cfg_of(GPT2)
+    wl = load_workload(GPT2)
+    ref = train_reference(cfg, 2, 2, 3, stages, workload=wl)
+    plan = solve(JobSpec.uniform(2, stages, 2), [], solver="greedy")
+    got = run_plan_locally(cfg, plan, 3, {1: [[1, stages - 1]]}, workload=wl)
+    assert not compare(got, ref, TOL)
