@@ -35,6 +35,7 @@ from executor.compute.reference import Summary, checksum, snapshot
 from executor.compute.stage import StageCompute
 from executor.runtime.interpreter import StageSteps
 from executor.runtime.stepper import StageStepper
+from executor.runtime.tied import ties_of
 from planner.lowering import WORK, Op, Step, lower
 from planner.solvers.backends import solve
 from planner.plan import Plan
@@ -89,6 +90,12 @@ class LocalRunner:
         self.workers: dict[Key, _Worker] = {}
         for w in plan.workers:
             self.workers[w.key] = self._new_worker(w.stage)
+        # Tied weights (runtime/tied.py): an owner's OPT waits for its mirrors' gradients,
+        # which in one thread means after the mirror stages' OPT.
+        self.mirrors_of: dict[int, set[int]] = {}
+        for w in self.workers.values():
+            for tie in ties_of(w.module):
+                self.mirrors_of.setdefault(tie.owner[0], set()).update(s for s, _ in tie.mirrors)
 
     def _new_worker(self, stage: int) -> _Worker:
         module = self.wl.build_stage(self.cfg, stage, self.S)
@@ -157,6 +164,9 @@ class LocalRunner:
                 return channel.has(st)
             if st.op is Op.ALLREDUCE:
                 return all(now(k).op is Op.ALLREDUCE for k in st.peers)
+            if st.op is Op.OPT:  # a tied weight's owner steps after its mirrors' stages
+                return all(pos[k] == len(steps[k]) for k in steps
+                           if k[1] in self.mirrors_of.get(key[1], ()))
             return True
 
         while True:
@@ -189,7 +199,8 @@ class LocalRunner:
             done += st.op in WORK
         if sorted(losses) != list(range(self.n)):
             raise RuntimeError(f"iteration {it} computed losses for {sorted(losses)}")
-        for w in self.workers.values():  # every stage's norm is in: steps become final
+        # every stage's norm is in: steps become final (owners of tied weights first)
+        for _, w in sorted(self.workers.items(), key=lambda kw: (kw[0][1], kw[0][0])):
             w.stepper.settle()
             w.stepper.forget_committed(it)
         return sum(losses[g] for g in range(self.n)) / self.n

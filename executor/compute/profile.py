@@ -100,6 +100,21 @@ def _saved_bytes(fn, exclude: set[int]) -> int:
     return sum(seen.values())
 
 
+def _call(module, x):
+    """A stage on its input activation (a tuple: positional arguments)."""
+    return module(*x) if isinstance(x, tuple) else module(x)
+
+
+def _floats(out) -> list:
+    return [t for t in (out if isinstance(out, tuple) else (out,)) if t.is_floating_point()]
+
+
+def _leaves(x):
+    """The input activation with its floating tensors as fresh leaves needing gradients."""
+    leaf = lambda t: t.detach().requires_grad_(True) if t.is_floating_point() else t
+    return tuple(leaf(t) for t in x) if isinstance(x, tuple) else leaf(x)
+
+
 def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "cpu",
                   repeats: int = 5, workload: Workload = DEFAULT_WORKLOAD,
                   inputs: Optional[Tensor] = None) -> dict:
@@ -113,7 +128,7 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     x = tokens if inputs is None else inputs
     with torch.no_grad():  # a real input activation: run the earlier stages once
         for s in range(stage if inputs is None else 0):
-            x = wl.build_stage(cfg, s, stages).to(dev)(x)
+            x = _call(wl.build_stage(cfg, s, stages).to(dev), x)
     module = wl.build_stage(cfg, stage, stages).to(dev)
     first, last = stage == 0, stage == stages - 1
     comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn)
@@ -122,8 +137,12 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     grad = None
     if not last:
         with torch.no_grad():
-            out = module(x)
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+            out = _call(module, x)
+        gen = torch.Generator().manual_seed(1)
+        # the gradient message: one per floating output (a tuple may carry ids too)
+        grads = [torch.randn(o.shape, generator=gen).to(dev, o.dtype)
+                 for o in (out if isinstance(out, tuple) else (out,)) if o.is_floating_point()]
+        grad = grads[0] if isinstance(out, Tensor) else tuple(grads)
     t = {k: [] for k in ("F", "I", "W", "B", "native_backward", "OPT")}
     act = store = 0
     for r in range(repeats + 1):
@@ -150,16 +169,16 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
         t["B"].append(tm)
         comp.zero_grad()
         # native autograd (no deferral) as the yardstick for "W is not a second backward"
-        xin = x if first else x.detach().requires_grad_(True)
+        xin = x if first else _leaves(x)
         root = None
 
         def fwd():
             nonlocal root
-            out = module(xin)
-            root = wl.loss_fn(out, targets) if last else out
+            out = _call(module, xin)
+            root = wl.loss_fn(out, targets) if last else _floats(out)
         act = _saved_bytes(fwd, {p.untyped_storage().data_ptr() for p in module.parameters()})
         with _Timer(dev) as tm:
-            torch.autograd.backward(root, grad)
+            torch.autograd.backward(root, None if last else _floats(grad))
         t["native_backward"].append(tm)
         comp.zero_grad()
         if not keep:
@@ -171,7 +190,8 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     res["spread"] = {k: round(spread(v), 3) for k, v in t.items()}
     res["rounds"] = repeats
     res.update(activation_bytes=max(act, store), saved_bytes=act, store_bytes=store,
-               output_bytes=0 if last else grad.numel() * grad.element_size(),
+               output_bytes=0 if last else sum(g.numel() * g.element_size()
+                                               for g in _floats(grad)),
                param_bytes=sum(p.numel() * p.element_size() for p in module.parameters()))
     return res
 
@@ -250,7 +270,7 @@ def profile_layers(cfg: ModelConfig, *, device: str = "cpu", repeats: int = 5,
             out.append(max(1, int(round(r["F"] + r["I"] + r["W"]))))
             if s < L + 1:
                 with torch.no_grad():
-                    x = workload.build_stage(fine, s, L + 2).to(dev)(x)
+                    x = _call(workload.build_stage(fine, s, L + 2).to(dev), x)
     finally:
         torch.set_num_threads(before)
     return out
