@@ -21,5 +21,5 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \
     "${need[@]}" >/dev/null
 fi
-.venv/bin/pip install -q -e ".[dev,postgres,tokens,peers]" 2>&1 | grep -v "^WARNING: Location" || true
-.venv/bin/python -c "import planner, torch, ortools, fastapi, selenium, psycopg, tokenizers, torchft; print('setup ok: torch', torch.__version__)"
+.venv/bin/pip install -q -e ".[dev,postgres,hf,tokens,peers]" 2>&1 | grep -v "^WARNING: Location" || true
+.venv/bin/python -c "import planner, torch, ortools, fastapi, selenium, psycopg, transformers, tokenizers, torchft; print('setup ok: torch', torch.__version__)"

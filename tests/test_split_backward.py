@@ -1,6 +1,7 @@
 """Deferred W for any autograd graph (executor/compute/split_backward.py via StageCompute):
 gradients equal plain autograd's, I carries no weight-gradient product and W nothing else,
 tuple / any-dtype activations, parameters that cannot be deferred, memory held I -> W."""
+import copy
 import logging
 
 import pytest
@@ -23,6 +24,7 @@ def _stages(wl: Workload, stages: int, cfg=CFG, precision="fp32"):
     parts = [wl.build_stage(cfg, s, stages) for s in range(stages)]
     comps = [StageCompute(m, s == 0, s == stages - 1, SCALE, wl.loss_fn, precision=precision)
              for s, m in enumerate(parts)]
+    comps[0].split_first = True  # these tests split every stage (StageCompute.split_first)
     return parts, comps
 
 
@@ -79,8 +81,15 @@ def test_flops_w_carries_the_weight_products_and_i_plus_w_is_one_backward(stage)
     module = wl.build_stage(CFG, stage, stages)
     last = stage == stages - 1
     comp = StageCompute(module, stage == 0, last, 1.0, wl.loss_fn)
+    comp.split_first = True  # the first stage split too (StageCompute.split_first)
     out = comp.forward(0, x, tgt)
     grad = None if last else torch.randn(out.shape, generator=torch.Generator().manual_seed(3))
+    # the first W of a graph structure also runs its Linear groups through the engine, to
+    # check that the direct products give the same bits (direct_w): count a later one's
+    comp.backward_input(0, grad)
+    comp.backward_weight(0)
+    comp.zero_grad()
+    comp.forward(0, x, tgt)
     with FlopCounterMode(display=False) as fi:
         comp.backward_input(0, grad)
     with FlopCounterMode(display=False) as fw:
@@ -340,6 +349,10 @@ def test_sibling_projections_share_one_w_call():
     gen = torch.Generator().manual_seed(7)
     h = torch.randn(CFG.micro_batch_size, CFG.seq_len, CFG.d_model, generator=gen)
     grad = torch.randn(h.shape, generator=gen)
+    comp.forward(0, h)  # a first micro-batch: its W also checks direct_w against the engine
+    comp.backward_input(0, grad)
+    comp.backward_weight(0)
+    comp.zero_grad()
     comp.forward(0, h)
     with FlopCounterMode(display=False) as fi:
         gx = comp.backward_input(0, grad)
@@ -431,3 +444,32 @@ def test_fused_mode_skips_the_trunk_hook_and_refuses_i():
     _forward(comps, x, tgt, g=1)
     with pytest.raises(RuntimeError, match="fused backward"):
         comps[1].backward_input(1)
+
+
+@pytest.mark.parametrize("family", ["gpt", "llama"])
+def test_first_stage_leaves_its_whole_backward_to_w(family):
+    """By default the first stage's I does nothing (it sends no gradient, nothing waits for
+    it) and its W is one plain backward: the FLOPs and gradients of fused B, all of it
+    deferrable; shared weights there (a tied embedding) need no analysis."""
+    from executor.models import llama
+    from executor.models.flavours import LLAMA
+    wl = DEFAULT_WORKLOAD if family == "gpt" else llama.workload()
+    cfg = CFG if family == "gpt" else ModelConfig(**LLAMA["debug"].shape(), micro_batch_size=2)
+    tok, _ = wl.microbatch(cfg, 0, 0)
+    module = wl.build_stage(cfg, 0, 2)
+    ref = copy.deepcopy(module)
+    comp = StageCompute(module, True, False, 1.0, wl.loss_fn)
+    out = comp.forward(0, tok)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(9))
+    with FlopCounterMode(display=False) as fi:
+        assert comp.backward_input(0, grad) is None
+    assert fi.get_total_flops() == 0 and all(p.grad is None for p in module.parameters())
+    assert comp.pending() == [0]
+    with FlopCounterMode(display=False) as fw:
+        comp.backward_weight(0)
+    y = ref(tok)
+    with FlopCounterMode(display=False) as fb:
+        torch.autograd.backward(y, grad)
+    assert fw.get_total_flops() == fb.get_total_flops() and comp.pending() == []
+    for (n, a), b in zip(module.named_parameters(), ref.parameters()):
+        assert torch.equal(a.grad, b.grad), n

@@ -12,8 +12,9 @@ Noise: on CPU the profile runs on the workers' thread count (RECYCLE_THREADS, de
 and, with one thread, times by the thread's CPU time (as the workers' straggler clock
 does): wall time counted whatever else held the core, and swung 100x with machine load.
 Every figure is the median of `repeats` rounds after a warm-up; `spread` is
-(max - min) / median over those rounds, reported next to it. On CUDA: wall time after a
-synchronize. Memory is measured on every device: on CPU each worker's capacity is the
+(max - min) / median over those rounds, reported next to it. On CUDA: the GPU time between
+two events recorded around each action, read after the rounds (no synchronize per
+action). Memory is measured on every device: on CPU each worker's capacity is the
 machine's memory shared by the `replicas x stages` workers (or --memory-budget).
 """
 from __future__ import annotations
@@ -32,11 +33,6 @@ from executor.compute.stage import StageCompute
 from planner.job import Cost, JobSpec, Memory, P2P
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 def clock_for(device: torch.device):
     """The thread's CPU time on one CPU thread (blind to other processes' load), else wall."""
     if device.type == "cpu" and torch.get_num_threads() == 1:
@@ -45,18 +41,35 @@ def clock_for(device: torch.device):
 
 
 class _Timer:
+    """One action's time. CPU: the clock around it. CUDA: two events recorded around it on
+    the stream, read (`us`) only after the round: a synchronize around every action drained
+    the GPU's queue between actions, and the host's clock measured launches, not work."""
+
     def __init__(self, device: torch.device):
-        self.device = device
+        self.cuda = device.type == "cuda"
         self.clock = clock_for(device)
 
     def __enter__(self):
-        _sync(self.device)
-        self.t0 = self.clock()
+        if self.cuda:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+            self.start.record()
+        else:
+            self.t0 = self.clock()
         return self
 
     def __exit__(self, *exc):
-        _sync(self.device)
-        self.us = (self.clock() - self.t0) * 1e6
+        if self.cuda:
+            self.end.record()
+        else:
+            self._us = (self.clock() - self.t0) * 1e6
+
+    @property
+    def us(self) -> float:
+        if self.cuda:
+            self.end.synchronize()  # done already when read after the round
+            return self.start.elapsed_time(self.end) * 1e3
+        return self._us
 
 
 def machine_memory() -> int:
@@ -87,6 +100,21 @@ def _saved_bytes(fn, exclude: set[int]) -> int:
     return sum(seen.values())
 
 
+def _call(module, x):
+    """A stage on its input activation (a tuple: positional arguments)."""
+    return module(*x) if isinstance(x, tuple) else module(x)
+
+
+def _floats(out) -> list:
+    return [t for t in (out if isinstance(out, tuple) else (out,)) if t.is_floating_point()]
+
+
+def _leaves(x):
+    """The input activation with its floating tensors as fresh leaves needing gradients."""
+    leaf = lambda t: t.detach().requires_grad_(True) if t.is_floating_point() else t
+    return tuple(leaf(t) for t in x) if isinstance(x, tuple) else leaf(x)
+
+
 def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "cpu",
                   repeats: int = 5, workload: Workload = DEFAULT_WORKLOAD,
                   inputs: Optional[Tensor] = None) -> dict:
@@ -100,7 +128,7 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     x = tokens if inputs is None else inputs
     with torch.no_grad():  # a real input activation: run the earlier stages once
         for s in range(stage if inputs is None else 0):
-            x = wl.build_stage(cfg, s, stages).to(dev)(x)
+            x = _call(wl.build_stage(cfg, s, stages).to(dev), x)
     module = wl.build_stage(cfg, stage, stages).to(dev)
     first, last = stage == 0, stage == stages - 1
     comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn)
@@ -109,8 +137,12 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     grad = None
     if not last:
         with torch.no_grad():
-            out = module(x)
-        grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(dev)
+            out = _call(module, x)
+        gen = torch.Generator().manual_seed(1)
+        # the gradient message: one per floating output (a tuple may carry ids too)
+        grads = [torch.randn(o.shape, generator=gen).to(dev, o.dtype)
+                 for o in (out if isinstance(out, tuple) else (out,)) if o.is_floating_point()]
+        grad = grads[0] if isinstance(out, Tensor) else tuple(grads)
     t = {k: [] for k in ("F", "I", "W", "B", "native_backward", "OPT")}
     act = store = 0
     for r in range(repeats + 1):
@@ -118,46 +150,48 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
         comp.track_memory = not keep  # memory on the warm-up round: no hooks in timed ones
         with _Timer(dev) as tm:
             comp.forward(0, x, targets)
-        t["F"].append(tm.us)
+        t["F"].append(tm)
         with _Timer(dev) as tm:
             comp.backward_input(0, grad)
-        t["I"].append(tm.us)
+        t["I"].append(tm)
         if not keep:
             store = comp.held_bytes(0)  # what the micro-batch keeps from I to W
         with _Timer(dev) as tm:
             comp.backward_weight(0)
-        t["W"].append(tm.us)
+        t["W"].append(tm)
         with _Timer(dev) as tm:
             opt.step()
-        t["OPT"].append(tm.us)
+        t["OPT"].append(tm)
         comp.zero_grad()
         comp.forward(0, x, targets)
         with _Timer(dev) as tm:
             comp.backward_full(0, grad)
-        t["B"].append(tm.us)
+        t["B"].append(tm)
         comp.zero_grad()
         # native autograd (no deferral) as the yardstick for "W is not a second backward"
-        xin = x if first else x.detach().requires_grad_(True)
+        xin = x if first else _leaves(x)
         root = None
 
         def fwd():
             nonlocal root
-            out = module(xin)
-            root = wl.loss_fn(out, targets) if last else out
+            out = _call(module, xin)
+            root = wl.loss_fn(out, targets) if last else _floats(out)
         act = _saved_bytes(fwd, {p.untyped_storage().data_ptr() for p in module.parameters()})
         with _Timer(dev) as tm:
-            torch.autograd.backward(root, grad)
-        t["native_backward"].append(tm.us)
+            torch.autograd.backward(root, None if last else _floats(grad))
+        t["native_backward"].append(tm)
         comp.zero_grad()
         if not keep:
             for v in t.values():
                 v.clear()
     comp.reset()
+    t = {k: [tm.us for tm in v] for k, v in t.items()}  # CUDA: the events, read now
     res = {k: statistics.median(v) for k, v in t.items()}
     res["spread"] = {k: round(spread(v), 3) for k, v in t.items()}
     res["rounds"] = repeats
     res.update(activation_bytes=max(act, store), saved_bytes=act, store_bytes=store,
-               output_bytes=0 if last else grad.numel() * grad.element_size(),
+               output_bytes=0 if last else sum(g.numel() * g.element_size()
+                                               for g in _floats(grad)),
                param_bytes=sum(p.numel() * p.element_size() for p in module.parameters()))
     return res
 
@@ -236,7 +270,7 @@ def profile_layers(cfg: ModelConfig, *, device: str = "cpu", repeats: int = 5,
             out.append(max(1, int(round(r["F"] + r["I"] + r["W"]))))
             if s < L + 1:
                 with torch.no_grad():
-                    x = workload.build_stage(fine, s, L + 2).to(dev)(x)
+                    x = _call(workload.build_stage(fine, s, L + 2).to(dev), x)
     finally:
         torch.set_num_threads(before)
     return out

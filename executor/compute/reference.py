@@ -6,7 +6,10 @@ equal one optimizer over the whole model), at the learning rate of iteration i
 (optim/schedule.py), with gradients clipped by the global norm over all stages
 (optim/clip.py: per-stage float64 sums added in stage order, as the workers do).
 bf16: each stage's forward (and the loss) runs under autocast, as StageCompute does, so
-the stage boundaries see the same dtypes. The layers run their native ops here (no
+the stage boundaries see the same dtypes.
+Weights tied across stages (runtime/tied.py) are separate copies here too, as on the
+workers: before the step the owner's gradient becomes g_owner + g_mirror (stage order),
+the mirror's copy is not stepped, and after the step it takes the owner's value. The layers run their native ops here (no
 deferred W), so this also checks the I/W split of every distributed or local run against
 ordinary autograd.
 """
@@ -22,7 +25,8 @@ from torch import Tensor, nn
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import autocast, boundary_cast
 from executor.optim.clip import coefficient, global_norm, scale_, stage_sq_norm
-from executor.optim.schedule import lr_at, set_lr
+from executor.optim.schedule import IterationLR
+from executor.runtime.tied import check_tie_table, copy_from_owners, sum_into_owners, ties_of
 
 
 @dataclass
@@ -105,7 +109,10 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
                     stages: int, *, workload: Workload = DEFAULT_WORKLOAD) -> Summary:
     wl = workload
     modules = [wl.build_stage(cfg, s, stages) for s in range(stages)]
+    ties = sorted({t for m in modules for t in ties_of(m)}, key=lambda t: t.holders)
+    check_tie_table(ties, modules)
     opts = [wl.make_optimizer(cfg, m.parameters()) for m in modules]
+    lrs = [IterationLR(opt, cfg) for opt in opts]
     n = replicas * microbatches
     scale = 1.0 / n
     losses, norms = [], []
@@ -127,14 +134,16 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
             (loss * scale).backward()
             total += float(loss.detach())
         losses.append(total / n)
+        sum_into_owners(modules, ties)
         grads = [[p.grad for p in m.parameters()] for m in modules]
         norms.append(global_norm([stage_sq_norm(gs) for gs in grads]))
         c = coefficient(norms[-1], cfg.clip) if cfg.clip > 0 else 1.0
-        for opt, gs in zip(opts, grads):
+        for opt, lr, gs in zip(opts, lrs, grads):
             if c < 1.0:
                 scale_(gs, c)
-            set_lr(opt, lr_at(cfg, it))
+            lr.at(it)
             opt.step()
             opt.zero_grad(set_to_none=True)
+        copy_from_owners(modules, ties)
     return Summary(losses=losses, param_checksums=[checksum(m) for m in modules],
                    state=[snapshot(m) for m in modules], grad_norms=norms)

@@ -81,6 +81,12 @@ class StageCompute:
         # False under a plan of fused B: F then skips what only I needs (the first stage's
         # trunk seeds, a global module hook that slows every module call)
         self.split = True
+        # The first stage sends no input gradient, so nothing waits for its I: by default
+        # its I does nothing and its W is one plain backward (as torch's PipelineStage
+        # does), all of it deferrable and as cheap as fused B. True: split it like the
+        # other stages (the trunk seeded at its first modules; kept for measurement,
+        # benchmarks/split_backward_ab.py, and the tests of that machinery)
+        self.split_first = False
         self._params = [p for p in module.parameters() if p.requires_grad]
         self._all_params = list(module.parameters())
         self._first = self._all_params[0] if self._all_params else None  # see device
@@ -109,13 +115,14 @@ class StageCompute:
         # fresh leaves: I stops here (reads their gradients); on the first stage a floating
         # input is a leaf too, only to mark the trunk for I (not under fused B): its
         # gradient is never computed
-        mark = self.split or not self.is_first
+        mark = not self.is_first or (self.split and self.split_first)
         xs = [t.detach().requires_grad_(True) if mark and t.is_floating_point() else t.detach()
               for t in xs]
         leaves = [t for t in xs if t.requires_grad]
         ledger = SavedLedger(self._params) if self.track_memory else None
         # ids/masks have no autograd node: the modules they enter start the trunk instead
-        ids = self.split and self.is_first and any(not t.is_floating_point() for t in xs)
+        ids = self.split and self.is_first and self.split_first and any(
+            not t.is_floating_point() for t in xs)
         seeding = split_backward.seeding_trunk(xs) if ids else nullcontext([])
         with torch.enable_grad(), autocast(self.precision, self.device), seeding as seeds, \
                 (ledger.recording() if ledger else nullcontext()):
@@ -146,6 +153,9 @@ class StageCompute:
             raise RuntimeError(f"I of micro-batch {g} under a plan of fused backward (B only)")
         st = self._take_after_f(g, grad)
         roots, grads = self._roots(st, grad)
+        if self.is_first and not self.split_first:  # all of it in W (see __init__)
+            self._after_i[g] = (split_backward.PendingW([], (roots, grads)), st.ledger)
+            return None
         gx, pending, stray = split_backward.backward_input(roots, grads, st.leaves, st.seeds,
                                                            self._plans)
         self._report(stray)

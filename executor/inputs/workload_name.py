@@ -1,8 +1,12 @@
 """`--model NAME[:FLAVOUR]`: which Workload (executor.compute.model) to train or profile.
 
 NAME is a built-in family (`gpt`, `llama`; executor/models/families.py) with an optional
-flavour (`llama:8b`), or an import path `package.module:factory`, where `factory` is a
-Workload or a callable that takes no argument and returns one. A built-in family's name
+flavour (`llama:8b`), a Hugging Face config `hf:CONFIG[?key=value&...]`
+(executor/models/hf.py), or an import path `package.module:factory`, where `factory` is a
+Workload, a callable that takes no argument and returns one, or a plain nn.Module
+factory (no argument, or the ModelConfig) with its pieces in order after `?split=`
+(`package.module:MyModel?split=emb,blocks.0,blocks.1,head`; none for an nn.Sequential),
+which executor/models/modules.py splits into stages. A built-in family's name
 wins over a module of the same name. The name travels to every
 worker through the coordinator's store, so workers, torchrun'd workers and the reference
 all train the same model. Loaded like `python -m` does: the current directory is on the
@@ -24,6 +28,12 @@ DEFAULT_MODEL = "gpt"
 
 
 def _factory(name: str):
+    if name.startswith("hf:"):
+        from executor.models.hf import workload as hf_workload
+        return lambda: hf_workload(name)
+    name, _, query = name.partition("?")
+    if query:
+        return _module_factory(name, query)
     family = split_name(name)  # ValueError for an unknown flavour of a built-in
     if family is not None:
         return family[0].workload
@@ -43,6 +53,19 @@ def _factory(name: str):
         return getattr(mod, attr)
     except AttributeError:
         raise ValueError(f"--model {name}: module {mod_name} has no {attr!r}") from None
+
+
+def _module_factory(name: str, query: str):
+    """`package.module:factory?split=a,b,c`: a plain nn.Module factory and its pieces."""
+    key, sep, value = query.partition("=")
+    if key != "split" or not sep or not value or "" in value.split(","):
+        raise ValueError(f"--model {name}?{query}: after '?' give split=PIECE,PIECE,... "
+                         f"(the model's submodules in forward order)")
+    from executor.models.modules import module_workload
+    target = _factory(name)
+    if not callable(target):
+        raise ValueError(f"--model {name}: {type(target).__name__} is not an nn.Module factory")
+    return lambda: module_workload(target, value.split(","), reads_tokens=True)
 
 
 def load_workload(name: str) -> Workload:

@@ -79,11 +79,18 @@ def architecture(name: str, **given: Optional[int]) -> dict:
     flavour = None
     if resolved is not None and resolved[1] is not None:
         flavour = resolved[0].flavours[resolved[1]]
+    if name.startswith("hf:"):  # the Hugging Face config fixes the shape
+        from executor.models.hf import shape as hf_shape
+        return _within(name, name, hf_shape(name), given)
     if flavour is None:  # gpt or an import path: the flags, else the GPT's defaults
         return {k: (given.get(k) if given.get(k) is not None else v)
                 for k, v in GPT_DEFAULTS.items()}
-    shape = flavour.shape()
     label = name if ":" in name else f"{name} (= {name}:{resolved[1]})"
+    return _within(name, label, flavour.shape(), given)
+
+
+def _within(name: str, label: str, shape: dict, given: dict) -> dict:
+    """shape with the flags given: a free field takes the flag, another must agree."""
     for key, value in given.items():
         if value is None:
             continue

@@ -1,10 +1,19 @@
 """Clipping by the global gradient norm over the whole model, computed identically in the
 workers and the reference.
 
-Each stage contributes the float64 sum of its gradients' squares (per tensor in float64,
-then summed in parameter order); the global norm is the square root of the stage sums
-added in stage order. The coefficient is torch.nn.utils.clip_grad_norm_'s:
-max_norm / (norm + 1e-6), applied only when below 1 (multiplying by 1.0 changes no bit).
+Each stage contributes the square of its gradients' norm, computed by torch's own
+torch.nn.utils.get_total_norm (foreach kernels, one reduction per device and dtype) and
+read to the host once per stage (one sync; the first version read every parameter's sum,
+one sync per parameter); the global norm is the square root of the stage squares added in
+float64 in stage order. The coefficient is torch.nn.utils.clip_grad_norm_'s:
+max_norm / (norm + 1e-6), applied (torch._foreach_mul_) only when below 1.
+
+Why not clip_grad_norm_ itself: its norm is one process's parameters, ours is the whole
+model's, summed over stages that live in other processes; and under the staggered
+optimizer a stage may step before the other stages' norms are known, so the coefficient
+must be a number the stepper can apply later to gradients it kept (runtime/stepper.py).
+Every peer of a stage publishes the same value (its gradients are identical after the
+all-reduce, and the same code runs on the same device type and thread count).
 
 In a pipeline each stage's sum lives in another process, and a stage steps as soon as its
 own all-reduce is done (staggered optimizer). Waiting for every stage's sum before stepping
@@ -27,12 +36,11 @@ EPS = 1e-6  # clip_grad_norm_'s
 
 
 def stage_sq_norm(grads: Sequence[Optional[Tensor]]) -> float:
-    """Sum of squares of a stage's gradients, in float64, in parameter order."""
-    total = 0.0
-    for g in grads:
-        if g is not None:
-            total += float(g.detach().double().pow(2).sum())
-    return total
+    """Squared norm of a stage's gradients (one reduction, one read to the host)."""
+    present = [g.detach() for g in grads if g is not None]
+    if not present:
+        return 0.0
+    return float(torch.nn.utils.get_total_norm(present, 2.0)) ** 2
 
 
 def global_norm(stage_sums: Sequence[float]) -> float:
@@ -45,9 +53,9 @@ def coefficient(norm: float, max_norm: float) -> float:
 
 
 def scale_(grads: Sequence[Optional[Tensor]], c: float) -> None:
-    for g in grads:
-        if g is not None:
-            g.mul_(c)
+    present = [g for g in grads if g is not None]
+    if present:
+        torch._foreach_mul_(present, c)
 
 
 class NormWaitTimeout(RuntimeError):

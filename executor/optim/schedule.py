@@ -1,32 +1,42 @@
-"""The learning rate as a pure function of the iteration number.
-
-No scheduler object and no scheduler state: the rate of iteration `it` is set on the
-optimizer's param groups right before its step, so a rollback, a re-run under a new plan,
-a restarted worker and a resumed checkpoint all get it right without restoring anything.
+"""The learning rate as a pure function of the iteration number, applied through torch's
+own torch.optim.lr_scheduler.LambdaLR.
 
     warm-up (it < warmup):  lr * (it + 1) / warmup
     constant:               lr
-    cosine:                 min_lr + (lr - min_lr) * (1 + cos(pi * t)) / 2,
-                            t = (it - warmup) / (total - warmup), min_lr = min_lr_ratio * lr,
-                            and min_lr from `total` on (a run longer than its horizon).
+    cosine:                 lr * (r + (1 - r) * (1 + cos(pi * t)) / 2),
+                            t = (it - warmup) / (total - warmup), r = min_lr_ratio,
+                            and lr * r from `total` on (a run longer than its horizon).
+
+`lr_factor` is the multiplier LambdaLR takes as its lr_lambda, so `lr_at` (what the
+reference and tests read) and the scheduler give the same bits: base lr * factor.
+
+What is kept from the stateless first version, and why: LambdaLR counts its own steps
+(last_epoch), but a rollback re-runs iterations, a re-run under a new plan repeats one, a
+restarted worker joins mid-run and a resumed checkpoint starts anywhere; under the
+staggered optimizer a clip redo steps iteration `it` again after `it + 1` may have begun.
+A step counter would drift in each case, and would have to be saved, restored and rolled
+back with the optimizer. So `IterationLR.at(it)` sets the counter to `it` and applies
+that iteration's rate right before the step: the scheduler's state is the iteration
+number, nothing to restore.
 """
 from __future__ import annotations
 
 import math
 
 import torch
+from torch.optim.lr_scheduler import LambdaLR
 
 SCHEDULES = ("constant", "cosine")
 
 
-def lr_at(cfg, it: int) -> float:
-    """Learning rate of iteration `it` under cfg's lr, lr_schedule, warmup_iters,
-    total_iters and min_lr_ratio."""
-    lr, warmup = cfg.lr, cfg.warmup_iters
+def lr_factor(cfg, it: int) -> float:
+    """The rate of iteration `it` as a multiple of cfg.lr, under cfg's lr_schedule,
+    warmup_iters, total_iters and min_lr_ratio."""
+    warmup = cfg.warmup_iters
     if it < warmup:
-        return lr * (it + 1) / warmup
+        return (it + 1) / warmup
     if cfg.lr_schedule == "constant":
-        return lr
+        return 1.0
     if cfg.lr_schedule != "cosine":
         raise ValueError(f"unknown learning-rate schedule {cfg.lr_schedule!r}; "
                          f"choose one of {', '.join(SCHEDULES)}")
@@ -34,11 +44,38 @@ def lr_at(cfg, it: int) -> float:
     if total <= warmup:
         raise ValueError(f"a cosine schedule needs total_iters ({total}) above "
                          f"warmup_iters ({warmup})")
-    floor = cfg.min_lr_ratio * lr
+    floor = cfg.min_lr_ratio
     if it >= total:
         return floor
     t = (it - warmup) / (total - warmup)
-    return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+    return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def lr_at(cfg, it: int) -> float:
+    """Learning rate of iteration `it` (what IterationLR sets for cfg.lr as base)."""
+    return cfg.lr * lr_factor(cfg, it)
+
+
+class IterationLR(LambdaLR):
+    """LambdaLR on lr_factor, positioned by iteration number instead of counted steps
+    (module docstring). Every param group's base rate is cfg.lr."""
+
+    def __init__(self, opt: torch.optim.Optimizer, cfg):
+        for group in opt.param_groups:  # the base LambdaLR multiplies, whatever the
+            group["initial_lr"] = cfg.lr  # optimizer was built with
+        self.cfg = cfg
+        super().__init__(opt, lambda it: lr_factor(cfg, it), last_epoch=-1)
+
+    def at(self, it: int) -> float:
+        """Set iteration `it`'s rate on the optimizer; returns it."""
+        self.last_epoch = it
+        # LambdaLR's rule (get_lr) from its public fields: get_lr itself warns when
+        # called outside step(), and step() counts instead of being told the iteration
+        lrs = [base * f(it) for base, f in zip(self.base_lrs, self.lr_lambdas)]
+        for group, lr in zip(self.optimizer.param_groups, lrs):
+            group["lr"] = lr
+        self._last_lr = lrs
+        return lrs[0]
 
 
 def set_lr(opt: torch.optim.Optimizer, lr: float) -> None:

@@ -19,6 +19,11 @@ So each stage publishes its squared norm for (plan version, iteration) and then:
     step with the coefficient known up front: the snapshot restore is exact.
 Counters (`stats`) say how often each case happened and what the redos cost.
 
+Weights tied across stages (runtime/tied.py): the owner adds the mirrors' gradients before
+its norm and step and publishes the new value once its step is final; a mirror leaves the
+weight out of its step and copies that value in at settle(), which is when its step
+becomes final.
+
 Contract with the caller: an optimistic step keeps references to the gradient tensors
 (p.grad at step time) until settle(); the caller may drop them (p.grad = None) but must
 not change them in place before the next settle() (no in-place zeroing or reuse of one
@@ -34,9 +39,10 @@ import torch
 from torch import nn
 
 from executor.optim.clip import NormBoard, NormWaitTimeout, coefficient, global_norm, scale_, stage_sq_norm
-from executor.optim.schedule import lr_at, set_lr
+from executor.optim.schedule import IterationLR
 from executor.optim.snapshot import StageSnapshots
 from executor.runtime.comm import CommError, Superseded
+from executor.runtime.tied import TiedExchange, wait_keys
 
 _PLAN_COUNTER = "plan/version"  # rendezvous.publish_plan's: newest version + 1
 
@@ -73,12 +79,14 @@ class StageStepper:
         self.stage, self.stages, self.store = stage, stages, store
         self.params = [p for group in opt.param_groups for p in group["params"]]
         self.snapshots = StageSnapshots(module, opt)
+        self.lr = IterationLR(opt, cfg)  # the rate is set by iteration number: optim/schedule.py
         self.board: Optional[NormBoard] = None
         if cfg.clip > 0:
             if store is None:
                 raise ValueError("clipping by the global norm needs the run's store")
             self.board = NormBoard(store, stages)
         self.pending: Optional[_Pending] = None
+        self.tied = TiedExchange(module, stage, store)
         self.published: list[tuple[int, int]] = []  # (version, iteration) of our norm keys
         self.stats = StepStats()
         self.idle_cpu_s = 0.0  # CPU time of idle() copies since the agent last reset it
@@ -95,12 +103,16 @@ class StageStepper:
 
     def step(self, it: int, version: int) -> None:
         """Snapshot the pre-step state of iteration `it`, then step (plan `version`)."""
-        if self.pending is not None:
+        if self.pending is not None or self.tied.pending is not None:
             self.settle()  # defensive: a step is always taken from a final state
+        if self.tied.active:  # mirrors publish (and drop) theirs, owners add them
+            self.tied.send_grads(version, it)
+            self.tied.add_grads(version, it, self._waiter(version, f"tied gradients of "
+                                                                   f"iteration {it}"))
         t0 = time.perf_counter()
         self.snapshots.capture(it)
         t1 = time.perf_counter()
-        set_lr(self.opt, lr_at(self.cfg, it))
+        self.lr.at(it)
         final = True
         if self.board is not None:
             grads = [p.grad for p in self.params]
@@ -121,13 +133,27 @@ class StageStepper:
         self.stats.snapshot_s += t1 - t0
         self.stats.step_s += time.perf_counter() - t1
         if final:
-            self.snapshots.copy_ahead(it + 1)
+            self.tied.send_values(version, it)
+            if self.tied.pending is None:  # a mirror's step is final once its copy is in
+                self.snapshots.copy_ahead(it + 1)
+
+    def _waiter(self, version: int, what: str):
+        def wait(keys):
+            try:
+                wait_keys(self.store, keys, self.wait_s, lambda: self._leave_if_newer(version), what)
+            except TimeoutError as exc:  # the agent aborts the iteration and re-syncs
+                raise CommError(str(exc)) from exc
+        return wait
 
     def settle(self) -> None:
         """Make the last step final before its parameters are used: if it was taken
         optimistically and the global norm says the clip applies, redo it."""
         pend = self.pending
         if pend is None:
+            if self.tied.pending is not None:
+                version, it = self.tied.pending
+                self.tied.receive_values(self._waiter(version, f"tied weights of step {it}"))
+                self.snapshots.copy_ahead(it + 1)
             return
         t0 = time.perf_counter()
         try:
@@ -149,7 +175,7 @@ class StageStepper:
             saved = [p.grad for p in self.params]
             for p, g in zip(self.params, pend.grads):
                 p.grad = g
-            set_lr(self.opt, lr_at(self.cfg, pend.it))
+            self.lr.at(pend.it)
             self.opt.step()
             for p, g in zip(self.params, saved):
                 p.grad = g
@@ -159,6 +185,8 @@ class StageStepper:
             self.log(f"clip: redid step {pend.it} (plan v{pend.version}): global norm "
                      f"{norm:.6g} > {self.cfg.clip:g}, x{c:.6g}, {dt * 1e3:.2f} ms "
                      f"(waited {(t1 - t0) * 1e3:.2f} ms for the norms)")
+        self.tied.send_values(pend.version, pend.it)
+        self.tied.receive_values(self._waiter(pend.version, f"tied weights of step {pend.it}"))
         self.snapshots.copy_ahead(pend.it + 1)
 
     def _leave_if_newer(self, version: int) -> None:
@@ -175,12 +203,14 @@ class StageStepper:
     def rollback(self, r: int) -> None:
         """Restore the state before step `r` (which this worker took)."""
         self.pending = None  # a step of r or later is undone, settled or not
+        self.tied.pending = None
         self.snapshots.restore(r)
 
     def keep_before(self, r: int) -> None:
         """Forget snapshots of iterations >= r (they will be re-run)."""
         if self.pending is not None and self.pending.it >= r:
             self.pending = None
+        self.tied.drop_from(r)
         self.snapshots.restart(r)  # buffers as before r's aborted forward, if we have them
         self.snapshots.drop(lambda it: it < r)
 
@@ -189,6 +219,7 @@ class StageStepper:
         an unsettled step may still have to be redone from)."""
         keep = self.pending.it if self.pending is not None else None
         self.snapshots.drop(lambda it: it > committed or it == keep)
+        self.tied.forget_before(committed)
         if self.board is not None:  # every worker has settled committed - 1: its keys go
             done = [k for k in self.published if k[1] < committed]
             self.published = [k for k in self.published if k[1] >= committed]
