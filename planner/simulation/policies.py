@@ -30,14 +30,27 @@ class Params:
     bamboo_failover_s: float = 5.0
     bamboo_rc_hidden: float = 0.0  # share of Bamboo's redundant forward hidden in bubbles
     swift_log_overhead: float = 0.02  # share of throughput SWIFT's logging costs
+    # checkpoint-restart: restart on the replicas left whole (shrink the global batch, as
+    # torchrun --nnodes MIN:MAX users do) instead of waiting for spares or repairs
+    checkpoint_shrink: bool = False
+    # Bamboo on multi-GPU nodes: its own placement (a node holds one stage of G pipelines,
+    # so a stage and its shadow never share a node) instead of the trace's
+    bamboo_own_placement: bool = True
+    snapshot_every: int = 5  # recycle: iterations between peer-memory snapshots
+    horizon_s: Optional[float] = None  # recycle: amortisation horizon (None: the trace's
+    # mean time between events)
 
 
 class Context:
     """What every policy reads: the job, its period source, pipeline estimates."""
 
     def __init__(self, job: JobSpec, model: Model, unit_s: float, periods: RecyclePeriods,
-                 pipelines: Pipelines, params: Params):
+                 pipelines: Pipelines, params: Params, node_of=None,
+                 horizon_s: Optional[float] = None):
         self.job, self.model, self.unit_s, self.params = job, model, unit_s, params
+        self.node_of = node_of or (lambda w: w)  # which node a worker (home slot) is on
+        # expected time to the next event: what a move's gain is amortised over
+        self.horizon_s = params.horizon_s or horizon_s or 3600.0
         self.periods, self.pipelines = periods, pipelines
         self.P0 = periods(frozenset())
         self.DM, self.M = job.num_microbatches, job.microbatches
@@ -91,12 +104,13 @@ class Policy:
         return Decision(0.0, 0.0, lose="checkpoint", note=note)
 
 
-class Recycle(Policy):
-    """Re-route to same-stage peers: the plan's period for the failed set. A failure costs
-    the detection delay and the iteration in flight; a rejoin costs nothing (state comes
-    from a live peer while the others train); a stage with no live worker halts until a
-    repair, then restarts from the last checkpoint."""
-    name = "recycle"
+class RecycleFixed(Policy):
+    """The paper's ReCycle, each worker bound to its stage for life: re-route to same-stage
+    peers, the plan's period for the failed set. A failure costs the detection delay and
+    the iteration in flight; a rejoin costs nothing (state comes from a live peer while the
+    others train); a stage with no live worker halts until a repair, then restarts from the
+    last checkpoint. (`recycle`, with roles, is planner/simulation/elastic.py.)"""
+    name = "recycle-fixed"
 
     def steady(self, failed, speed):
         if dead_stage(self.ctx.job, failed) is not None:
@@ -116,7 +130,7 @@ class Recycle(Policy):
         return d  # a rejoin or a new speed: the next iteration runs the new plan
 
 
-class SwiftReplay(Recycle):
+class SwiftReplay(RecycleFixed):
     """ReCycle's re-routing, plus SWIFT's logging: every stage's inputs (activations and
     gradients) are logged, so a stage with no live worker is restored alone, from its
     last checkpoint, and replays the logged iterations since (on the workers of that stage
@@ -179,7 +193,16 @@ class CheckpointRestart(Policy):
     waits for repairs. Pays the checkpoints in steady state (as every policy does)."""
     name = "checkpoint-restart"
 
+    def _whole(self, failed) -> int:
+        return self.ctx.job.replicas - len({d for d, _ in failed})
+
     def steady(self, failed, speed):
+        if self.ctx.params.checkpoint_shrink:
+            # the spares fill failed slots; the replicas still short of a worker are left out
+            left = sorted(failed)[self.ctx.params.spares:]
+            n = self._whole(left)
+            s = self.ctx.slowest(frozenset(), speed)
+            return Decision(n * self.ctx.M / self.ctx.P0 * s, self.ctx.P0 / s) if n else Decision(0.0)
         if len(failed) > self.ctx.params.spares:
             return Decision(0.0)
         s = self.ctx.slowest(frozenset(), speed)
@@ -189,11 +212,20 @@ class CheckpointRestart(Policy):
         p = self.ctx.params
         if kind == "speed":
             return None if self.halted else self.steady(after, speed)
+        if kind == "recover" and p.checkpoint_shrink and not self.halted:
+            # grow back when a replica is whole again: a planned restart (checkpoint first,
+            # nothing lost), as an elastic launcher does on a membership change
+            d = self.steady(after, speed)
+            if d.rate > self.steady(before, speed).rate:
+                return Decision(d.rate, d.iter_s, stall_s=p.restart_s, note="grown on repair")
+            return None
         if kind == "recover":
             return self._restart(after, speed) if self.halted else None
         if self.halted:
             return None
         d = self.steady(after, speed)
+        if p.checkpoint_shrink and d.rate == self.steady(before, speed).rate:
+            return None  # only replicas already left out (or spares cover it)
         self.halted = d.rate <= 0
         return Decision(d.rate, d.iter_s, lose="checkpoint", stall_s=p.detect_s + p.restart_s,
                         note="restart on spares" if d.rate > 0 else "waiting for repair")
@@ -411,5 +443,7 @@ class Bamboo(Policy):
         return Decision(d.rate, d.iter_s, stall_s=p.bamboo_failover_s)
 
 
-POLICIES = {cls.name: cls for cls in (Recycle, CheckpointRestart, Rollback, LossyForward,
-                                      DropReplica, Oobleck, Bamboo, SwiftReplay)}
+from planner.simulation.elastic import ElasticRecycle  # noqa: E402 (it builds on Policy)
+
+POLICIES = {cls.name: cls for cls in (ElasticRecycle, RecycleFixed, CheckpointRestart, Rollback,
+                                      LossyForward, DropReplica, Oobleck, Bamboo, SwiftReplay)}

@@ -1,0 +1,308 @@
+"""Roles: which live worker fills which slot (docs/design.md, "Roles").
+
+The schedule is per slot (replica, stage); a role puts a live worker in a slot, and so
+decides which slots are filled. When failures leave the stages unevenly served, moving a
+worker from a well-served stage into the weakest one raises the rate (the period is set by
+the stage whose workers carry the most micro-batches each). A move costs loading the
+stage's parameters and optimizer state (`JobSpec.move_time`); it is worth it when the time
+it saves before the next event (the horizon) exceeds the time it stalls.
+
+`choose_roles` is pure: live workers with their current slots (None: a fresh worker with
+no state) in, slots and moves out. The choice is made on `count_bound`, a proven lower
+bound on the period of any plan whose stages have the given numbers of live workers
+(whichever slots they fill), and checked, when a `period` function is given (the planner's
+own period for a failed set), on the candidates' real periods.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
+
+from planner.bounds import span_bound
+from planner.job import JobSpec
+from planner.plan import Move, Role
+
+Worker = tuple[int, int]
+
+
+class NoRolesError(RuntimeError):
+    """Fewer live workers than stages: no assignment serves every stage."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    roles: list[Role]  # one per live worker, sorted by slot
+    moves: list[Move]  # workers that take a stage they do not hold
+    failed: list[Worker]  # the empty slots: the failed set the schedule is planned for
+    counts: list[int]  # live workers per stage
+    period: int  # the chosen candidate's period (or its count bound, with no `period`)
+    bound: int  # count_bound of the counts: no plan on these filled slots beats it
+    stall: int  # time units the moves stall the job (loads run in parallel: the longest)
+    candidates: list[tuple[int, int, int]] = field(default_factory=list)  # (moves, period, stall)
+
+    @property
+    def snapshot_stages(self) -> list[int]:
+        return sorted({m.to_stage for m in self.moves if m.source == "snapshot"})
+
+
+def failed_of(roles: list[Role], replicas: int, stages: int) -> list[Worker]:
+    """The failed set a plan with these roles is planned for: every slot no role fills."""
+    filled = {(r.replica, r.stage) for r in roles}
+    return [(d, s) for d in range(replicas) for s in range(stages) if (d, s) not in filled]
+
+
+def identity_roles(job: JobSpec, failed) -> list[Role]:
+    """The roles a plan without roles means: worker "r.s" in slot (r, s)."""
+    dead = {tuple(f) for f in failed}
+    return [Role(worker=f"{d}.{s}", replica=d, stage=s) for d in range(job.replicas)
+            for s in range(job.stages) if (d, s) not in dead]
+
+
+# ---- the bound on counts ----------------------------------------------------------------
+def _chains(job: JobSpec) -> list[int]:
+    """Per stage, the least round trip from its F's end to its I's start through the later
+    stages, at the fastest durations and the least delay: no filled-slot set does better."""
+    S = job.stages
+    fast = {op: [min(job.duration(op, d, s) for d in range(job.replicas)) for s in range(S)]
+            for op in "FI"}
+    hop = job.min_delay
+    out, acc = [0] * S, 0
+    for s in range(S - 1, -1, -1):
+        out[s] = acc
+        acc += fast["F"][s] + fast["I"][s] + 2 * hop
+    return out
+
+
+def stage_count_bound(job: JobSpec, stage: int, count: int, chain: Optional[int] = None) -> int:
+    """No worker of `stage` spans less when `count` workers share its D*M micro-batches:
+    one of them runs at least ceil(D*M / count) (planner/bounds.py's span bound, at the
+    fastest durations any replica of the stage has)."""
+    if count <= 0:
+        return 2**62
+    if chain is None:
+        chain = _chains(job)[stage]
+    n = -(-job.num_microbatches // count)
+    fastest = min(range(job.replicas),
+                  key=lambda d: sum(job.duration(op, d, stage) for op in ("F", "I", "W", "OPT")))
+    return span_bound(job, fastest, stage, n, chain)
+
+
+def count_bound(job: JobSpec, counts: list[int]) -> int:
+    """A lower bound on the period of every plan whose stage s has counts[s] live workers,
+    whichever slots they fill and whoever fills them (section "Roles" of docs/planner.md)."""
+    chains = _chains(job)
+    return max(stage_count_bound(job, s, c, chains[s]) for s, c in enumerate(counts))
+
+
+def best_counts(job: JobSpec, n: int) -> list[int]:
+    """Counts of n workers (each stage at least 1, at most D) with the least count_bound:
+    one worker at a time to the stage whose bound is highest. The per-stage bounds do not
+    grow with the count, so this min-max is optimal."""
+    S, D = job.stages, job.replicas
+    if n < S:
+        raise NoRolesError(f"{n} live workers cannot serve {S} stages")
+    chains = _chains(job)
+    counts = [1] * S
+    for _ in range(min(n, S * D) - S):
+        open_ = [s for s in range(S) if counts[s] < D]
+        s = max(open_, key=lambda s: (stage_count_bound(job, s, counts[s], chains[s]), -s))
+        counts[s] += 1
+    return counts
+
+
+def elastic_bound(job: JobSpec, n: int) -> int:
+    """No plan on n live workers, whatever their roles, has a shorter period."""
+    return count_bound(job, best_counts(job, n))
+
+
+# ---- choosing -----------------------------------------------------------------------------
+def _home(worker: str, job: JobSpec) -> Optional[Worker]:
+    try:
+        r, s = (int(x) for x in worker.split("."))
+    except ValueError:
+        return None
+    return (r, s) if 0 <= r < job.replicas and 0 <= s < job.stages else None
+
+
+def _targets(job: JobSpec, have: list[int], n: int) -> list[int]:
+    """The counts with the least bound that keep as many workers where they are as
+    possible: each stage gets what the optimum needs, the rest stay put, then go (fresh
+    workers) where they lower the bound most."""
+    S, D = job.stages, job.replicas
+    chains = _chains(job)
+    opt = count_bound(job, best_counts(job, n))
+    need = []
+    for s in range(S):
+        c = 1
+        while stage_count_bound(job, s, c, chains[s]) > opt:
+            c += 1
+        need.append(c)
+    left = n - sum(need)
+    out = list(need)
+    for s in range(S):  # keep workers in place first
+        add = min(left, max(0, min(have[s], D) - out[s]))
+        out[s] += add
+        left -= add
+    while left > 0:
+        open_ = [s for s in range(S) if out[s] < D]
+        if not open_:
+            break
+        s = max(open_, key=lambda s: (stage_count_bound(job, s, out[s], chains[s]), -s))
+        out[s] += 1
+        left -= 1
+    return out
+
+
+def _stay_counts(job: JobSpec, have: list[int], fresh: int) -> tuple[list[int], int]:
+    """No worker changes stage but the ones an empty stage needs (forced: taken from the
+    stage that loses least); fresh workers go where they lower the bound most. Returns the
+    counts and the number of forced moves."""
+    S, D = job.stages, job.replicas
+    chains = _chains(job)
+    out, forced = list(have), 0
+    for s in range(S):
+        if out[s] == 0:
+            if fresh > 0:
+                fresh -= 1
+            else:
+                donors = [t for t in range(S) if out[t] > 1]
+                t = min(donors, key=lambda t: (stage_count_bound(job, t, out[t] - 1, chains[t]), t))
+                out[t] -= 1
+                forced += 1
+            out[s] = 1
+    while fresh > 0:
+        open_ = [s for s in range(S) if out[s] < D]
+        s = max(open_, key=lambda s: (stage_count_bound(job, s, out[s], chains[s]), -s))
+        out[s] += 1
+        fresh -= 1
+    return out, forced
+
+
+def _path(job: JobSpec, start: list[int], target: list[int]) -> list[list[int]]:
+    """Count vectors from `start` to `target`, one move at a time, each move the one that
+    lowers the bound most (from a stage above its target to one below)."""
+    chains = _chains(job)
+    cur, out = list(start), [list(start)]
+    while cur != target:
+        gives = [s for s in range(job.stages) if cur[s] > target[s]]
+        takes = [s for s in range(job.stages) if cur[s] < target[s]]
+        to = max(takes, key=lambda s: (stage_count_bound(job, s, cur[s], chains[s]), -s))
+        frm = min(gives, key=lambda s: (stage_count_bound(job, s, cur[s] - 1, chains[s]), s))
+        cur[to] += 1
+        cur[frm] -= 1
+        out.append(list(cur))
+    return out
+
+
+def place(job: JobSpec, live: Mapping[str, Optional[Worker]], counts: list[int]
+          ) -> tuple[list[Role], list[Move]]:
+    """Slots for `counts`: workers whose stage keeps its count keep their slots; a stage
+    over its count gives up the workers in the emptiest replicas; movers and fresh workers
+    take the empty slots of stages under their count (a worker's own replica first, else
+    the fullest replica, so that replicas stay whole)."""
+    S, D = job.stages, job.replicas
+    by_stage: dict[int, list[str]] = {s: [] for s in range(S)}
+    fresh = []
+    for w, slot in sorted(live.items()):
+        (fresh.append(w) if slot is None else by_stage[slot[1]].append(w))
+    filled = {live[w]: w for s in range(S) for w in by_stage[s]}
+    per_replica = [sum(1 for (d, _) in filled if d == r) for r in range(D)]
+    movers: list[tuple[str, int]] = []  # (worker, from stage)
+    for s in range(S):
+        ws = by_stage[s]
+        while len(ws) > counts[s]:
+            w = min(ws, key=lambda w: (per_replica[live[w][0]], -live[w][0]))
+            ws.remove(w)
+            del filled[live[w]]
+            per_replica[live[w][0]] -= 1
+            movers.append((w, s))
+    # fresh workers first to their home slot when its stage wants one
+    joiners = [(w, None) for w in fresh]
+    joiners.sort(key=lambda x: (_home(x[0], job) is None, x[0]))
+    roles_at: dict[Worker, str] = dict(filled)
+    moves: list[Move] = []
+    want = {s: counts[s] - len(by_stage[s]) for s in range(S)}
+    had = {s: len(by_stage[s]) for s in range(S)}
+    pending = []
+    for w, frm in joiners + movers:
+        home = _home(w, job) if frm is None else live[w]
+        # the own slot / own replica when its stage wants a worker
+        pick = None
+        if frm is None and home is not None and want.get(home[1], 0) > 0 and home not in roles_at:
+            pick = home
+        if pick is None:
+            pending.append((w, frm, home))
+            continue
+        _take(job, w, frm, pick, roles_at, want, had, moves, per_replica)
+    for w, frm, home in pending:
+        stages = [s for s in range(S) if want[s] > 0]
+        if not stages:
+            break
+        chains = _chains(job)
+        # the stage whose bound is highest now (where the worker helps most)
+        cur = {s: counts[s] - want[s] for s in stages}
+        s = max(stages, key=lambda s: (stage_count_bound(job, s, cur[s], chains[s]), -s))
+        empty = [d for d in range(D) if (d, s) not in roles_at]
+        mine = home[0] if home is not None else -1
+        d = mine if mine in empty else max(empty, key=lambda d: (per_replica[d], -d))
+        _take(job, w, frm, (d, s), roles_at, want, had, moves, per_replica)
+    roles = sorted((Role(worker=w, replica=d, stage=s) for (d, s), w in roles_at.items()),
+                   key=lambda r: (r.replica, r.stage))
+    return roles, moves
+
+
+def _take(job, w, frm, slot, roles_at, want, had, moves, per_replica) -> None:
+    d, s = slot
+    roles_at[slot] = w
+    want[s] -= 1
+    per_replica[d] += 1
+    if frm != s:
+        source = "peer" if had[s] > 0 else "snapshot"
+        had[s] += 1
+        nbytes = job.state_bytes[s] if job.state_bytes is not None else 0
+        moves.append(Move(worker=w, from_stage=frm, to_stage=s, bytes=nbytes, source=source))
+
+
+def move_stall(job: JobSpec, moves: list[Move]) -> int:
+    """Time units the moves stall the job: workers that leave a stage (and any restore
+    from a snapshot) load in parallel while nobody trains; a fresh worker loads from a
+    live peer while the others still train (as a rejoin does), and stalls no one."""
+    return max((job.move_time(m.to_stage) for m in moves
+                if m.from_stage is not None or m.source == "snapshot"), default=0)
+
+
+def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: float,
+                 period: Optional[Callable[[list[Worker]], int]] = None) -> Assignment:
+    """The assignment of `live` workers (id -> current slot, None for a fresh worker) that
+    trains most over `horizon` time units (the expected time to the next event): each
+    candidate, from "no worker changes stage" to the least-bound counts one move at a
+    time, is worth (horizon - stall) / period; ties go to fewer moves. `period` gives a
+    failed set's period (default: the candidate's count bound)."""
+    S = job.stages
+    slots = [v for v in live.values() if v is not None]
+    if len(set(slots)) != len(slots):
+        raise ValueError("two live workers in one slot")
+    n = len(live)
+    if n < S:
+        raise NoRolesError(f"{n} live workers cannot serve {S} stages")
+    have = [0] * S
+    for _, s in slots:
+        have[s] += 1
+    fresh = n - len(slots)
+    stay, _ = _stay_counts(job, have, fresh)
+    target = _targets(job, have, n)
+    best, cands = None, []
+    for counts in _path(job, stay, target):
+        roles, moves = place(job, live, counts)
+        failed = failed_of(roles, job.replicas, S)
+        bound = count_bound(job, counts)
+        p = period(failed) if period is not None else bound
+        stall = move_stall(job, moves)
+        value = max(0.0, horizon - stall) / p
+        shifted = sum(1 for m in moves if m.from_stage is not None)
+        cands.append((shifted, p, stall))
+        if best is None or value > best[0] * (1 + 1e-12):
+            best = (value, Assignment(roles, moves, failed, counts, p, bound, stall))
+    out = best[1]
+    return Assignment(out.roles, out.moves, out.failed, out.counts, out.period, out.bound,
+                      out.stall, cands)
