@@ -14,8 +14,10 @@ planner may move workers between stages when what that gains before the next eve
     died in the same event, the stage is gone: restore from the checkpoint;
   - a repair: the fresh workers load from live peers while the others train (a rejoin
     costs no one), plus the stall of any move it prompts;
-  - fewer live workers than stages: halted until a repair, then restored from the
-    checkpoint.
+  - fewer live workers than stages: paused (the iteration in flight is lost) until a
+    repair; every stage's state is still in memory (its live holders, or its snapshot), so
+    training resumes from there, unless some stage lost every copy meanwhile: then from
+    the checkpoint.
 """
 from __future__ import annotations
 
@@ -43,6 +45,7 @@ class ElasticRecycle(Policy):
         self.holder: dict[int, str] = {}  # stage -> worker holding its snapshot
         self.moves = 0
         self.snapshot_restores = 0
+        self.lost_copy: Optional[bool] = None  # while paused: whether a stage lost every copy
 
     # ---- helpers -------------------------------------------------------------------
     def _node(self, wid: str):
@@ -95,14 +98,22 @@ class ElasticRecycle(Policy):
         self.live = {_wid((d, s)): None for d in range(D) for s in range(S)
                      if (d, s) not in failed}
         got = self._assign(speed)
-        if got is None:
-            self.halted = True
+        if got is None:  # too few workers to start: started (restart_s) when enough are up
+            self.halted, self.lost_copy = True, True
             return Decision(0.0)
         P = got[0]
         return Decision(self.ctx.DM / P, P)
 
     def steady(self, failed, speed):  # not used: rates come from the roles
         raise NotImplementedError
+
+    def _copies_left(self, gone: set) -> list[int]:
+        """Stages with no copy left: no live worker holds them and their snapshot's holder
+        is gone too."""
+        held = {slot[1] for w, slot in self.live.items() if slot is not None and w not in gone}
+        return [s for s in range(self.ctx.job.stages)
+                if s not in held and (self.holder.get(s) is None or self.holder[s] in gone
+                                      or self.holder[s] not in self.live)]
 
     def on_event(self, kind, workers, before, after, speed, run):
         ctx, p = self.ctx, self.ctx.params
@@ -121,33 +132,39 @@ class ElasticRecycle(Policy):
             P, stall, _ = got
             if self.halted:
                 self.halted = False
-                return Decision(ctx.DM / P, P, stall_s=p.restart_s + stall,
-                                note="restarted from checkpoint")
+                if self.lost_copy:
+                    return Decision(ctx.DM / P, P, lose="checkpoint", stall_s=p.restart_s + stall,
+                                    note="restored from checkpoint")
+                # paused with every stage's state still in memory: resume from it
+                return Decision(ctx.DM / P, P, stall_s=stall, note="resumed from memory")
             return Decision(ctx.DM / P, P, stall_s=stall)
         # a failure
         gone = ids & set(self.live)
-        if self.halted or not gone:
-            for w in gone:
-                self.live.pop(w, None)
+        if not gone:
             return None
-        lost_stages = {slot[1] for w, slot in self.live.items() if w in gone}
+        if self.halted:  # paused: note whether some stage's every copy is now gone
+            self.lost_copy = self.lost_copy or bool(self._copies_left(gone))
+            for w in gone:
+                self.live.pop(w)
+            return None
+        dead_copy = self._copies_left(gone)
+        emptied = sorted({self.live[w][1] for w in gone} - {
+            slot[1] for w, slot in self.live.items() if w not in gone})
         for w in gone:
             self.live.pop(w)
-        held = {slot[1] for slot in self.live.values() if slot is not None}
-        emptied = sorted(lost_stages - held)
-        if any(self.holder.get(s) in gone or s not in self.holder for s in emptied):
-            # a stage and its snapshot died together: only the checkpoint is left
-            got = self._assign(speed)
-            if got is None:
-                return self._halt("a stage and its snapshot lost, too few workers")
-            P, stall, _ = got
-            return Decision(ctx.DM / P, P, lose="checkpoint",
-                            stall_s=p.detect_s + p.restart_s + stall,
-                            note="stage and snapshot lost: restored from checkpoint")
         got = self._assign(speed)
         if got is None:
-            return self._halt("fewer live workers than stages")
+            # fewer live workers than stages: pause; the state stays in memory unless some
+            # stage lost every copy (then only the checkpoint is left)
+            self.halted = True
+            self.lost_copy = bool(dead_copy)
+            return Decision(0.0, 0.0, lose="checkpoint" if dead_copy else "inflight",
+                            note="paused: fewer live workers than stages")
         P, stall, _ = got
+        if dead_copy:
+            return Decision(ctx.DM / P, P, lose="checkpoint",
+                            stall_s=p.detect_s + p.restart_s + stall,
+                            note=f"stage(s) {dead_copy} and snapshot lost: restored from checkpoint")
         if emptied:
             self.snapshot_restores += 1
             return Decision(ctx.DM / P, P, lose="snapshot", stall_s=p.detect_s + stall,
