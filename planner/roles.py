@@ -306,3 +306,29 @@ def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: fl
     out = best[1]
     return Assignment(out.roles, out.moves, out.failed, out.counts, out.period, out.bound,
                       out.stall, cands)
+
+
+def plan_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: float,
+               solver: str = "greedy", **solve_kw):
+    """choose_roles (candidates compared on the greedy back-end's periods), then the plan
+    of `solver` for the chosen filled slots, with its roles and moves. Returns (plan,
+    assignment)."""
+    from planner.simulation.costs import plan_period
+    from planner.solvers.backends import solve
+
+    a = choose_roles(job, live, horizon, lambda failed: plan_period(job, failed))
+    plan = solve(job, a.failed, solver, **solve_kw)
+    return plan.with_roles(a.roles, a.moves), a
+
+
+def live_from_failed(job: JobSpec, failed, fresh: tuple[str, ...] = ()) -> dict[str, Optional[Worker]]:
+    """The live workers of identity roles less `failed` (each in its home slot), plus
+    `fresh` workers with no state."""
+    dead = {tuple(f) for f in failed}
+    live: dict[str, Optional[Worker]] = {f"{d}.{s}": (d, s) for d in range(job.replicas)
+                                         for s in range(job.stages) if (d, s) not in dead}
+    for w in fresh:
+        if w in live:
+            raise ValueError(f"worker {w} is already live")
+        live[w] = None
+    return live

@@ -1,7 +1,7 @@
 """Every policy on the same trace: the simulator's entry point for code."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from planner.job import JobSpec
@@ -20,6 +20,7 @@ class Result:
     base_rate: float  # micro-batches per second without failures
     outcomes: list[Outcome]
     plans_made: int = 0
+    policy_stats: dict = field(default_factory=dict)  # the recycle policy's moves, restores
 
     @property
     def ideal(self) -> float:
@@ -81,7 +82,7 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
         periods.prefetch(failed_sets(job, trace, duration_s), jobs)
     ctx = Context(job, model, unit_s, periods, Pipelines(job, model, unit_s, greedy_period),
                   params, node_of=trace.node_of, horizon_s=mean_gap(trace, duration_s))
-    outcomes = []
+    outcomes, stats = [], {}
     for name in policies:
         policy = POLICIES[name](ctx)
         tr = trace
@@ -90,4 +91,6 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
         outcomes.append(run_policy(policy, tr.events, tr.initial_failed, duration_s,
                                    checkpoint_every_s, checkpoint_cost_s, tick,
                                    snapshot_iters=params.snapshot_every))
-    return Result(job, model, trace, duration_s, ctx.base, outcomes, periods.planned)
+        if name == "recycle":
+            stats = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores}
+    return Result(job, model, trace, duration_s, ctx.base, outcomes, periods.planned, stats)
