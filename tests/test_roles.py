@@ -147,3 +147,16 @@ def test_plans_without_roles_serialise_as_before():
     assert '"roles"' not in text and '"moves"' not in text
     assert '"state_bytes"' not in job.model_dump_json()
     assert Plan.from_json(text).roles is None
+
+
+def test_the_cache_stores_a_plan_with_roles_as_its_schedule_and_serves_it_for_other_roles():
+    from planner.cache import PlanCache
+
+    job = JobSpec.uniform(3, 2, 2)
+    plan, a = plan_roles(job, live_from_failed(job, [(1, 1), (2, 1)], fresh=("n0",)), horizon=1e9)
+    cache = PlanCache()
+    assert cache.put(plan)
+    got = cache.get(job, a.failed)
+    assert got is not None and got.roles is None and got.routes == plan.routes
+    other = [r.model_copy(update={"worker": f"w{i}"}) for i, r in enumerate(plan.roles)]
+    check(got.with_roles(other))
