@@ -86,7 +86,7 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
     for name in policies:
         policy = POLICIES[name](ctx)
         tr = trace
-        if name == "bamboo" and params.bamboo_own_placement:
+        if name in ("bamboo", "bamboo-reform") and params.bamboo_own_placement:
             tr = bamboo_trace(trace)
         outcomes.append(run_policy(policy, tr.events, tr.initial_failed, duration_s,
                                    checkpoint_every_s, checkpoint_cost_s, tick,

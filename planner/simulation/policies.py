@@ -443,7 +443,9 @@ class Bamboo(Policy):
         return Decision(d.rate, d.iter_s, stall_s=p.bamboo_failover_s)
 
 
+from planner.simulation.bamboo_reform import BambooReform  # noqa: E402 (builds on Bamboo)
 from planner.simulation.elastic import ElasticRecycle  # noqa: E402 (it builds on Policy)
 
 POLICIES = {cls.name: cls for cls in (ElasticRecycle, RecycleFixed, CheckpointRestart, Rollback,
-                                      LossyForward, DropReplica, Oobleck, Bamboo, SwiftReplay)}
+                                      LossyForward, DropReplica, Oobleck, Bamboo, SwiftReplay,
+                                      BambooReform)}
