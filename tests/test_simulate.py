@@ -33,7 +33,7 @@ def test_no_failures_every_policy_but_bamboo_trains_at_the_failure_free_rate():
     rate = job.num_microbatches / P(job)
     assert result.base_rate == pytest.approx(rate)
     for name in POLICIES:
-        if name != "bamboo":
+        if not name.startswith("bamboo"):
             assert out[name].microbatches == pytest.approx(rate * 3600), name
             assert out[name].stalled_s == 0 and out[name].lost == 0
     assert out["bamboo"].microbatches < 0.9 * rate * 3600  # redundant forwards, always on
