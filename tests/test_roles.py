@@ -160,3 +160,15 @@ def test_the_cache_stores_a_plan_with_roles_as_its_schedule_and_serves_it_for_ot
     assert got is not None and got.roles is None and got.routes == plan.routes
     other = [r.model_copy(update={"worker": f"w{i}"}) for i, r in enumerate(plan.roles)]
     check(got.with_roles(other))
+
+
+def test_gantt_names_the_worker_in_each_slot_and_its_move():
+    from planner.gantt import render_svg
+
+    job = JobSpec.uniform(3, 2, 2).model_copy(update={"state_bytes": [5, 6], "bandwidth": 1.0})
+    plan, a = plan_roles(job, live_from_failed(job, [(1, 1), (2, 1)]), horizon=1e9)
+    svg = render_svg(plan)
+    mover = a.moves[0].worker
+    assert f"{mover} (moved from stage 0, 6 bytes from peer)" in svg
+    assert "moves: 1" in svg
+    assert "moved from" not in render_svg(solve(job, [(1, 1)], "greedy"))
