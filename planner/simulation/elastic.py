@@ -99,7 +99,7 @@ class ElasticRecycle(Policy):
                      if (d, s) not in failed}
         got = self._assign(speed)
         if got is None:  # too few workers to start: started (restart_s) when enough are up
-            self.halted, self.lost_copy = True, True
+            self.halted, self.lost_copy = True, "start"
             return Decision(0.0)
         P = got[0]
         return Decision(self.ctx.DM / P, P)
@@ -132,6 +132,8 @@ class ElasticRecycle(Policy):
             P, stall, _ = got
             if self.halted:
                 self.halted = False
+                if self.lost_copy == "start":
+                    return Decision(ctx.DM / P, P, stall_s=p.restart_s + stall, note="started")
                 if self.lost_copy:
                     return Decision(ctx.DM / P, P, lose="checkpoint", stall_s=p.restart_s + stall,
                                     note="restored from checkpoint")
@@ -143,7 +145,8 @@ class ElasticRecycle(Policy):
         if not gone:
             return None
         if self.halted:  # paused: note whether some stage's every copy is now gone
-            self.lost_copy = self.lost_copy or bool(self._copies_left(gone))
+            if self.lost_copy != "start":
+                self.lost_copy = self.lost_copy or bool(self._copies_left(gone))
             for w in gone:
                 self.live.pop(w)
             return None
@@ -157,9 +160,8 @@ class ElasticRecycle(Policy):
             # fewer live workers than stages: pause; the state stays in memory unless some
             # stage lost every copy (then only the checkpoint is left)
             self.halted = True
-            self.lost_copy = bool(dead_copy)
-            return Decision(0.0, 0.0, lose="checkpoint" if dead_copy else "inflight",
-                            note="paused: fewer live workers than stages")
+            self.lost_copy = bool(dead_copy)  # the resume then restores from the checkpoint
+            return Decision(0.0, 0.0, lose="inflight", note="paused: fewer live workers than stages")
         P, stall, _ = got
         if dead_copy:
             return Decision(ctx.DM / P, P, lose="checkpoint",
