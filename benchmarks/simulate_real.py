@@ -96,8 +96,8 @@ def main() -> None:
             r = simulate(job, tr, duration, UNIT_S, params, [pol], model=model)
             o = r.outcomes[0]
             extra.append((label, o.microbatches / r.ideal, o.microbatches))
-        best_bamboo = max(1e-9, *[mb for label, _, mb in extra if label.startswith("bamboo")]
-                          + [res.outcome("bamboo").microbatches]))
+        best_bamboo = max([1e-9, res.outcome("bamboo").microbatches]
+                          + [mb for label, _, mb in extra if label.startswith("bamboo")])
         hours = live_hours(tr, D * S, duration)
         below = sum(h for n, h in hours.items() if n < S)
         total_h = sum(hours.values())

@@ -59,7 +59,6 @@ class ElasticRecycle(Policy):
                 if slot is not None and (int(w.split(".")[0]), int(w.split(".")[1])) in speed}
 
     def _period(self, speed):
-        job = self.ctx.job
         sp = self._slot_speed(speed)
         return lambda failed: round(self.ctx.periods(frozenset(failed), sp) / self.ctx.unit_s)
 
