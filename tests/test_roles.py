@@ -172,3 +172,13 @@ def test_gantt_names_the_worker_in_each_slot_and_its_move():
     assert f"{mover} (moved from stage 0, 6 bytes from peer)" in svg
     assert "moves: 1" in svg
     assert "moved from" not in render_svg(solve(job, [(1, 1)], "greedy"))
+
+
+@pytest.mark.parametrize("solver", ["cpsat", "milp"])
+def test_the_exact_back_ends_plan_the_chosen_slots_and_keep_the_roles(solver):
+    job = JobSpec.uniform(2, 2, 1).model_copy(update={"state_bytes": [3, 4], "bandwidth": 1.0})
+    plan, a = plan_roles(job, live_from_failed(job, [(0, 1), (1, 0)], fresh=("n",)), 1e9,
+                         solver=solver)
+    check(plan)
+    assert plan.solver.name == solver and plan.roles == sorted(a.roles, key=lambda r: (r.replica, r.stage))
+    assert plan.metrics.period >= count_bound(job, a.counts)

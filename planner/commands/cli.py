@@ -14,6 +14,7 @@ from planner.inputs.limits import load_plan, load_spec
 from planner.inputs.paths import check_writable
 from planner.job import JobSpec
 from planner.plan import Plan
+from planner.roles import NoRolesError
 from planner.solvers.timeline import Mode
 
 console = Console()
@@ -90,17 +91,14 @@ def plan_cmd(
         try:
             if roles:
                 from planner.failures import normalize
-                from planner.roles import NoRolesError, live_from_failed, plan_roles
+                from planner.roles import live_from_failed, plan_roles
                 from planner.simulation.costs import plan_period
                 live = live_from_failed(job, normalize(job, failed), tuple(join))
                 h = horizon if horizon is not None else 100 * plan_period(job, [])
-                try:
-                    plan, _ = plan_roles(job, live, h, solver, mode=_mode(no_split, sync), opts=opts)
-                except NoRolesError as exc:
-                    raise NoPlanError(-1) from exc
+                plan, _ = plan_roles(job, live, h, solver, mode=_mode(no_split, sync), opts=opts)
             else:
                 plan = solve(job, failed, solver, _mode(no_split, sync), opts)
-        except NoPlanError as exc:
+        except (NoPlanError, NoRolesError) as exc:
             if as_json:
                 typer.echo(json.dumps({"outcome": "restore_from_checkpoint", "reason": str(exc)}))
             else:
