@@ -117,7 +117,7 @@ def main() -> None:
         summary.append(
             f"| {grid} | {rs['recycle']['kept']:.1%} | {rs['recycle-fixed']['kept']:.1%} | "
             f"{rs['oobleck']['kept']:.1%} | {rs['bamboo']['kept']:.1%} | "
-            f"{ratio('oobleck'):.2f}x | {ratio('bamboo'):.2f}x | "
+            f"{ratio('oobleck'):.2f}x | {_x(ratio('bamboo'))} | "
             f"{rec.microbatches / best_bamboo:.2f}x | {ratio('recycle-fixed'):.2f}x | "
             f"{res.policy_stats.get('moves', 0)} | {res.policy_stats.get('snapshot_restores', 0)} | "
             f"{rec.restarts} | {summary_ceiling} | {cpu:.1f} |")
@@ -155,6 +155,10 @@ def main() -> None:
     with open(args.out, "w") as fh:
         fh.write("\n".join(head + summary + md) + "\n")
     print(f"wrote {args.out}")
+
+
+def _x(r: float) -> str:
+    return "- (it kept nothing)" if r == float("inf") else f"{r:.2f}x"
 
 
 def _cpu() -> float:
