@@ -71,6 +71,9 @@ class BambooReform(Bamboo):
                                     note="restarted from checkpoint")
                 return Decision(d.rate, d.iter_s, stall_s=p.bamboo_failover_s,
                                 note="reconfigured onto new nodes")
+            if set(workers) & in_use:  # back in its own pipeline position: fail back
+                d = self._rate(speed)
+                return Decision(d.rate, d.iter_s, stall_s=p.bamboo_failover_s)
             return None
         self.live -= set(workers)
         if self.halted or not set(workers) & in_use:
