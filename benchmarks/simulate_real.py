@@ -127,10 +127,10 @@ def main() -> None:
                 f"costs at all, a fixed {S}-stage partition gives the live workers of this trace "
                 f"{stage_ceiling:.1%} (roles' estimate) against Oobleck's {rs['oobleck']['kept']:.1%}"
                 f" achieved: {mean_live:.1f} of {D * S} workers live on average leave the weakest "
-                f"stage about n/{S} of {D} workers (9-15 live: 1 of {D}), and {below:.2f} h have "
+                f"stage about n/{S} of {D} workers, and {below:.2f} h have "
                 f"fewer than {S} live workers (ReCycle pauses; Oobleck trains on shallower "
-                f"templates). Roles already double fixed ReCycle here "
-                f"({ratio('recycle-fixed'):.2f}x); closing the rest needs a partition that changes "
+                f"templates). Roles already keep {ratio('recycle-fixed'):.2f}x what fixed ReCycle "
+                f"keeps here; closing the rest needs a partition that changes "
                 f"with the live count (part 2 or later), not a better assignment.")
         md.append(f"\n### {grid}: {tr.failures} failures, {mean_live:.1f} of {D * S} workers "
                   f"live on average, {below:.2f} h with fewer than {S}\n")
