@@ -20,7 +20,8 @@ from api.nodes import routes as routes_nodes
 from api.nodes.table import NodeTable
 from api.precompute import BackgroundSolver, Precomputer
 from api.security import Auth
-from api.service import ApiError, Service, ServiceConfig
+from api.jobs.runtime import ApiError, ServiceConfig
+from api.service import Service
 from api.storage.postgres_store import open_cache, open_store
 
 log = logging.getLogger("recycle.api")

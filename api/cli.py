@@ -92,7 +92,7 @@ def _positive(flag: str, value: float) -> None:
 def check_serve_options(db, port, heartbeat_timeout, suspect_grace, max_failures, solvers,
                         cpsat_time_limit, solver_workers, speed_window, log_level):
     """One-line ValueError for an option the service would misuse; the solver list."""
-    from api.service import ServiceConfig
+    from api.jobs.runtime import ServiceConfig
     from api.storage.sqlite_store import check_database
     from planner.solvers.backends import BACKENDS
 

@@ -28,19 +28,29 @@ from pydantic import ValidationError
 from starlette.responses import JSONResponse
 
 from api.hotpath.encode import PARTS, whole_plan
-from api.service import ApiError
+from api.jobs.runtime import ApiError
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
 BEAT_PATH = re.compile(r"/v1/jobs/([^/]+)(?:/nodes/(\d{1,7}))?/heartbeats")
 MAX_BEAT_BODY = 1 << 16  # larger bodies go the long way (BodyLimit and all)
+# The query parameters each fast route reads, by FastAPI's path template: a request with
+# any other goes to FastAPI. tests/test_fastpath_routes.py checks these templates and
+# parameters against the routes themselves (api/routes/, api/nodes/routes.py), and the
+# patterns above against the templates, so the two paths cannot drift apart.
+JOB_PLAN = "/v1/jobs/{job_id}/plan"
+WORKER_PLAN = "/v1/jobs/{job_id}/workers/{replica}/{stage}/plan"
+NODE_PLAN = "/v1/jobs/{job_id}/nodes/{node}/plan"
+QUERY = {JOB_PLAN: {"after", "wait"}, WORKER_PLAN: {"after", "wait", "incarnation"},
+         NODE_PLAN: {"after", "wait", "workers_per_node"}}
+BEATS = ("/v1/jobs/{job_id}/heartbeats", "/v1/jobs/{job_id}/nodes/{node}/heartbeats")
 INT = re.compile(r"-?\d{1,16}")
 NUM = re.compile(r"\d{1,6}(?:\.\d{1,9})?")
 
 
-def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int], Optional[int]]]:
-    """(after, wait, incarnation, workers_per_node) if the query string has only those, as
-    plain numbers in range."""
+def _query(qs: bytes) -> Optional[tuple]:
+    """(after, wait, incarnation, workers_per_node, the names given) if the query string
+    has only those, as plain numbers in range."""
     after, wait, incarnation, per_node = None, 0.0, None, None
     seen = set()
     for part in qs.decode("latin-1").split("&") if qs else ():
@@ -58,7 +68,7 @@ def _query(qs: bytes) -> Optional[tuple[Optional[int], float, Optional[int], Opt
             per_node = int(value)
         else:
             return None
-    return after, wait, incarnation, per_node
+    return after, wait, incarnation, per_node, seen
 
 
 def _parts(job) -> None:
@@ -265,9 +275,10 @@ class FastPlans:
         got = self._job(scope, m)
         if got is None:
             return None
-        svc, job, (after, wait, incarnation, per_node) = got
+        svc, job, (after, wait, _, per_node, seen) = got
         node = int(m.group(2))
-        if incarnation is not None or per_node is None or node_cells(job, node, per_node) is None:
+        if not seen <= QUERY[NODE_PLAN] or per_node is None or \
+                node_cells(job, node, per_node) is None:
             return None
         return svc, job, ("node", node, per_node), after, wait, None
 
@@ -276,15 +287,13 @@ class FastPlans:
         if got is None:
             return None
         svc, job, query = got
-        if query[3] is not None:  # not a parameter of these routes
-            return None
+        if not query[4] <= QUERY[JOB_PLAN if m.group(2) is None else WORKER_PLAN]:
+            return None  # a parameter the route does not read (FastAPI ignores it)
         worker = None
         if m.group(2) is not None:
             worker = (int(m.group(2)), int(m.group(3)))
             if not (worker[0] < job.spec.replicas and worker[1] < job.spec.stages):
                 return None
-        elif query[2] is not None:  # not a parameter of /plan: the route ignores it
-            return None
         return svc, job, worker, *query[:3]
 
     async def _answer(self, scope, send, svc, job, worker, after, wait, incarnation):

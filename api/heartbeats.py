@@ -23,7 +23,8 @@ import uuid
 from typing import Optional
 
 from api.models import EventIn
-from api.service import ApiError, JobRuntime, Service
+from api.jobs.runtime import ApiError, JobRuntime
+from api.service import Service
 
 log = logging.getLogger("recycle.api")
 

@@ -23,9 +23,8 @@ from typing import Optional
 
 from planner.cache import mode_key
 from planner.failures import Worker, canonical_sets
-from planner.plan import Plan
+from planner.plan import Mode, Plan
 from planner.procs import die_with_parent
-from planner.solvers.timeline import Mode
 
 log = logging.getLogger("recycle.api")
 IMPROVE, GREEDY, CPSAT = 0, 1, 2

@@ -17,7 +17,7 @@ from benchmarks.executor_bench import bench_config
 from executor.launch.launcher import Coordinator
 from executor.inputs.workload_name import check_workload
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 
 def _cpu_s() -> float:

@@ -13,7 +13,7 @@ import time
 from planner.solvers.cpsat import cpsat_plan
 from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 from planner.validate import check
 
 

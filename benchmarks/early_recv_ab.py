@@ -14,10 +14,10 @@ from rich.console import Console
 from benchmarks import timed_worker
 from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import TimedCoordinator, bench_config, steady_ms
-from executor.launch import launcher
+from executor.launch import launcher, processes
 from executor.runtime import comm
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 ITERS, WARMUP = 14, 3
 
@@ -30,15 +30,15 @@ def child_at_action(store, replica, stage, log_path, token=None):
 
 def _run(early: bool, split: bool) -> float:
     target = timed_worker.child if early else child_at_action
-    saved, launcher.worker_child = launcher.worker_child, target
-    try:  # Coordinator.spawn reads launcher.worker_child
+    saved, processes.worker_child = processes.worker_child, target
+    try:  # Coordinator.spawn reads processes.worker_child (executor/launch/processes.py)
         c = TimedCoordinator(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS, solver="greedy",
                              timeout=30.0, ckpt_every=10 ** 9, deadline_s=300,
                              mode=Mode(split_backward=split), console=Console(stderr=True, quiet=True))
         c.spawn = lambda w: launcher.Coordinator.spawn(c, w)  # not the timed target swap
         c.run()
     finally:
-        launcher.worker_child = saved
+        processes.worker_child = saved
     return max(steady_ms(v, ITERS, WARMUP) for v in c.walls.values())
 
 

@@ -1,4 +1,4 @@
-"""`recycle bench executor`: ReCycle's runtime against torch.distributed.pipelining.
+"""`python -m benchmarks.bench_executor`: ReCycle's runtime against torch.distributed.pipelining.
 
 One run, one model, one machine:
   1. profile the model (executor.compute.profile) for an S-stage split; the p2p delay is the
@@ -29,14 +29,15 @@ from rich.console import Console
 from benchmarks import timed_worker
 from benchmarks.executor_report import notes, write_report
 from benchmarks.pp_baseline import run_torch
-from executor.launch import launcher
+from executor.launch import processes
 from executor.launch.launcher import Coordinator
 from executor.compute.model import ModelConfig
 from executor.inputs.workload_name import DEFAULT_MODEL, check_workload
 from executor.compute.profile import profile
 from planner.solvers.backends import solve
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.membership import Membership
+from planner.plan import Mode
 
 Worker = tuple[int, int]
 
@@ -47,7 +48,8 @@ class TimedCoordinator(Coordinator):
 
     def __init__(self, *args, failed_from_start: Sequence[Worker] = (), **kw):
         super().__init__(*args, **kw)
-        self.failed = {tuple(w) for w in failed_from_start}
+        self.members = Membership.start(self.D, self.S, [tuple(w) for w in failed_from_start]
+                                        ).with_speeds(self.job.speed)
         self.walls: dict[Worker, dict[int, tuple[float, dict]]] = {}  # it -> (wall, timers)
         self.gauges: dict[Worker, dict] = {}  # the newest gauges (snapshot bytes) per worker
 
@@ -55,11 +57,11 @@ class TimedCoordinator(Coordinator):
         """Coordinator.spawn, with the instrumented process target."""
         if w in self.failed:
             return
-        saved, launcher.worker_child = launcher.worker_child, timed_worker.child
+        saved, processes.worker_child = processes.worker_child, timed_worker.child
         try:
             super().spawn(w)
         finally:
-            launcher.worker_child = saved
+            processes.worker_child = saved
 
     def handle(self, m: dict) -> None:
         if m["t"] == "done" and not m.get("sync") and "wall" in m:
@@ -218,7 +220,7 @@ def run_executor_bench(out: str = "benchmarks/results/executor.md", *, stages: i
     S, M = stages, microbatches
     cfg = bench_config(model, d_model, n_layers, seq_len, micro_batch_size)
     wl = check_workload(model, cfg, S)  # ValueError (one line) if it does not load
-    command = "recycle bench executor " + shlex.join([
+    command = "python -m benchmarks.bench_executor " + shlex.join([
         *(["--model", model] if model != DEFAULT_MODEL else []),
         "--out", out, "--stages", str(S), "--microbatches", str(M), "--iterations", str(iterations),
         "--warmup", str(warmup),

@@ -1,4 +1,4 @@
-"""Markdown table, JSON and notes for `recycle bench executor` (benchmarks/executor_bench.py)."""
+"""Markdown table, JSON and notes for `python -m benchmarks.bench_executor` (benchmarks/executor_bench.py)."""
 from __future__ import annotations
 
 import json

@@ -14,7 +14,7 @@ from rich.console import Console
 from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import bench_config
 from executor import worker
-from executor.launch import launcher
+from executor.launch import processes
 from executor.launch.launcher import Coordinator
 from executor.runtime import agent
 from planner.job import JobSpec
@@ -34,16 +34,16 @@ def child_inline(store, replica, stage, log_path, token=None):
 
 
 def _run(loader: bool) -> tuple[float, float]:
-    saved = launcher.worker_child
+    saved = processes.worker_child
     if not loader:
-        launcher.worker_child = child_inline
+        processes.worker_child = child_inline
     try:
         c = Coordinator(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS, solver="greedy",
                         timeout=30.0, ckpt_every=10 ** 9, deadline_s=300,
                         console=Console(stderr=True, quiet=True))
         res = c.run()
     finally:
-        launcher.worker_child = saved
+        processes.worker_child = saved
     ends = [c.iteration_end[i] for i in sorted(c.iteration_end)]
     return 1e3 * (ends[-1] - ends[WARMUP]) / (len(ends) - 1 - WARMUP), res.summary.losses[-1]
 

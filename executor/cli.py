@@ -12,7 +12,7 @@ import typer
 from click.core import ParameterSource
 
 from planner.commands.cli_errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN, user_errors
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 
 def register(app: typer.Typer) -> None:
@@ -42,6 +42,16 @@ def _resumed(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
     return value
 
 
+def _configured(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
+    """--config FILE (eager): its settings become the defaults of the flags left out, so
+    flags given override it; a --resume checkpoint's settings win over it."""
+    if value and not ctx.resilient_parsing:
+        from executor.inputs.run_config import read_config
+        with user_errors("train options"):
+            ctx.default_map = {**read_config(value), **(ctx.default_map or {})}
+    return value
+
+
 _ARCH = "default: the --model flavour's, else {}"
 # The model options of `train` and `profile` (one definition for both commands).
 MODEL_OPTION = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)")
@@ -54,6 +64,7 @@ VOCAB_OPTION = typer.Option(None, "--vocab", help=_ARCH.format(64))
 
 def train_cmd(
     ctx: typer.Context,
+    config: Optional[str] = typer.Option(None, "--config", is_eager=True, callback=_configured, help="a run's settings from a TOML (or .json) file with sections [grid] [model] [optimizer] [schedule] [clipping] [data] [checkpoint] [faults] [comm] [service] [plan] [output], each setting named as its flag (--d-model is [model] d_model); flags given override it. Every run writes its own as RUN_DIR/run.toml"),
     replicas: Optional[int] = typer.Option(None, "--replicas", "-d", help="data-parallel replicas D [default: 2, or the --job's]"),
     stages: Optional[int] = typer.Option(None, "--stages", "-s", help="pipeline stages S [default: 2, or the --job's]"),
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="micro-batches per replica M [default: 4, or the --job's]"),
@@ -99,8 +110,8 @@ def train_cmd(
     from rich.console import Console
 
     from executor.checkpoint import read_checkpoint
-    from executor.launch.faults import check_faults, parse_slow
-    from executor.launch.launcher import parse_event, parse_stall, train
+    from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
+    from executor.launch.launcher import train
     from executor.inputs.train_options import check_local_workers, check_train_options, grid_of
     from executor.inputs.train_options import check_training, resume_changes
     from planner.inputs.limits import check_plannable, load_spec
@@ -202,7 +213,14 @@ def train_cmd(
         if summary:
             result.save(summary)
         return
+    from executor.inputs.run_config import RunConfig
+    run_config = RunConfig.from_flags({**ctx.params, "replicas": replicas, "stages": stages,
+                                       "microbatches": microbatches, "seq_len": seq_len,
+                                       "d_model": d_model, "layers": layers, "heads": heads,
+                                       "vocab": vocab, "min_lr_ratio":  # the floor of a cosine only
+                                       min_lr_ratio if lr_schedule == "cosine" else None})
     result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
+                   run_config=run_config,
                    job=spec, solver=solver, timeout=timeout, resume=resume,
                    checkpoint_dir=checkpoint_dir, ckpt_every=checkpoint_every, run_dir=run_dir, external=external,
                    store_port=store_port, console=console, service=watch, stalls=stalls,

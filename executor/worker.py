@@ -12,7 +12,6 @@ commands, and how torchrun's restarts map onto failures and rejoins).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from datetime import timedelta
@@ -23,11 +22,10 @@ from executor.checkpoint import Manifest
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store, local_workers_hint, pick_device
 from executor.launch.faults import fault_iterations
-from executor.compute.model import ModelConfig
 from executor.data.token_file import with_data
-from executor.inputs.workload_name import DEFAULT_MODEL, load_workload
+from executor.inputs.worker_settings import WorkerSettings
+from executor.inputs.workload_name import load_workload
 from executor.runtime.rendezvous import StorePlanSource
-from planner.job import JobSpec
 
 
 def main(argv=None, world_size: int | None = None) -> int:
@@ -41,8 +39,8 @@ def main(argv=None, world_size: int | None = None) -> int:
     torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
     host, port = args.store.rsplit(":", 1)
     store = connect_store(host, int(port), timeout_s=60)
-    conf = json.loads(store.get("config"))
-    job = JobSpec.model_validate(conf["job"])
+    conf = WorkerSettings.from_json(store.get("config"))
+    job = conf.job
     if world_size is not None and world_size != job.replicas * job.stages:
         raise SystemExit(f"executor.worker: WORLD_SIZE {world_size} but the job has "
                          f"{job.replicas}x{job.stages} = {job.replicas * job.stages} workers")
@@ -51,47 +49,44 @@ def main(argv=None, world_size: int | None = None) -> int:
             raise SystemExit("executor.worker: pass --replica and --stage, or run under torchrun")
         args.replica, args.stage = divmod(int(os.environ["RANK"]), job.stages)
     me = (args.replica, args.stage)
-    timeout = float(conf["timeout"])
+    timeout = conf.timeout
     store.set_timeout(timedelta(seconds=timeout))
     incarnation = int(store.add(f"inc/{me[0]}:{me[1]}", 1))
     resume_part, start = None, 0
-    if conf.get("resume"):  # a restarted process (incarnation > 1) loads from a live peer
-        man = Manifest.load(conf["resume"])
+    if conf.resume:  # a restarted process (incarnation > 1) loads from a live peer
+        man = Manifest.load(conf.resume)
         start = man.iteration + 1
         if incarnation == 1:
-            resume_part = man.part(conf["resume"], me[1])
+            resume_part = man.part(conf.resume, me[1])
     # The plan source gets its own connection: the heartbeat thread uses it concurrently.
     conn = connect_store(host, int(port), timeout_s=timeout)
-    if conf.get("service"):  # plans, heartbeats, suspects and rejoin over HTTP
+    if conf.service:  # plans, heartbeats, suspects and rejoin over HTTP
         from executor.sources.service_source import ServiceWorkerSource
         token = os.environ.get("RECYCLE_TOKEN")  # never in the store: it is unauthenticated
         if not token:
             raise SystemExit("executor.worker: the job uses a plan service; set RECYCLE_TOKEN "
                              "to its worker token")
-        source = ServiceWorkerSource(conn, me, incarnation, dict(conf["service"], token=token),
-                                     conf["run_id"])
+        source = ServiceWorkerSource(conn, me, incarnation, dict(conf.service, token=token),
+                                     conf.run_id)
     else:
         source = StorePlanSource(conn, me, incarnation)
     local_rank = int(os.environ.get("LOCAL_RANK", args.replica * job.stages + args.stage))
     try:
-        device = pick_device(local_rank, conf.get("device", "auto"))
+        device = pick_device(local_rank, conf.device)
     except ValueError as exc:  # this host lacks the device the run asks for
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
     try:  # the run's --model, importable here too (same code on every machine)
-        workload = with_data(load_workload(conf.get("workload", DEFAULT_MODEL)),
-                             ModelConfig.from_dict(conf["model"]))
+        workload = with_data(load_workload(conf.workload), conf.model)
     except ValueError as exc:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
-    agent = Agent(ModelConfig.from_dict(conf["model"]), me, job, int(conf["iterations"]),
-                  source, store, workload=workload, timeout_s=timeout, incarnation=incarnation,
-                  start_iteration=start, resume_part=resume_part, ckpt_dir=conf.get("ckpt_dir"),
-                  ckpt_every=int(conf.get("ckpt_every", 1)), device=device,
-                  local_workers=local_workers_hint() or conf.get("local_workers"),
-                  fault_iterations=fault_iterations(conf.get("kills", []),
-                                                    conf.get("stalls", []), me),
-                  slows=[(i, f) for r, s, i, f in conf.get("slows", []) if (r, s) == me])
+    agent = Agent(conf.model, me, job, conf.iterations, source, store, workload=workload,
+                  timeout_s=timeout, incarnation=incarnation, start_iteration=start,
+                  resume_part=resume_part, ckpt_dir=conf.ckpt_dir, ckpt_every=conf.ckpt_every,
+                  device=device, local_workers=local_workers_hint() or conf.local_workers,
+                  fault_iterations=fault_iterations(conf.kills, conf.stalls, me),
+                  slows=[(i, f) for r, s, i, f in conf.slows if (r, s) == me])
     return agent.run()
 
 

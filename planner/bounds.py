@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from planner.failures import Worker, check_plannable, normalize
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 
 def _fastest(job: JobSpec, dead: set[Worker], op: str, s: int) -> int:

@@ -30,7 +30,7 @@ from planner.solvers.backends import SolveOptions, map_plan, solve
 from planner.failures import Canonical, canonical_sets, canonicalize
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan, make_action
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (

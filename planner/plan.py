@@ -7,6 +7,7 @@ schedule IR.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
@@ -19,6 +20,22 @@ Time = Annotated[int, Field(ge=0, le=MAX_TIME)]
 Index = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 PLAN_FORMAT = "recycle.plan/v1"
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What a schedule may do: split backward into I and W, and stagger the optimizer."""
+    split_backward: bool = True
+    staggered: bool = True
+
+    @property
+    def optimizer(self) -> str:
+        return "staggered" if self.staggered else "synchronous"
+
+
+# A solver's result before it is a Plan: each live worker's timed actions
+# (op, micro-batch, start, end); planner/solvers/timeline.py turns it into one.
+Timeline = dict[tuple[int, int], list[tuple[str, Optional[int], int, int]]]
 Op = Literal["F", "I", "W", "B", "OPT"]
 
 

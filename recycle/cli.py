@@ -21,7 +21,7 @@ def _register_parts() -> None:
     """Each part adds its commands; a part missing from this build is simply left out."""
     from planner.commands.cli import register as planner_commands
     planner_commands(app, bench)
-    parts = (("executor.cli", app), ("executor.bench_cli", bench), ("api.cli", app),
+    parts = (("executor.cli", app), ("api.cli", app),
              ("executor.node.cli", app), ("executor.data.cli", app),
              ("recycle.demo", app), ("recycle.compare", app),
              ("recycle.chaos.cli", app))

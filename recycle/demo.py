@@ -30,7 +30,7 @@ def planner_demo(out_dir: str, time_limit: float) -> None:
     from planner.solvers.backends import SolveOptions, solve
     from planner.gantt import write_gantt
     from planner.job import JobSpec
-    from planner.solvers.timeline import Mode
+    from planner.plan import Mode
 
     job = JobSpec.model_validate(EXAMPLE)
     console.rule("[bold]1. Planning: the example job of docs/design.md section 5 "

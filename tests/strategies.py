@@ -2,7 +2,7 @@
 from hypothesis import strategies as st
 
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 
 @st.composite

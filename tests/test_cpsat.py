@@ -9,7 +9,7 @@ from planner.bounds import lower_bound
 from planner.solvers.cpsat import cpsat_plan
 from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 from planner.validate import check, validate
 from tests.strategies import job_and_failures, small_jobs
 

@@ -1,4 +1,4 @@
-"""`recycle bench executor`'s instrumented workers (benchmarks/timed_worker.py) run under
+"""`python -m benchmarks.bench_executor`'s instrumented workers (benchmarks/timed_worker.py) run under
 the real launcher and report the timers the runtime-tax table is made of."""
 import os
 import sys
@@ -13,7 +13,7 @@ sys.path.insert(0, ROOT)  # benchmarks/ is not a package on the installed path
 from benchmarks.executor_bench import TimedCoordinator, bench_config, breakdown  # noqa: E402
 from benchmarks.timed_worker import TIMERS  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
-from recycle.cli import app  # noqa: E402
+from benchmarks.bench_executor import app as bench_app  # noqa: E402
 
 
 @pytest.mark.hard_timeout(90)
@@ -36,6 +36,6 @@ def test_timed_workers_run_and_report_the_breakdown(tmp_path):
 
 
 def test_bench_bad_model_is_one_line_exit_2():
-    r = CliRunner().invoke(app, ["bench", "executor", "--model", "no_such_mod_7:workload"])
+    r = CliRunner().invoke(bench_app, ["--model", "no_such_mod_7:workload"])
     err = (r.stderr if getattr(r, "stderr", None) else r.output).strip().splitlines()
     assert r.exit_code == 2 and len(err) == 1 and "cannot import no_such_mod_7" in err[0], r.output

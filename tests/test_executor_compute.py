@@ -17,7 +17,7 @@ from executor.compute.reference import Summary, compare, train_reference
 from executor.compute.stage import StageCompute
 from planner.solvers.backends import solve
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 torch.set_num_threads(1)
 CFG = ModelConfig()

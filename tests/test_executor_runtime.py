@@ -6,7 +6,6 @@ batches, within 1e-5, whatever failed on the way.
 """
 import glob
 import io
-import json
 import multiprocessing
 import os
 import threading
@@ -20,7 +19,8 @@ from rich.console import Console
 
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store
-from executor.launch.launcher import parse_event, parse_stall, train
+from executor.launch.faults import parse_event, parse_stall
+from executor.launch.launcher import train
 from executor.launch.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
@@ -77,7 +77,7 @@ def test_one_worker_sigkilled_mid_iteration(tmp_path):
 
 def test_fused_backward_synchronous_plans_with_a_kill(tmp_path):
     """`recycle train --no-split --sync`: plans of B actions, same exactness."""
-    from planner.solvers.timeline import Mode
+    from planner.plan import Mode
     res = run(tmp_path, 2, 2, 3, kills=[(1, 0, 1)], mode=Mode(split_backward=False, staggered=False))
     assert_exact(res, 2, 2, 3, tmp_path)
     assert "fused B, synchronous optimizer) at iteration 1" in logs(tmp_path)
@@ -138,9 +138,9 @@ def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
 
 
 def _config(job, timeout):
-    return json.dumps({"model": CFG.to_dict(), "job": job.model_dump(mode="json"),
-                       "iterations": 1, "timeout": timeout, "ckpt_dir": None, "resume": None,
-                       "local_workers": job.replicas * job.stages, "run_id": "t"})
+    from executor.inputs.worker_settings import WorkerSettings
+    return WorkerSettings(CFG, job, 1, "t", timeout=timeout,
+                          local_workers=job.replicas * job.stages).to_json()
 
 
 def test_world_rendezvous_follows_a_newer_plan(tmp_path):

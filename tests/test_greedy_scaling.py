@@ -66,7 +66,7 @@ def test_equal_period_prefers_the_schedule_holding_fewer_microbatches():
     from planner.policies import timeline_period
     from planner.routing import balanced_routes
     from planner.solvers.greedy import best_schedule, list_schedule, peak_held
-    from planner.solvers.timeline import Mode
+    from planner.plan import Mode
     job = JobSpec.model_validate({"replicas": 1, "stages": 2, "microbatches": 4,
                                   "cost": {"F": [1694, 1631], "I": [964, 1284],
                                            "W": [1477, 1536], "OPT": [1143, 1187]},

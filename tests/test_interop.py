@@ -11,7 +11,7 @@ from planner.interop.csv_import import CsvImportError, import_csv, looks_like_cs
 from planner.interop.pipelining_csv import ExportError, export_csv
 from planner.job import JobSpec
 from planner.plan import Plan
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 from planner.validate import validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

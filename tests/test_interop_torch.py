@@ -24,7 +24,7 @@ from planner.solvers.backends import SolveOptions, solve  # noqa: E402
 from planner.interop.csv_import import import_csv  # noqa: E402
 from planner.interop.pipelining_csv import export_csv  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
-from planner.solvers.timeline import Mode  # noqa: E402
+from planner.plan import Mode  # noqa: E402
 from planner.validate import validate  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))

@@ -49,7 +49,7 @@ def test_the_greedy_check_of_a_renumbering_can_be_left_to_verify(tmp_path):
     1F1B's, period 258 against 214 in the same fused synchronous mode) is replaced, and
     served from then on."""
     from planner.cache import PlanCache
-    from planner.solvers.timeline import Mode
+    from planner.plan import Mode
     mode = Mode(split_backward=False, staggered=False)  # 1F1B's
     cache = PlanCache(str(tmp_path / "plans.sqlite"))
     job = JobSpec.uniform(3, 3, 4)

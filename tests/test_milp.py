@@ -8,7 +8,7 @@ from planner.solvers.cpsat import cpsat_plan
 from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
 from planner.solvers.milp import milp_plan
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 from planner.validate import check, validate
 from tests.strategies import small_jobs
 

@@ -7,7 +7,7 @@ from planner.solvers.backends import solve
 from planner.bounds import lower_bound
 from planner.failures import NoPlanError, canonicalize
 from planner.routing import assignment, balanced_routes
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 from planner.validate import check, validate
 from tests.strategies import job_and_failures
 

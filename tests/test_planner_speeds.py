@@ -18,7 +18,7 @@ from planner.solvers.greedy import greedy_plan
 from planner.job import JobSpec
 from planner.solvers.milp import milp_plan
 from planner.routing import assignment, balanced_routes, route_candidates, speed_routes
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 from planner.validate import check, validate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -7,7 +7,7 @@ from planner.failures import canonical_sets
 from planner.gantt import render_svg
 from planner.job import JobSpec
 from planner.plan import Action, Plan
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 from planner.validate import InvalidPlan, check, validate
 
 JOB = JobSpec.uniform(3, 3, 4)

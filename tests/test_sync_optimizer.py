@@ -11,7 +11,7 @@ from rich.console import Console
 from executor.launch.launcher import train
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 pytestmark = pytest.mark.hard_timeout(120)
 CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from api.nodes.models import NodeBeatIn
-from api.service import ApiError
+from api.jobs.runtime import ApiError
 
 
 async def node_beat(svc, nodes, job, node: int, body: NodeBeatIn) -> dict:

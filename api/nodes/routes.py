@@ -19,7 +19,7 @@ from api.routes.plans import AFTER, NO_NEWER, WAIT, _json, _wait
 from api.nodes.beat import node_beat
 from api.nodes.models import DetachOut, NodeBeatIn, NodeBeatOut, NodeClaimIn, NodeOut
 from api.security import JOB, AuthRoute, bearer
-from api.service import ApiError
+from api.jobs.runtime import ApiError
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/nodes/{node}", route_class=AuthRoute,
                    dependencies=[Depends(bearer)], tags=["nodes"])

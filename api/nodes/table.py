@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from api.fastpath import node_cells
-from api.service import ApiError, JobRuntime
+from api.jobs.runtime import ApiError, JobRuntime
 
 
 @dataclass

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Depends, Query, Request, Response
 from api.models import (Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, Precompute,
                         SpeedIn, SpeedsOut)
 from api.security import ADMIN, JOB, AuthRoute, bearer
-from api.service import ApiError
+from api.jobs.runtime import ApiError
 from planner.job import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", route_class=AuthRoute, dependencies=[Depends(bearer)],

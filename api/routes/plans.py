@@ -9,7 +9,7 @@ from api.fastpath import superseded, worker_view
 from api.hotpath.encode import whole_plan
 from api.models import MAX_INCARNATION, Error, WorkerPlanOut
 from api.security import JOB, AuthRoute, bearer
-from api.service import ApiError
+from api.jobs.runtime import ApiError
 from planner.plan import Plan
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,

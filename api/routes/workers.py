@@ -10,7 +10,7 @@ from api.nodes.beat import worker_beat
 from api.models import (Error, HeartbeatIn, HeartbeatOut, ProgressIn, ProgressOut, SuspectIn,
                         SuspectOut)
 from api.security import JOB, AuthRoute, bearer
-from api.service import ApiError
+from api.jobs.runtime import ApiError
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,
                    dependencies=[Depends(bearer)], tags=["workers"])

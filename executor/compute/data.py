@@ -9,13 +9,11 @@ re-run iterations (docs/design.md section 6) see exactly the same samples.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 import torch
 from torch import Tensor
 
-if TYPE_CHECKING:  # no runtime import: model.py imports this module
-    from executor.compute.model import ModelConfig
+from executor.compute.config import ModelConfig
 
 BRANCHING = 3
 _MASK = (1 << 63) - 1

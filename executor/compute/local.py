@@ -1,11 +1,12 @@
 """Execute planner Plans in one process: the semantic model of the distributed runtime.
 
 Every live worker gets its own StageCompute, its own copy of the stage's parameters and its
-own optimizer (replicas start identical and stay identical). Actions run in each worker's
-plan order; across workers the next action chosen is the ready one with the earliest plan
-start time, where ready means its inputs have arrived: F(s, g) needs the activation of
-(s-1, g), I/B(s, g) the gradient of (s+1, g), OPT every live peer of the stage at its OPT
-(the all-reduce joins them). A plan whose order cannot be met deadlocks and raises.
+own optimizer (replicas start identical and stay identical). Each worker runs its plan
+lowered to steps (planner/lowering.py), through the same handlers as the distributed agent
+(executor/runtime/interpreter.py); across workers the next step chosen is the ready one
+whose plan action starts earliest, where ready means a RECV's message was sent (F(s, g)
+needs the activation of (s-1, g), I/B(s, g) the gradient of (s+1, g)) and an ALLREDUCE's
+peers all reached theirs. A plan whose order cannot be met deadlocks and raises.
 
 failures_by_iteration maps an iteration to either
   * a list of (replica, stage) workers that fail DURING it: the iteration runs until half
@@ -32,13 +33,32 @@ from torch import nn
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.reference import Summary, checksum, snapshot
 from executor.compute.stage import StageCompute
+from executor.runtime.interpreter import StageSteps
 from executor.runtime.stepper import StageStepper
+from planner.lowering import WORK, Op, Step, lower
 from planner.solvers.backends import solve
 from planner.plan import Plan
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 Key = tuple[int, int]  # (replica, stage)
 Event = Union[Plan, Sequence[Sequence[int]]]
+
+
+class _Channel:
+    """The in-memory transport: a sent message waits under its (boundary, g, direction)
+    until its RECV takes it (each is sent and received once per iteration)."""
+
+    def __init__(self):
+        self.box: dict = {}
+
+    def has(self, st: Step) -> bool:
+        return (st.boundary, st.microbatch, st.direction) in self.box
+
+    def recv(self, st: Step):
+        return self.box.pop((st.boundary, st.microbatch, st.direction))
+
+    def send(self, st: Step, value) -> None:
+        self.box[(st.boundary, st.microbatch, st.direction)] = value
 
 
 class Aborted(RuntimeError):
@@ -107,72 +127,66 @@ class LocalRunner:
 
     # ---- one iteration --------------------------------------------------------------
     def iteration(self, it: int, abort_midway: bool = False) -> float:
+        """Run every worker's lowered steps (planner/lowering.py) through the interpreter's
+        handlers (executor/runtime/interpreter.py), messages through an in-memory channel:
+        next is the ready step whose plan action starts earliest, where ready means a
+        RECV's message has been sent and an ALLREDUCE's peers have all reached theirs."""
         plan, S = self.plan, self.S
         self._it = it
-        queues = {w.key: list(w.actions) for w in plan.workers}
-        pos = {k: 0 for k in queues}
-        acts: dict[Key, torch.Tensor] = {}   # (stage, g) -> output of that stage
-        grads: dict[Key, torch.Tensor] = {}  # (stage, g) -> gradient w.r.t. its input
+        steps = {w.key: lower(plan, w.key) for w in plan.workers}
+        starts = {w.key: [a.start for a in w.actions] for w in plan.workers}
+        pos = {k: 0 for k in steps}
+        channel = _Channel()
         batches = {g: self.wl.microbatch(self.cfg, it, g) for g in range(self.n)}
+        tables = {}
+        for key, w in self.workers.items():
+            table = StageSteps(w.compute, key[1], S, batches.__getitem__, channel).table()
+            table[Op.OPT] = lambda st, w=w: self._step(w, it)
+            tables[key] = table
         losses: dict[int, float] = {}
-        todo = sum(a.op != "OPT" for q in queues.values() for a in q)
+        todo = sum(st.op in WORK for q in steps.values() for st in q)
         kill_at = todo // 2 if abort_midway else None
         done = 0
 
+        def now(k: Key) -> Step:
+            return steps[k][pos[k]]
+
         def ready(key: Key) -> bool:
-            a = queues[key][pos[key]]
-            s = key[1]
-            if a.op == "F":
-                return s == 0 or (s - 1, a.microbatch) in acts
-            if a.op in ("I", "B"):
-                return s == S - 1 or (s + 1, a.microbatch) in grads
-            if a.op == "OPT":
-                return all(queues[k][pos[k]].op == "OPT" for k in queues
-                           if k[1] == s and pos[k] < len(queues[k]))
+            st = now(key)
+            if st.op is Op.RECV:
+                return channel.has(st)
+            if st.op is Op.ALLREDUCE:
+                return all(now(k).op is Op.ALLREDUCE for k in st.peers)
             return True
 
         while True:
-            live = [k for k in queues if pos[k] < len(queues[k])]
+            live = [k for k in steps if pos[k] < len(steps[k])]
             if not live:
                 break
-            live.sort(key=lambda k: (queues[k][pos[k]].start, k))
+            live.sort(key=lambda k: (starts[k][now(k).index], k))
             key = next((k for k in live if ready(k)), None)
             if key is None:
                 raise RuntimeError(f"plan deadlocks at iteration {it}: " + ", ".join(
-                    f"{k}:{queues[k][pos[k]].label(k[1])}" for k in live))
-            a = queues[key][pos[key]]
-            if kill_at is not None and (done >= kill_at or a.op == "OPT"):
+                    f"{k}:{now(k).label(k[1])}" for k in live))
+            st = now(key)
+            if kill_at is not None and (done >= kill_at or st.op is Op.ALLREDUCE):
                 for w in self.workers.values():
                     w.compute.reset()
                 raise Aborted(f"iteration {it} aborted after {done} of {todo} actions")
             d, s = key
-            w = self.workers[key]
-            if a.op == "OPT":
-                peers = sorted(k for k in queues if k[1] == s)
-                self._all_reduce_step([self.workers[k] for k in peers], it)
-                for k in peers:
+            if st.op is Op.ALLREDUCE:
+                self._all_reduce([self.workers[k] for k in st.peers])
+                for k in st.peers:
                     pos[k] += 1
                 continue
-            g = a.microbatch
-            if a.op in ("F", "I", "B") and plan.routes[g][s] != d:
-                raise RuntimeError(f"{a.label(s)} on replica {d}, routes say {plan.routes[g][s]}")
-            if a.op == "F":
-                x = batches[g][0] if s == 0 else acts.pop((s - 1, g))
-                out = w.compute.forward(g, x, batches[g][1] if s == S - 1 else None)
-                if s == S - 1:
-                    losses[g] = w.compute.loss(g)
-                else:
-                    acts[(s, g)] = out
-            elif a.op in ("I", "B"):
-                grad = None if s == S - 1 else grads.pop((s + 1, g))
-                fn = w.compute.backward_input if a.op == "I" else w.compute.backward_full
-                gx = fn(g, grad)
-                if s > 0:
-                    grads[(s, g)] = gx
-            elif a.op == "W":
-                w.compute.backward_weight(g)
+            g = st.microbatch
+            if st.op in (Op.F, Op.I, Op.B) and plan.routes[g][s] != d:
+                raise RuntimeError(f"{st.label(s)} on replica {d}, routes say {plan.routes[g][s]}")
+            tables[key][st.op](st)
+            if st.op is Op.F and s == S - 1:
+                losses[g] = self.workers[key].compute.loss(g)
             pos[key] += 1
-            done += 1
+            done += st.op in WORK
         if sorted(losses) != list(range(self.n)):
             raise RuntimeError(f"iteration {it} computed losses for {sorted(losses)}")
         for w in self.workers.values():  # every stage's norm is in: steps become final
@@ -180,9 +194,9 @@ class LocalRunner:
             w.stepper.forget_committed(it)
         return sum(losses[g] for g in range(self.n)) / self.n
 
-    def _all_reduce_step(self, peers: list[_Worker], it: int) -> None:
-        """OPT: sum each parameter's gradient over the live peers (fixed order, so every
-        peer gets the identical sum), then step each peer's optimizer."""
+    def _all_reduce(self, peers: list[_Worker]) -> None:
+        """ALLREDUCE: sum each parameter's gradient over the live peers (fixed order, so
+        every peer gets the identical sum)."""
         for w in peers:
             if w.compute.pending():
                 raise RuntimeError(f"OPT with micro-batches {w.compute.pending()} unfinished")
@@ -195,9 +209,11 @@ class LocalRunner:
                 total.add_(t)
             for p in params:
                 p.grad = total.clone()
-        for w in peers:
-            w.stepper.step(it, self.epoch)
-            w.compute.zero_grad()
+
+    def _step(self, w: _Worker, it: int) -> None:
+        """OPT: the worker's optimizer step on the summed gradients."""
+        w.stepper.step(it, self.epoch)
+        w.compute.zero_grad()
 
     def summary(self, losses: list[float]) -> Summary:
         sums, states = [], []

@@ -13,7 +13,7 @@ replica and every split builds bit-identical parameters, and the stages concaten
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Callable, Iterable, Protocol, Sequence
 
 import torch
@@ -21,52 +21,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from executor.compute import data
+from executor.compute.config import ModelConfig
 from executor.compute.layers import Embedding, LayerNorm, Linear, normal_
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    vocab: int = 64
-    seq_len: int = 16
-    d_model: int = 32
-    n_heads: int = 2
-    n_layers: int = 4
-    micro_batch_size: int = 4
-    seed: int = 0
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.95)
-    # Architecture extras (families that use them; 0 = the family's default).
-    n_kv_heads: int = 0  # grouped-query attention: key/value heads (0: n_heads)
-    ffn_hidden: int = 0  # MLP hidden width (0: the family's rule)
-    # Stage boundaries: first layer of stages 1..S-1 (empty: by layer count, layer_range).
-    boundaries: tuple[int, ...] = ()
-    # Training (executor/runtime/stepper.py, executor/compute/reference.py).
-    precision: str = "fp32"  # fp32 or bf16 (autocast; fp32 master weights and gradients)
-    lr_schedule: str = "constant"  # constant or cosine (after warmup_iters of linear warm-up)
-    warmup_iters: int = 0
-    total_iters: int = 0  # cosine horizon (`recycle train` sets it to --iterations)
-    min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
-    clip: float = 0.0  # clip gradients to this global norm over the whole model (0: off)
-    data: str = ""  # token file (`recycle data prepare`); empty: the workload's own data
-
-    def __post_init__(self):
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["betas"] = list(self.betas)
-        d["boundaries"] = list(self.boundaries)
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
-        d = dict(d)
-        for key in ("betas", "boundaries"):
-            if key in d:
-                d[key] = tuple(d[key])
-        return cls(**d)
 
 
 def layer_range(n_layers: int, stage: int, stages: int,

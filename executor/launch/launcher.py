@@ -1,109 +1,58 @@
 """`train`: one process per (replica, stage) and the in-process coordinator.
 
-The coordinator hosts the TCPStore, plans with planner.solvers.backends.solve and publishes
-versioned plans into the store (rendezvous.py). Failure detection, in order of speed:
-  1. the worker's process exits (poll of the child; a SIGKILL shows up within a loop tick);
-  2. a peer's comm op fails ('connection closed' or a timeout) and it reports a suspect:
-     the coordinator re-publishes (same failed set if nobody died) so every worker
-     re-syncs under a new version instead of waiting forever;
-  3. external workers (torchrun): heartbeat older than hb_timeout.
-Injected faults (faults.py): --kill R:S@I really SIGKILLs the worker when it reports it is
-halfway through its actions of iteration I, --stall R:S@I:SECONDS SIGSTOPs it there and
-SIGCONTs it later (a hang without a death: peers time out and report it, the coordinator
-re-publishes, the late worker catches up with the newest plan);
---rejoin R:S@I: each entry is consumed by one death of that worker (the earliest pending
-entry first), so a worker can be killed and rejoined several times. A death is always a
-failure event first (a plan without the worker, published here or, with a service,
-reported to it): the survivors train re-routed. The new process (next incarnation) is
-started when the run reaches I, i.e. every live worker has completed I-1 under the plan
-in force (--restart R:S@I: as soon as the death is in a plan), and asks to be admitted;
-the plan naming it is published on that request (it loads its state from a live peer
-while entering, see agent.py). Meanwhile the coordinator holds iteration I (store key
-`hold`): the others wait before it for that plan, and the hold is released on admission,
-on the new process's death, or a deadline after its start, by the coordinator only.
-Checkpoints (executor/checkpoint/, torch.distributed.checkpoint): one writer per stage saves
-its part every `ckpt_every` iterations; the coordinator completes a checkpoint (writes its
-manifest) once all parts and losses are in. Losing every replica of a stage halts and
-names the newest complete checkpoint, which `resume` continues from.
-
-With a service (`service=ServiceWatch`, service_source.py) the coordinator does not plan:
-workers poll, heartbeat and report suspects to the service, whose plans the coordinator
-only follows. A process exit it sees is posted to the service as a failure event at once
-(no heartbeat timeout), and a due rejoin restarts the worker once the service's plan has
-it failed (the new process posts its recovery event itself).
+The coordinator hosts the TCPStore (rendezvous.py), watches its workers and drives the
+run's membership (planner/membership.py decides; publishing.py plans and publishes, or
+follows the plan service with --service). Deaths are seen, fastest first, as a process
+exit, a peer's suspect (a re-published version if nobody died), or, for external
+(torchrun'd) workers, a stopped heartbeat. A death is a failure event at once; a due
+--rejoin/--restart brings the worker back later (admission.py, rejoins.py). Injected
+faults are faults.py's, the workers' messages messages.py's, losses losses.py's, and the
+end of a run, complete or halted with the newest checkpoint, ending.py's. The rules are in
+docs/executor.md ("Who is in which plan version").
 """
 from __future__ import annotations
 
-import json
 import multiprocessing
 import os
-import socket
-import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
 from typing import Optional, Sequence
 
 from rich.console import Console
 
-from executor.checkpoint import CheckpointStore, read_checkpoint
-from executor.runtime.comm import host_store
-from executor.launch.faults import Injector, parse_event, parse_stall  # noqa: F401 (re-exported)
+from executor.launch.faults import Injector
 from executor.compute.model import ModelConfig
-from executor.compute.reference import Summary
+from executor.inputs.run_config import save_config
+from executor.inputs.worker_settings import WorkerSettings
+from executor.launch.admission import Admission
+from executor.launch.ending import RunEnd, TrainResult
+from executor.launch.messages import HANDLERS
+from executor.launch.processes import Processes
+from executor.launch.publishing import Halted, Publishing
+from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
-from executor.worker import child as worker_child
 from executor.launch.progress_lines import ProgressLines
-from executor.runtime.rendezvous import Mailbox, publish_plan, read_int, set_counter, wkey
-from planner.solvers.backends import solve
+from executor.runtime.rendezvous import wkey
 from planner.failures import NoPlanError
 from planner.job import JobSpec
-from planner.speeds import SpeedDetector, with_speeds
-from planner.solvers.timeline import Mode
+from planner.membership import Membership
+from planner.speeds import SpeedDetector
+from planner.plan import Mode
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 Worker = tuple[int, int]
-# External workers heartbeat every 0.5 s: once a peer has reported a suspect, a worker
-# silent this long is dead (torchrun restarting its node), not slow, so the survivors train
-# re-routed instead of waiting out 3 x --timeout for the restart.
-SILENT_AFTER_SUSPECT_S = 2.0
 
 
-@dataclass
-class Rejoin:
-    """A due restart of a dead worker (one --rejoin/--restart entry)."""
-    iteration: int  # training waits before it until the worker is back
-    asap: bool = False  # --restart: once its death is in a plan, not when the run reaches it
-    spawned: Optional[float] = None  # monotonic time its new process started
-
-
-@dataclass
-class TrainResult:
-    summary: Optional[Summary]
-    halted: Optional[str] = None
-    model_error: bool = False  # halted because a worker found the model itself wrong
-    model_exception: bool = False  # ... because the model's own code raised (exit 4)
-    checkpoint: Optional[str] = None
-    versions: int = 0
-    run_dir: str = ""
-    events: list = field(default_factory=list)
-    iteration_end: dict = field(default_factory=dict)  # iteration -> monotonic time it completed
-
-
-class Coordinator:
+class Coordinator(Processes, Admission, Publishing, RunEnd):
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
                  run_dir=None, checkpoint_dir=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
                  deadline_s=None, service=None, mode: Mode = Mode(), device="auto",
-                 model: str = "gpt"):
+                 model: str = "gpt", run_config=None):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
-        # (r, s, iteration, asap): --rejoin entries, and --restart ones with asap True
-        self.rejoins = sorted(((*k[:3], bool(k[3]) if len(k) > 3 else False) for k in rejoins),
-                              key=lambda k: k[2])
         self.solver, self.timeout, self.external = solver, timeout, external
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.identity_hash() != job.identity_hash():
@@ -111,86 +60,50 @@ class Coordinator:
         self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
         os.makedirs(self.run_dir, exist_ok=True)
-        self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
-        self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
-                                           dict(cfg.to_dict(), workload=model),
-                                           job=job.model_dump(mode="json"))
+        if run_config is not None:  # RUN_DIR/run.toml: `recycle train --config` repeats it
+            save_config(run_config, self.run_dir)
         self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + deadline_s if deadline_s else None
-        self.start, self.losses = 0, {}
-        if resume:
-            resume, man = read_checkpoint(resume, job, cfg, iterations, model)
-            resume = os.path.abspath(resume)
-            self.start = man.iteration + 1
-            self.losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
+        resume = self.open_checkpoints(checkpoint_dir, model, resume)
         self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
-        # Loopback unless torchrun'd workers on other machines must reach it: the store has
-        # no authentication, so it never holds a secret (the service token travels apart).
-        self.store = host_store("0.0.0.0" if external else "127.0.0.1", store_port, timeout)
-        if external:  # the port actually bound (--store-port 0 picks a free one)
-            self.console.print(f"coordinator waiting for workers: RECYCLE_STORE=<this host>:"
-                               f"{self.store.port} torchrun ... -m executor.torchrun",
-                               soft_wrap=True)
-        self.run_id = uuid.uuid4().hex[:8]
-        self.store.set("config", json.dumps({
-            "model": cfg.to_dict(), "job": job.model_dump(mode="json"), "iterations": iterations,
-            "workload": model,  # --model NAME: every worker loads the same Workload
-            "timeout": timeout, "ckpt_dir": self.ckpt_dir, "ckpt_every": ckpt_every,
-            "resume": resume, "device": device, "local_workers": None if external else len(self.workers),
-            "kills": [list(k) for k in kills], "stalls": [list(k) for k in stalls],
-            "slows": [list(k) for k in slows],
-            "run_id": self.run_id,
-            "service": service.worker_config() if service else None}))
-        self.mailbox = Mailbox(self.store)
+        self.open_store(store_port, WorkerSettings(
+            cfg, job, iterations, uuid.uuid4().hex[:8], workload=model, timeout=timeout,
+            ckpt_dir=self.ckpt_dir, ckpt_every=ckpt_every, resume=resume, device=device,
+            local_workers=None if external else len(self.workers),
+            kills=[list(k) for k in kills], stalls=[list(k) for k in stalls],
+            slows=[list(k) for k in slows],
+            service=service.worker_config() if service else None))
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.reaped: set[int] = set()  # pids whose exit has been handled
         self.lost_worker: Optional[Worker] = None
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
         self.model_exception = False  # the fatal is an exception the model's code raised
-        self.failed: set[Worker] = set()
-        # Membership: the incarnation each worker's newest plan admits (stamped on plans).
-        self.incs = [[1] * self.S for _ in range(self.D)]
-        # Rejoins awaited: dead (or declared failed) workers with a --rejoin due.
-        self.pending: dict[Worker, Rejoin] = {}
+        # Who is in which version (planner/membership.py): the failed set, the incarnation
+        # each worker's newest plan admits, the speeds planned for. Decided there; here
+        # carried out (local) or followed (with a service, whose plans say it).
+        self.members = Membership.start(self.D, self.S).with_speeds(job.speed)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
-        self.given_up: set[tuple[int, int, int]] = set()  # --rejoin entries not held for again
-        # Through a service, admission may wait for it to come back from an outage.
-        self.hold_limit = 4 * timeout + (60.0 if service is not None else 5.0)
+        # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
+        # come back from an outage.
+        self.rejoins = RejoinBook(rejoins, external,
+                                  4 * timeout + (60.0 if service is not None else 5.0))
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
         self.byes: set[Worker] = set()  # external workers that said they are leaving
         self.final_checks: dict[int, float] = {}
         self.version, self.plan, self.committed = -1, None, -1
         self.suspect_since: Optional[float] = None
-        self.printed = self.start - 1  # the newest iteration whose losses are all in
-        self.full_upto = -1  # every iteration up to this one has all its losses
         self.lines = ProgressLines(self.console, self.n * cfg.micro_batch_size * cfg.seq_len,
                                    self.start, iterations - 1)
         self.iteration_end: dict[int, float] = {}
         self.events: list[str] = []
         self.faults = Injector(kills, stalls, self.event)
-        # Stragglers (planner/speeds.py): speeds in force (the spec's own, if any), and the
-        # detector fed by the workers' compute times, which re-plans when they change.
-        self.speeds = job.speed
+        # Stragglers (planner/speeds.py): the detector fed by the workers' compute times,
+        # which re-plans (Membership.measured) when they change.
         # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
         # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
         self.detector = SpeedDetector(self.D, self.S, persist=2) if detect_stragglers else None
-
-    # ---- processes ----------------------------------------------------------------------
-    def spawn(self, w: Worker) -> None:
-        """A worker process: forked from a forkserver that has torch imported (real, separate
-        processes; the same entry point as `python -m executor.worker`)."""
-        if ROOT not in sys.path:
-            sys.path.insert(0, ROOT)
-        ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["executor.worker"])
-        p = ctx.Process(target=worker_child, name=f"recycle-worker-{wkey(w)}", args=(
-            f"127.0.0.1:{self.store.port}", w[0], w[1],
-            os.path.join(self.run_dir, f"worker-{w[0]}-{w[1]}.log"),
-            self.service.token if self.service else None))
-        p.start()
-        self.procs[w] = p
 
     def event(self, msg: str) -> None:
         self.events.append(msg)
@@ -202,7 +115,7 @@ class Coordinator:
         restart is due: the survivors train re-routed until the worker is back."""
         self.event(f"worker {wkey(w)} failed ({why})")
         self.mailbox.forget(w)  # its next process's messages must be told from this one's
-        if self.pending.pop(w, None) is not None:
+        if self.rejoins.drop(w):
             self.update_hold()  # it died before it was admitted: nothing to hold for
         if self.detector is not None:
             self.detector.forget(*w)  # a new process on a new machine says nothing yet
@@ -212,113 +125,9 @@ class Coordinator:
             elif w not in self.failed:  # the plan in force admits a process that is gone
                 self.service.report_failure(w, self.plan.incarnation(*w), self.run_id, why)
         elif w not in self.failed:
-            self.failed.add(w)
             self.done.pop(w, None)
-            self.publish()
+            self.decide(*self.members.fail(w))
         self.restart(w)
-
-    def restart(self, w: Worker) -> None:
-        """Consume the earliest pending --rejoin/--restart of `w`, if any: one entry per
-        death. The process starts later, in spawn_due()."""
-        due = [k for k in self.rejoins if k[:2] == w]
-        if not due:
-            return
-        self.rejoins.remove(due[0])
-        it, asap = due[0][2], due[0][3]
-        if self.external:  # its node's launcher (torchrun) restarts it: only hold for it
-            self.event(f"training waits before iteration {it} until worker {wkey(w)} is back")
-            self.pending[w] = Rejoin(it, True, spawned=time.monotonic())
-        else:
-            self.event(f"worker {wkey(w)} will be restarted "
-                       + ("as soon as its failure is in a plan" if asap else
-                          f"when the run reaches iteration {it}")
-                       + f" (training waits before iteration {it} until it is back)")
-            self.pending[w] = Rejoin(it, asap)
-        self.update_hold()
-
-    def returning(self, w: Worker, rejoin: Rejoin) -> bool:
-        """May `w`'s next process start now? Only once the plan in force has `w` failed
-        (its death is a failure event first) and its old process has exited; for --rejoin,
-        also once every live worker has completed the iteration before the rejoin's under
-        that plan, so the iterations in between train re-routed, every time."""
-        p = self.procs.get(w)
-        if w not in self.failed or (p is not None and p.exitcode is None):
-            return False
-        return rejoin.asap or self.reached(rejoin.iteration - 1)
-
-    def reached(self, iteration: int) -> bool:
-        """Every live worker has entered the plan in force and completed `iteration`."""
-        return all(self.done.get(x, (-1, -1))[1] >= self.version
-                   and self.done[x][0] >= iteration for x in self.live())
-
-    def spawn_due(self) -> None:
-        for w, rejoin in self.pending.items():
-            if rejoin.spawned is None and self.returning(w, rejoin):
-                self.event(f"restarting worker {wkey(w)} to rejoin at iteration "
-                           f"{rejoin.iteration}")
-                self.spawn(w)
-                rejoin.spawned = time.monotonic()
-                self.record.restarts_at.append((time.time(), w, rejoin.iteration))
-
-    def admitted(self, w: Worker) -> None:
-        if self.pending.pop(w, None) is not None:
-            self.update_hold()
-
-    def update_hold(self) -> None:
-        """Workers wait before the earliest iteration a pending rejoin is due at; a hold
-        whose process has not been admitted within its deadline is dropped (training goes
-        on; the worker joins when it can)."""
-        now = time.monotonic()
-        for w, rejoin in list(self.pending.items()):
-            if rejoin.spawned is not None and now - rejoin.spawned > self.hold_limit:
-                self.event(f"rejoin of {wkey(w)} not admitted within {self.hold_limit:g} s: "
-                           f"no longer holding iteration {rejoin.iteration} for it")
-                del self.pending[w]
-                self.given_up.update(k for k in self.rejoins
-                                     if k[:2] == w and k[2] == rejoin.iteration)
-        its = [rejoin.iteration for rejoin in self.pending.values()]
-        set_counter(self.store, "hold", min(its) + 1 if its else 0)
-
-    # ---- plans ------------------------------------------------------------------------
-    def publish(self, final: bool = False) -> None:
-        if self.service is not None:
-            if final:  # first the service (so exiting workers are not declared failed)
-                self.service.finish(self.console)
-                return self.store.set("finished", "1")
-            return self.follow()
-        if final:
-            plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
-        else:
-            plan = solve(with_speeds(self.job, self.speeds), sorted(self.failed),
-                         solver=self.solver, mode=self.mode)  # may raise NoPlanError
-            plan = plan.stamped(self.version + 1, self.incs)
-        self.version, self.plan, self.suspect_since = plan.version, plan, None
-        publish_plan(self.store, plan)
-        self.record.published(plan)
-
-    def follow(self) -> None:
-        """Service mode: take the newest plan the service published."""
-        plan = self.service.plan
-        if plan.version == self.version:
-            return
-        self.version, self.plan = plan.version, plan
-        self.record.published(plan)
-        self.failed = {tuple(w) for w in plan.failed}
-        for w in self.failed:
-            self.done.pop(w, None)
-        for w in list(self.pending):  # the service admitted the restarted process
-            if (plan.worker(*w) is not None
-                    and plan.incarnation(*w) == read_int(self.store, f"inc/{wkey(w)}")):
-                self.admitted(w)
-        for w in self.failed:  # declared failed while its process lives on (a stall): a due
-            due = [k for k in self.rejoins if k[:2] == w]  # rejoin is awaited from now on
-            if due and w not in self.pending and due[0] not in self.given_up:
-                self.pending[w] = Rejoin(due[0][2], due[0][3])  # started once it exits
-                self.update_hold()
-        self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
-
-    def live(self) -> list[Worker]:
-        return [w.key for w in self.plan.workers if w.key not in self.failed]
 
     # ---- main loop ---------------------------------------------------------------------
     def run(self) -> TrainResult:
@@ -349,12 +158,12 @@ class Coordinator:
                     raise TimeoutError(
                         f"training did not finish in time (logs in {self.run_dir}); plan "
                         f"v{self.version}, failed {sorted(self.failed)}, last steps {self.done}, "
-                        f"losses {[len(self.losses.get(i, {})) for i in range(self.iterations)]}")
+                        f"losses {self.losses.counts(self.iterations)}")
                 # Every 20 ms, or as soon as a message comes, but at most one tick per
                 # 5 ms: with many workers each message would otherwise cost a whole tick.
                 self.mailbox.wait(0.02)
                 time.sleep(max(0.0, began + 0.005 - time.monotonic()))
-        except NoPlanError as exc:
+        except (NoPlanError, Halted) as exc:
             return self.halt(str(exc))
         finally:
             self.mailbox.close()
@@ -383,7 +192,7 @@ class Coordinator:
                 self.died(w, f"process exited with code {p.exitcode}")
         if self.external:
             self.check_heartbeats()
-        if self.pending:
+        if self.rejoins.pending:
             self.spawn_due()
             self.update_hold()
         for w, inc in list(self.asking.items()):
@@ -395,15 +204,14 @@ class Coordinator:
             # out one comm timeout first, so a worker still blocked in the old version can
             # reach the new one; re-publishing sooner let workers chase versions forever.
             self.event(f"suspect reported under plan v{self.version} but no worker died: re-publishing")
-            self.publish()
+            self.decide(*self.members.resync(self.version))
         if self.detector is not None and self.service is None:
             grid = self.detector.update()
             if grid is not None:
                 slow = {f"{d}:{s}": v for d, row in enumerate(grid) for s, v in enumerate(row)
                         if v != 1.0}
                 self.event(f"measured speeds changed: {slow or 'all nominal'}: re-planning")
-                self.speeds = grid
-                self.publish()
+                self.decide(*self.members.measured(grid))
         vals = [self.done[w][0] for w in self.live() if w in self.done]
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
             # only the coordinator moves the counter: add the difference (one round trip)
@@ -411,172 +219,29 @@ class Coordinator:
             self.committed = min(vals)
         if now - self._ck_checked > 0.25:
             self._ck_checked = now
-            self.checkpoints.collect(self.losses_upto)
+            self.checkpoints.collect(self.losses.upto)
         self.progress()
 
     def handle(self, m: dict) -> None:
-        w, kind = (m["r"], m["s"]), m["t"]
-        if kind == "mid":
-            pid = None
-            if w in self.procs and self.procs[w].exitcode is None:
-                pid = self.procs[w].pid
-            elif self.external and m.get("pid"):  # a torchrun'd worker: signal it if it
-                if m.get("host") == socket.gethostname():  # runs on this host
-                    pid = m["pid"]
-                elif self.faults.due(w, m["it"]):
-                    self.event(f"cannot signal worker {wkey(w)} on host {m.get('host')} from "
-                               f"{socket.gethostname()}: fault at iteration {m['it']} skipped")
-                    self.faults.drop(w, m["it"])
-            if pid is not None and self.faults.mid(w, m["it"], pid):
-                t = max(row[0] for row in self.faults.log if row[2] == "kill")
-                self.record.kills_at.append((t, w, m["it"]))
-                if w not in self.procs and w not in self.failed:  # torchrun'd: no exit to
-                    self.died(w, "SIGKILLed by the coordinator")  # poll, the kill is sure
-            if m.get("wait"):
-                self.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
-        elif kind == "done":
-            if m.get("sync"):
-                self.record.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
-            if m.get("compute") and self.detector is not None and m["v"] == self.version:
-                self.detector.observe(w[0], w[1], m["compute"], m["it"])  # paired by iteration
-            self.done[w] = (m["it"], m["v"])
-            if m.get("losses"):
-                self.record.trained[m["it"]] = m["v"]
-            for g, loss in m.get("losses", {}).items():
-                self.losses.setdefault(m["it"], {})[int(g)] = loss
-            if m["it"] == self.iterations - 1:
-                self.final_checks[w[1]] = m["checksum"]
-        elif kind == "fatal":  # e.g. a stage's output broke its activation spec
-            if self.fatal is None:  # the model's own exception comes with the worker's log
-                self.fatal = f"worker {wkey(w)}: {m['reason']}" + (
-                    f"; traceback in {m['log']}" if m.get("log") else "")
-                self.model_exception = m.get("error") == "exception"
-        elif kind == "suspect":
-            if m["v"] == self.version and self.suspect_since is None:
-                self.suspect_since = time.monotonic()
-        elif kind == "ready" and self.service is None and m["inc"] > self.incs[w[0]][w[1]]:
-            # A newer process of w asks in: its predecessor is dead (or w was failed).
-            if w not in self.failed:  # (torchrun restarted it) that death is news: a failure
-                self.died(w, f"a new process, incarnation {m['inc']}, replaced it")
-            self.asking[w] = max(m["inc"], self.asking.get(w, 0))
-            self.admit(w, self.asking[w])
+        handler = HANDLERS.get(m["t"])  # messages.py
+        if handler is not None:
+            handler(self, (m["r"], m["s"]), m)
 
-    def admit(self, w: Worker, inc: int) -> None:
-        """Publish the plan admitting incarnation `inc` of `w` once every survivor has
-        entered the plan that has `w` failed. Only a process still alive is admitted: one
-        that died meanwhile would be waited for."""
-        p = self.procs.get(w)
-        if (p is not None and p.exitcode is not None) or inc <= self.incs[w[0]][w[1]]:
-            self.asking.pop(w, None)
-            return
-        if not self.reached(-1):
-            return
-        self.asking.pop(w, None)
-        self.incs[w[0]][w[1]] = inc
-        self.failed.discard(w)
-        self.admitted(w)
-        self.event(f"worker {wkey(w)} is back (incarnation {inc}): publishing the plan that "
-                   "includes it")
-        self.publish()
-
-    def check_heartbeats(self) -> None:
-        """External workers: a heartbeat older than 3 x --timeout is a death; once a peer
-        has reported a suspect, one older than SILENT_AFTER_SUSPECT_S is."""
-        limit = 3 * self.timeout
-        if self.suspect_since is not None:
-            limit = min(limit, SILENT_AFTER_SUSPECT_S)
-        for w in self.live():
-            if self.store.check([f"hb/{wkey(w)}"]):
-                t, _, inc = self.store.get(f"hb/{wkey(w)}").decode().split()
-                if int(inc) == self.incs[w[0]][w[1]] and time.time() - float(t) > limit:
-                    self.died(w, f"heartbeat stopped {time.time() - float(t):.1f} s ago")
-
-    def complete(self) -> bool:
-        while len(self.losses.get(self.full_upto + 1, {})) == self.n:  # losses only grow
-            self.full_upto += 1
-        if self.full_upto < self.iterations - 1:
-            return False
-        final = (self.iterations - 1, self.version)
-        return (all(self.done.get(w) == final for w in self.live())
-                and len(self.final_checks) == self.S)
-
-    def reap(self, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        for p in self.procs.values():
-            p.join(max(0.1, end - time.monotonic()))
-        if self.external:
-            self.await_byes(end)
-
-    def await_byes(self, end: float) -> None:
-        """External workers (torchrun'd, node agents') have no process here to join, but
-        they read this store until they have seen the end: closing it before they say
-        `bye` crashed them (and their agents took that for failures, even restarted them).
-        Only `done` (the last losses, for a halt) is handled meanwhile: nothing may
-        publish a plan after the end."""
-        want = set(self.live())
-        while not want <= self.byes and time.monotonic() < end:
-            self.mailbox.wait(0.05)
-            for m in self.mailbox.drain():
-                if m["t"] == "bye":
-                    self.byes.add((m["r"], m["s"]))
-                elif m["t"] == "done":
-                    self.handle(m)
-
-    # ---- output -----------------------------------------------------------------------
-    def loss(self, i: int) -> float:
-        row = self.losses[i]
-        return sum(float(row[g]) for g in range(self.n)) / self.n
+    @property
+    def printed(self) -> int:
+        """The newest iteration whose losses are all in (and printed)."""
+        return self.losses.printed
 
     def progress(self) -> None:
-        while len(self.losses.get(self.printed + 1, {})) == self.n:
-            self.printed += 1
+        for i in self.losses.newly_complete():
             now = time.monotonic()
-            self.iteration_end[self.printed] = now
-            v, failed = self.record.trained_under(self.printed, self.version, self.failed)
-            self.lines.completed(self.printed, self.loss(self.printed), v, failed, now)
+            self.iteration_end[i] = now
+            v, failed = self.record.trained_under(i, self.version, self.failed)
+            self.lines.completed(i, self.losses.loss(i), v, failed, now)
             if self.service is not None:  # the live page's progress (service_source.py)
-                self.service.report_progress(self.printed, self.loss(self.printed),
-                                             self.lines.tokens, self.iterations, now)
+                self.service.report_progress(i, self.losses.loss(i), self.lines.tokens,
+                                             self.iterations, now)
 
-    def summary(self) -> Summary:
-        return Summary(losses=[self.loss(i) for i in range(self.iterations)],
-                       param_checksums=[self.final_checks[s] for s in range(self.S)],
-                       recovery=self.record.recovery(self.faults.log),
-                       plans=self.record.plans_used(self.iterations))
-
-    def halt(self, reason: str) -> TrainResult:
-        self.store.set("halted", reason)
-        set_counter(self.store, "hold", 1)  # every worker between iterations looks now
-        self.reap(self.timeout * 2)
-        time.sleep(0.1)
-        for msg in self.mailbox.drain():
-            self.handle(msg)  # last reports: losses of the newest complete iteration
-        self.checkpoints.collect(self.losses_upto)
-        path = self.checkpoints.newest()
-        where = (f"newest checkpoint {path}; continue with `recycle train --resume {path}`"
-                 if path else "no complete checkpoint yet")
-        if reason == self.fatal:  # the same code would raise again on resume
-            where = "fix the model first; " + where
-        # one line, never wrapped: a log or checkpoint path must stay whole to be copied
-        self.console.print(f"[red bold]training halted:[/] {reason}; {where}", soft_wrap=True)
-        return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
-                           run_dir=self.run_dir, events=self.events,
-                           model_error=reason == self.fatal,
-                           model_exception=reason == self.fatal and self.model_exception)
-
-    def final_checkpoint(self) -> None:
-        """The last iteration's checkpoint: local workers have exited (their parts are
-        written); torchrun'd ones may still be writing, so wait for them a little."""
-        end = time.monotonic() + (2 * self.timeout if self.external else 0)
-        while (self.checkpoints.collect(self.losses_upto) != self.iterations - 1
-               and time.monotonic() < end):
-            time.sleep(0.1)
-
-    def losses_upto(self, i: int) -> Optional[list]:
-        """Losses of iterations 0..i for a checkpoint's manifest, None while any is missing."""
-        if any(len(self.losses.get(j, {})) < self.n for j in range(i + 1)):
-            return None
-        return [[self.losses[j][g] for g in range(self.n)] for j in range(i + 1)]
 
 
 def train(cfg: ModelConfig, replicas: int, stages: int, microbatches: int, iterations: int,

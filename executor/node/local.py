@@ -19,18 +19,31 @@ import json
 import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import Protocol
 from urllib.parse import parse_qs, urlsplit
 
-if TYPE_CHECKING:
-    from executor.node.agent import NodeAgent
+
+
+class NodeView(Protocol):
+    """What the local channel needs of its node agent (agent.py): no import of it, so the
+    two modules do not import each other."""
+    job_id: str
+    token: str
+    node: str
+    cells: set
+
+    def local_plan(self, after, wait: float, worker) -> tuple: ...
+
+    def local_beat(self, worker, body: bytes, pid) -> tuple: ...
+
+    def forward(self, path: str, raw: bytes) -> tuple: ...
 
 MAX_BODY = 1 << 20
 
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
-    agent: "NodeAgent"
+    agent: NodeView
 
     def log_message(self, fmt, *args):  # quiet: the agent logs what matters
         pass
@@ -108,7 +121,7 @@ class _Handler(BaseHTTPRequestHandler):
 class LocalChannel:
     """The loopback server, in daemon threads (one per connection: a node has few)."""
 
-    def __init__(self, agent: "NodeAgent", port: int = 0):
+    def __init__(self, agent: NodeView, port: int = 0):
         handler = type("Handler", (_Handler,), {"agent": agent})
         self.server = ThreadingHTTPServer(("127.0.0.1", port), handler)
         self.server.daemon_threads = True

@@ -36,33 +36,25 @@ import torch
 from executor.checkpoint import load_stage
 from executor.checkpoint.part_writer import PartWriter
 from executor.runtime.batches import Batches
-from executor.runtime.comm import BWD, FWD, CommError, Superseded, World
+from executor.runtime.comm import CommError, Superseded, World
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
 from executor.compute.reference import checksum
 from executor.compute.stage import StageCompute
 from executor.runtime.compute_clock import ComputeClock
+from executor.runtime.interpreter import FAULT, StageSteps, run_steps, with_fault_point
+from executor.runtime.grad_sum import allreduce_grads
+from executor.runtime.model_error import ModelError, own_log
+from executor.runtime.role import Role, next_role
+from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
 from executor.runtime.stepper import StageStepper
 from executor.runtime.wire import ActivationSpecError
 from planner.job import JobSpec
+from planner.lowering import Op, lower
 from planner.plan import Plan, WorkerPlan
 
 
 HOST = socket.gethostname()
-
-
-class ModelError(Exception):
-    """The model's own code (its forward, loss, backward or data) raised: the same code
-    runs on every replica, so no plan can route around it; the run halts naming it."""
-
-
-def own_log() -> Optional[str]:
-    """The file this process's output goes to (the worker's log), if it is a file."""
-    try:
-        path = os.readlink("/proc/self/fd/1")
-    except OSError:
-        return None
-    return path if os.path.isfile(path) else None
 
 
 class Agent:
@@ -106,6 +98,8 @@ class Agent:
         # the straggler detector's number, and --slow's stretch: (from iteration, factor)
         self.clock = ComputeClock(self.device, slows)
         self.last_compute: Optional[tuple[int, float]] = None  # (iteration, s per micro-batch)
+        self._lowered: tuple[int, list] = (-1, [])  # (plan version, its steps for us)
+        self._losses: dict = {}  # the last stage's losses, from ALLREDUCE to OPT
 
     def log(self, msg: str) -> None:
         stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
@@ -143,10 +137,10 @@ class Agent:
             while True:
                 plan = plan or self._await_plan()
                 role = self._role(plan)
-                if role == "wait":
+                if role is Role.WAIT:
                     plan = None
                     continue
-                if role == "stop":
+                if role is Role.STOP:
                     self.leaving = True
                     return 0
                 try:
@@ -189,32 +183,21 @@ class Agent:
             pass
         return 2
 
-    def _role(self, plan: Plan) -> str:
-        """Membership (docs/executor.md): 'enter' the plan if it admits this very process,
-        'wait' for a newer one if it predates us, 'stop' if we are fenced out or done."""
+    def _role(self, plan: Plan) -> Role:
+        """Membership (docs/executor.md): what this process does with `plan` (next_role),
+        with its side effects: the log line, and asking once per version to be admitted."""
         self.version = self.source.version = plan.version
-        if not plan.workers:
-            self.log(f"training complete (plan v{plan.version})")
-            return "stop"
-        named = plan.incarnation(*self.me)
-        listed = plan.worker(*self.me) is not None
-        if listed and named == self.inc:
-            return "enter"
-        if (listed and named > self.inc) or (self.entered and not listed):
-            why = (f"incarnation {named} replaced us" if listed
-                   else f"declared failed (failed {plan.failed})")
-            self.log(f"not in plan v{plan.version}: {why}: stopping")
-            return "stop"
-        # The plan does not know this process yet: it lists our predecessor (which is dead:
-        # we would not run otherwise) or has us failed. Ask once per version to be admitted;
-        # whoever publishes answers with a plan that names this incarnation.
-        self.fresh = True  # the others train on without us: our state must come from a peer
-        if plan.version > self._asked:
-            self._asked = plan.version
-            self.log(f"waiting to be admitted (plan v{plan.version} names incarnation "
-                     f"{named if listed else '-'})")
-            self.source.rejoin(plan.version)
-        return "wait"
+        role, why = next_role(plan, self.me, self.inc, self.entered)
+        if role is Role.STOP:
+            self.log(f"training complete (plan v{plan.version})" if not plan.workers
+                     else f"not in plan v{plan.version}: {why}: stopping")
+        elif role is Role.WAIT:
+            self.fresh = True  # the others train on without us: our state comes from a peer
+            if plan.version > self._asked:
+                self._asked = plan.version
+                self.log(f"waiting to be admitted (plan v{plan.version} {why})")
+                self.source.rejoin(plan.version)
+        return role
 
     def _heartbeats(self) -> None:
         while True:
@@ -321,58 +304,51 @@ class Agent:
 
     # ---- one iteration ----------------------------------------------------------------
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
+        """Run this worker's lowered steps of `plan` (planner/lowering.py) for `it`."""
         self.plan_actions = wp.actions
         self.stepper.settle()  # the previous step is final before its parameters are used
         self.batches.begin(it, [a.microbatch for a in wp.actions if a.op == "F"]
                            if it + 1 < self.iterations else None)
         self.clock.begin(it)
         self.stepper.idle_cpu_s = 0.0
-        half = len(wp.actions) // 2
         sync = plan.solver.optimizer == "synchronous"
         if sync:  # wall times, for the check that no iteration starts before all stepped
             self.log(f"iteration {it} entered at {time.time():.6f}")
-        self._recvs = self._receives(plan, wp)
+        steps = self._steps(plan)
+        if it in self.fault_iterations:  # an injected signal may land mid-iteration
+            steps = with_fault_point(steps)
+        self._recvs = [(k, st) for k, st in enumerate(steps) if st.op is Op.RECV]
         self._ahead = 0
-        for k, a in enumerate(wp.actions):
-            self._post_ahead(it, k)
-            if k == half and it in self.fault_iterations:
-                # An injected signal may be due: tell the coordinator (pid and host: a
-                # torchrun'd worker on its host can be signalled) and let it land right here.
-                # Only then: a store round trip per iteration on the critical path otherwise.
-                self.source.send("mid", it=it, wait=True, pid=os.getpid(), host=HOST)
-                self.source.await_go(it, 4 * self.timeout_s)
-            if a.op == "F":
-                self._forward(plan, it, a.microbatch)
-            elif a.op in ("I", "B"):
-                self._backward(plan, it, a.microbatch, a.op)
-            elif a.op == "W":
-                self._model("weight gradients", a.microbatch, it,
-                            self.compute.backward_weight, a.microbatch)
-            else:
-                self._step(it)
-                if sync:
-                    self.log(f"iteration {it} stepped at {time.time():.6f}")
+        stage = StageSteps(self.compute, self.me[1], self.S, lambda g: self._batch(it, g),
+                           WorldTransport(self.world, it),
+                           lambda what, g, fn, *a: self._model(what, g, it, fn, *a))
+        table = {**stage.table(), Op.ALLREDUCE: lambda st: self._allreduce(),
+                 Op.OPT: lambda st: self._step(it, sync), FAULT: lambda st: self._fault(it)}
+        run_steps(steps, table, before=lambda k: self._post_ahead(it, k))
         self.world.flush()
         if sync:  # synchronous optimizer: nobody starts the next iteration before all stepped
             self.world.barrier()
 
-    def _receives(self, plan: Plan, wp: WorkerPlan) -> list[tuple]:
-        """This iteration's receives in plan order: (action index, boundary stage, sender,
-        micro-batch, direction)."""
-        s, out = self.me[1], []
-        for k, a in enumerate(wp.actions):
-            if a.op == "F" and s > 0:
-                out.append((k, s - 1, (plan.routes[a.microbatch][s - 1], s - 1), a.microbatch, FWD))
-            elif a.op in ("I", "B") and s < self.S - 1:
-                out.append((k, s, (plan.routes[a.microbatch][s + 1], s + 1), a.microbatch, BWD))
-        return out
+    def _steps(self, plan: Plan) -> list:
+        """This worker's steps under `plan`, lowered once per plan version."""
+        if self._lowered[0] != plan.version:
+            self._lowered = (plan.version, lower(plan, self.me))
+        return self._lowered[1]
+
+    def _fault(self, it: int) -> None:
+        """The injection point: tell the coordinator (pid and host: a torchrun'd worker on
+        its host can be signalled) and let the signal land right here. Only in iterations
+        a fault may target us: a store round trip per iteration otherwise."""
+        self.source.send("mid", it=it, wait=True, pid=os.getpid(), host=HOST)
+        self.source.await_go(it, 4 * self.timeout_s)
 
     def _post_ahead(self, it: int, k: int, window: int = 2) -> None:
-        """Before action k: keep the receives of the actions after it posted, at most
+        """Before step k: keep the receives of the steps after it posted, at most
         `window` ahead (a buffer each), so their messages move while we compute."""
         while self._ahead < len(self._recvs) and self.world.early_count() < window:
-            idx, stage, frm, g, direction = self._recvs[self._ahead]
-            if idx > k and not self.world.post_early(stage, frm, it, g, direction):
+            idx, st = self._recvs[self._ahead]
+            if idx > k and not self.world.post_early(st.boundary, st.peer, it, st.microbatch,
+                                                     COMM_DIRECTION[st.direction]):
                 return  # this boundary's spec is not known yet: its first receive tells
             self._ahead += 1
 
@@ -390,58 +366,17 @@ class Agent:
         except Exception as exc:
             raise ModelError(f"in its {what} of micro-batch {g}, iteration {it}") from exc
 
-    def _forward(self, plan: Plan, it: int, g: int) -> None:
-        s = self.me[1]
-        if s == 0:
-            x = self._batch(it, g)[0]
-        else:
-            x = self.world.recv_activation(s - 1, (plan.routes[g][s - 1], s - 1), it, g)
-        targets = self._batch(it, g)[1] if s == self.S - 1 else None
-        out = self._model("forward", g, it, self.compute.forward, g, x, targets)
-        if s < self.S - 1:
-            self.world.send_activation(out, s, (plan.routes[g][s + 1], s + 1), it, g)
-
-    def _backward(self, plan: Plan, it: int, g: int, op: str) -> None:
-        s = self.me[1]
-        grad = None
-        if s < self.S - 1:
-            grad = self.world.recv_grad(s, (plan.routes[g][s + 1], s + 1), it, g)
-        fn = self.compute.backward_input if op == "I" else self.compute.backward_full
-        gx = self._model("backward", g, it, fn, g, grad)
-        if s > 0:
-            self.world.send_grad(gx, s - 1, (plan.routes[g][s - 1], s - 1), it, g)
-
-    def _step(self, it: int) -> None:
-        """OPT: sum the stage's gradients over its live peers, snapshot, AdamW step.
-        On the last stage the per-micro-batch losses ride along in the same all-reduce
-        (each g has one contributor, so the sum is exact): every last-stage peer that
-        stepped can report all of the iteration's losses, even if the peer that computed
-        some of them dies right after. A stage with one live worker has nothing to sum:
-        no flattening, no copy back. Either way a parameter without a gradient steps on
-        zeros, as it does with peers (the sum needs a tensor): the update must not depend
-        on how many workers a stage has left."""
+    def _allreduce(self) -> None:
+        """ALLREDUCE: the stage's gradients summed over its live peers (the OPT follows)."""
         self.clock.step_begins()
-        params = self.params
         last = self.me[1] == self.S - 1
-        if self.world.stage_size == 1:
-            for p in params:
-                if p.grad is None:
-                    p.grad = torch.zeros_like(p)
-            losses = self.compute.losses() if last else {}
-        else:
-            parts = [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
-                     for p in params]
-            if last:
-                lv = torch.zeros(self.job.num_microbatches, device=self.device)
-                for g, v in self.compute.losses().items():
-                    lv[g] = v
-                parts.append(lv)
-            flat = self.world.allreduce_stage(torch.cat(parts))
-            off = 0
-            for p in params:  # views of the summed buffer: it is ours, no copy needed
-                p.grad = flat[off:off + p.numel()].view_as(p)
-                off += p.numel()
-            losses = {g: float(v) for g, v in enumerate(flat[off:].tolist())} if last else {}
+        self._losses = allreduce_grads(self.params, self.world,
+                                       self.compute.losses() if last else None,
+                                       self.job.num_microbatches, self.device)
+
+    def _step(self, it: int, sync: bool) -> None:
+        """OPT: snapshot, AdamW step, report the iteration (and its losses) done."""
+        losses, self._losses = self._losses, {}
         self.stepper.step(it, self.version)
         self.compute.reset()
         self.done = it
@@ -454,6 +389,8 @@ class Agent:
                          checksum=checksum(self.module) if final else None)
         if self.writer and self.parts.due(it):
             self.parts.write(it, self.module, self.opt)
+        if sync:
+            self.log(f"iteration {it} stepped at {time.time():.6f}")
 
     # ---- state --------------------------------------------------------------------------
     def _load(self, state: dict) -> None:

@@ -18,7 +18,7 @@ from typing import Optional
 from planner.solvers.backends import SolveOptions, solve
 from planner.failures import Worker
 from planner.job import JobSpec
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 FULL, SPLIT_SYNC = Mode(True, True), Mode(True, False)
 

@@ -5,19 +5,17 @@ import json
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
 from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.commands.output import console
 from planner.failures import NoPlanError, parse_worker
 from planner.inputs.limits import load_plan, load_spec
 from planner.inputs.paths import check_writable
-from planner.job import JobSpec
 from planner.plan import Plan
+from planner.plan import Mode
 from planner.roles import NoRolesError
-from planner.solvers.timeline import Mode
 
-console = Console()
 
 
 def register(app: typer.Typer, bench: typer.Typer) -> None:

@@ -28,7 +28,7 @@ def _imported(path: str, spec: str, sync: bool):
 
 
 def _report(plan, errs) -> None:
-    from planner.commands.cli import console
+    from planner.commands.output import console
 
     if errs:
         for e in errs:

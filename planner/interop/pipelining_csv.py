@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 from typing import Optional
 
+from planner.lowering import WORK, lower
 from planner.plan import Plan
 
 
@@ -82,9 +83,10 @@ def pipeline_rows(plan: Plan, replica: int) -> list[list[str]]:
     job = plan.job
     S, M = job.stages, job.microbatches
     back = "I" if plan.solver.split_backward else "B"
-    workers = _workers(plan)
-    seqs = [[(a.op, a.microbatch - replica * M) for a in workers[(replica, s)].actions
-             if a.op != "OPT"] for s in range(S)]  # OPT: the step is outside the schedule
+    # the same lowering the executors run (planner/lowering.py); its compute steps but OPT
+    # (the step is outside torch's schedule; its RECV/SEND it derives itself)
+    seqs = [[(st.op.value, st.microbatch - replica * M) for st in lower(plan, (replica, s))
+             if st.op in WORK] for s in range(S)]
     last = seqs[S - 1]
     label = {m: k for k, m in enumerate(m for op, m in last if op == "F")}
     back_order = [label[m] for op, m in last if op == back]

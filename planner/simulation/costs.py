@@ -180,7 +180,7 @@ def plan_period(job: JobSpec, failed: list[Worker]) -> int:
     ranked timelines, measured as add_opt + replay would (planner/policies.py)."""
     from planner.failures import check_plannable, normalize
     from planner.solvers.greedy import ranked_schedules
-    from planner.solvers.timeline import Mode
+    from planner.plan import Mode
 
     failed = normalize(job, failed)
     check_plannable(job, failed)

@@ -11,7 +11,7 @@ from typing import Callable, Iterable, Optional
 from planner.failures import Canonical, Worker, canonicalize, check_plannable, normalize
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan, make_action
-from planner.solvers.timeline import Mode
+from planner.plan import Mode
 
 
 @dataclass(frozen=True)

@@ -6,26 +6,11 @@ plan is measured the same way (by the validator's replay).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 from planner.failures import Worker
 from planner.job import JobSpec
-from planner.plan import Metrics, Plan, SolverInfo, WorkerPlan, make_action
-
-
-@dataclass(frozen=True)
-class Mode:
-    """What a schedule may do: split backward into I and W, and stagger the optimizer."""
-    split_backward: bool = True
-    staggered: bool = True
-
-    @property
-    def optimizer(self) -> str:
-        return "staggered" if self.staggered else "synchronous"
-
-
-Timeline = dict[Worker, list[tuple[str, Optional[int], int, int]]]  # (op, g, start, end)
+from planner.plan import Metrics, Mode, Plan, SolverInfo, Timeline, WorkerPlan, make_action
 
 
 def finish_plan(job: JobSpec, failed: list[Worker], routes: list[list[int]], timeline: Timeline,

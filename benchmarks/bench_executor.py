@@ -1,5 +1,6 @@
-"""`recycle bench executor`: the runtime vs torch.distributed.pipelining (see
-benchmarks/executor_bench.py). Registered by whoever owns the `bench` Typer group."""
+"""`python -m benchmarks.bench_executor`: the runtime vs torch.distributed.pipelining (see
+benchmarks/executor_bench.py). A benchmark, not a part of the product: nothing in planner/,
+executor/, api/ or recycle/ imports benchmarks/ (tests/test_import_rules.py)."""
 from __future__ import annotations
 
 import os
@@ -9,8 +10,10 @@ from typing import Optional
 import typer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
 
 
+@app.command()
 def bench_executor_cmd(
     out: str = typer.Option("benchmarks/results/executor.md", help="results table (markdown; JSON next to it)"),
     stages: int = typer.Option(2, help="pipeline stages S (processes per replica)"),
@@ -44,5 +47,5 @@ def bench_executor_cmd(
                        model=model)
 
 
-def register(bench: typer.Typer) -> None:
-    bench.command("executor")(bench_executor_cmd)
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,42 @@
+"""What every worker process of a run needs to know, as one typed value: written whole by
+the coordinator into its store (key `config`) and read back whole by executor/worker.py,
+so no field is re-defaulted on the way. Never a secret: the store is unauthenticated (the
+service's worker token reaches workers apart, see worker.py)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Optional
+
+from executor.compute.config import ModelConfig
+from planner.job import JobSpec
+
+
+@dataclass(frozen=True)
+class WorkerSettings:
+    model: ModelConfig
+    job: JobSpec
+    iterations: int
+    run_id: str
+    workload: str = "gpt"  # --model NAME: every worker loads the same Workload
+    timeout: float = 5.0
+    ckpt_dir: Optional[str] = None
+    ckpt_every: int = 1
+    resume: Optional[str] = None  # the checkpoint a first incarnation starts from
+    device: str = "auto"
+    local_workers: Optional[int] = None  # workers on this machine (None: torchrun'd)
+    kills: list = field(default_factory=list)  # [r, s, iteration]: where to wait for a signal
+    stalls: list = field(default_factory=list)
+    slows: list = field(default_factory=list)  # [r, s, iteration, factor]
+    service: Optional[dict] = None  # url and job id of the plan service (no token)
+
+    def to_json(self) -> str:
+        d = {k: v for k, v in asdict(self).items() if k not in ("model", "job")}
+        d.update(model=self.model.to_dict(), job=self.job.model_dump(mode="json"))
+        return json.dumps(d)
+
+    @classmethod
+    def from_json(cls, text) -> "WorkerSettings":
+        d = json.loads(text)
+        return cls(**{**d, "model": ModelConfig.from_dict(d["model"]),
+                      "job": JobSpec.model_validate(d["job"])})

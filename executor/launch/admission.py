@@ -1,0 +1,72 @@
+"""Bringing dead workers back (local processes, or torchrun's restarts): when a due
+--rejoin/--restart starts its new process, which iteration training holds for it, and when
+the plan admitting it is published (rejoins.py keeps the schedule; planner/membership.py
+decides the plan)."""
+from __future__ import annotations
+
+import time
+
+from executor.launch.rejoins import Rejoin
+from executor.runtime.rendezvous import set_counter, wkey
+
+Worker = tuple[int, int]
+
+
+class Admission:
+    """Mixed into the Coordinator (launcher.py): its processes, store, plan and members."""
+
+    def restart(self, w: Worker) -> None:
+        """Consume the earliest --rejoin/--restart of `w`, if any (one entry per death);
+        the process starts later, in spawn_due()."""
+        line = self.rejoins.consume(w, time.monotonic())
+        if line is not None:
+            self.event(line)
+            self.update_hold()
+
+    def returning(self, w: Worker, rejoin: Rejoin) -> bool:
+        """May `w`'s next process start now? Only once the plan in force has `w` failed
+        (its death is a failure event first) and its old process has exited; for --rejoin,
+        also once every live worker has completed the iteration before the rejoin's under
+        that plan, so the iterations in between train re-routed, every time."""
+        p = self.procs.get(w)
+        if w not in self.failed or (p is not None and p.exitcode is None):
+            return False
+        return rejoin.asap or self.reached(rejoin.iteration - 1)
+
+    def reached(self, iteration: int) -> bool:
+        """Every live worker has entered the plan in force and completed `iteration`."""
+        return all(self.done.get(x, (-1, -1))[1] >= self.version
+                   and self.done[x][0] >= iteration for x in self.live())
+
+    def spawn_due(self) -> None:
+        for w, rejoin in self.rejoins.to_spawn(self.returning):
+            self.event(f"restarting worker {wkey(w)} to rejoin at iteration {rejoin.iteration}")
+            self.spawn(w)
+            rejoin.spawned = time.monotonic()
+            self.record.restarts_at.append((time.time(), w, rejoin.iteration))
+
+    def admitted(self, w: Worker) -> None:
+        if self.rejoins.drop(w):
+            self.update_hold()
+
+    def update_hold(self) -> None:
+        """Workers wait before the earliest iteration a pending rejoin is due at."""
+        for line in self.rejoins.expire(time.monotonic()):
+            self.event(line)
+        set_counter(self.store, "hold", self.rejoins.hold())
+
+    def admit(self, w: Worker, inc: int) -> None:
+        """Publish the plan admitting incarnation `inc` of `w` once every survivor has
+        entered the plan that has `w` failed. Only a process still alive is admitted: one
+        that died meanwhile would be waited for."""
+        p = self.procs.get(w)
+        if (p is not None and p.exitcode is not None) or inc <= self.members.incarnation(w):
+            self.asking.pop(w, None)
+            return
+        if not self.reached(-1):
+            return
+        self.asking.pop(w, None)
+        self.admitted(w)
+        self.event(f"worker {wkey(w)} is back (incarnation {inc}): publishing the plan that "
+                   "includes it")
+        self.decide(*self.members.recover(w, inc))

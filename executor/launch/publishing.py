@@ -1,0 +1,76 @@
+"""Plan versions of a run: decided by planner/membership.py and published here through
+the store (local), or taken from the plan service, which decides them (--service)."""
+from __future__ import annotations
+
+from executor.runtime.rendezvous import publish_plan, read_int, wkey
+from planner.membership import Halt, Membership, Publish
+from planner.solvers.backends import solve
+from planner.speeds import with_speeds
+
+Worker = tuple[int, int]
+
+
+class Halted(Exception):
+    """The membership leaves no plan (planner/membership.py Halt): the run stops."""
+
+
+class Publishing:
+    """Mixed into the Coordinator (launcher.py): its store, job, members and record."""
+
+    def publish(self, final: bool = False) -> None:
+        if self.service is not None:
+            if final:  # first the service (so exiting workers are not declared failed)
+                self.service.finish(self.console)
+                return self.store.set("finished", "1")
+            return self.follow()
+        if final:
+            plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
+        else:
+            return self.decide(*self.members.first())
+        self.version, self.plan = plan.version, plan
+        publish_plan(self.store, plan)
+        self.record.published(plan)
+
+    def decide(self, members: Membership, decision) -> None:
+        """Carry out a membership decision (local mode): plan and publish, or halt."""
+        self.members = members
+        if isinstance(decision, Halt):
+            raise Halted(decision.reason)
+        if not isinstance(decision, Publish):
+            return
+        if decision.same_plan and self.plan is not None:
+            plan = self.plan
+        else:
+            plan = solve(with_speeds(self.job, members.speeds), list(decision.failed),
+                         solver=self.solver, mode=self.mode)
+        plan = plan.stamped(decision.version, decision.incarnation_rows())
+        self.version, self.plan, self.suspect_since = plan.version, plan, None
+        publish_plan(self.store, plan)
+        self.record.published(plan)
+
+    @property
+    def failed(self) -> frozenset:
+        return self.members.failed
+
+    def follow(self) -> None:
+        """Service mode: take the newest plan the service published."""
+        plan = self.service.plan
+        if plan.version == self.version:
+            return
+        self.version, self.plan = plan.version, plan
+        self.record.published(plan)
+        self.members = Membership.start(self.D, self.S, [tuple(w) for w in plan.failed],
+                                        plan.incarnations, plan.version)
+        for w in self.failed:
+            self.done.pop(w, None)
+        for w in list(self.rejoins.pending):  # the service admitted the restarted process
+            if (plan.worker(*w) is not None
+                    and plan.incarnation(*w) == read_int(self.store, f"inc/{wkey(w)}")):
+                self.admitted(w)
+        for w in self.failed:  # declared failed while its process lives on (a stall)
+            if self.rejoins.await_failed(w):
+                self.update_hold()
+        self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
+
+    def live(self) -> list[Worker]:
+        return [w.key for w in self.plan.workers if w.key not in self.failed]

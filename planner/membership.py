@@ -1,0 +1,208 @@
+"""Membership: who is in which plan version, as a value and pure transitions.
+
+The local coordinator (executor/launch/) and the plan service (api/) are drivers of this
+one module: they feed it what they observe (a worker's process exited, a peer suspects a
+worker, a newer process of a worker asks in, the straggler detector measured other speeds)
+and carry out the decision it returns (publish version v with failed set F, or halt with a
+reason, or nothing). No processes, no I/O, no clocks, no planning: a transition is a
+function from (value, observation) to (value, decision), so every case the chaos harness
+produces is a unit test of milliseconds (tests/test_membership.py).
+
+Rules (docs/design.md, "Membership"):
+- A worker's process is known by its incarnation (1 for its first process); a plan admits
+  one incarnation per worker, and a report about an older one is stale.
+- A death is a failure event at once: the survivors train re-routed until the worker is
+  back. Losing every worker of a stage leaves no plan: the run halts.
+- A newer process of a failed worker is admitted by a plan that names its incarnation; a
+  newer process of a worker the plan still counts as live replaces it (same failed set).
+- A suspect with nobody dead is answered by the same failed set as a new version, so that
+  every worker rebuilds its communicators; only the version it was reported under counts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, Literal, Optional, Union
+
+from planner.failures import NoPlanError, Worker
+
+State = Literal["running", "halted", "finished"]
+Grid = tuple[tuple[int, ...], ...]
+
+
+@dataclass(frozen=True)
+class Publish:
+    """Publish version `version` for `failed`, admitting `incarnations`. `same_plan`: the
+    failed set and speeds are those in force, so the plan in force may be re-stamped."""
+    version: int
+    failed: tuple[Worker, ...]
+    incarnations: Grid
+    cause: str
+    same_plan: bool = False
+
+    def incarnation_rows(self) -> list[list[int]]:
+        return [list(row) for row in self.incarnations]
+
+
+@dataclass(frozen=True)
+class Halt:
+    """No plan exists for the membership: the run stops with this one-line reason."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Reject:
+    """The observation conflicts with the membership (a stale or repeated report): nothing
+    changes; the service answers it with a 409 and this reason."""
+    reason: str
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    """Nothing to publish (e.g. a resync for a version already superseded)."""
+    why: str = ""
+
+
+Decision = Union[Publish, Halt, Reject, Unchanged]
+
+
+def _name(w: Worker) -> str:
+    return f"worker {w[0]}:{w[1]}"
+
+
+@dataclass(frozen=True)
+class Membership:
+    replicas: int
+    stages: int
+    incarnations: Grid
+    failed: frozenset = frozenset()
+    version: int = -1  # the newest version published (-1: none yet)
+    speeds: Optional[Grid] = None  # the speeds the plan in force was made for (None: nominal)
+    state: State = "running"
+    reason: Optional[str] = None
+
+    # ---- construction and lookups -----------------------------------------------------
+    @classmethod
+    def start(cls, replicas: int, stages: int, failed: Iterable[Worker] = (),
+              incarnations: Optional[Iterable[Iterable[int]]] = None, version: int = -1,
+              state: State = "running", reason: Optional[str] = None) -> "Membership":
+        grid = (tuple(tuple(row) for row in incarnations) if incarnations is not None
+                else tuple((1,) * stages for _ in range(replicas)))
+        return cls(replicas, stages, grid, frozenset(tuple(w) for w in failed), version,
+                   state=state, reason=reason)
+
+    def incarnation(self, w: Worker) -> int:
+        return self.incarnations[w[0]][w[1]]
+
+    def live(self) -> list[Worker]:
+        return [(r, s) for r in range(self.replicas) for s in range(self.stages)
+                if (r, s) not in self.failed]
+
+    def in_grid(self, w: Worker) -> bool:
+        return 0 <= w[0] < self.replicas and 0 <= w[1] < self.stages
+
+    def dead_stage(self, failed: Iterable[Worker]) -> Optional[int]:
+        count = [0] * self.stages
+        for _, s in failed:
+            count[s] += 1
+        return next((s for s, c in enumerate(count) if c >= self.replicas), None)
+
+    # ---- transitions --------------------------------------------------------------------
+    def first(self) -> tuple["Membership", Decision]:
+        """The run's first version (every worker at the incarnation it has)."""
+        return self._publish(self.failed, self.incarnations, "start")
+
+    def fail(self, w: Worker, incarnation: Optional[int] = None,
+             cause: str = "failure") -> tuple["Membership", Decision]:
+        """Worker `w`'s process is gone (its exit seen, its heartbeat stopped, a newer
+        process replaced it): a plan without it, or a halt if its stage has nobody left."""
+        bad = self._check(w)
+        if bad:
+            return self, bad
+        have = self.incarnation(w)
+        if w in self.failed:
+            return self, Reject(f"{_name(w)} has already failed")
+        if incarnation is not None and incarnation < have:
+            return self, Reject(f"{_name(w)} incarnation {incarnation} is superseded by "
+                                f"{have}; its failure is stale")
+        failed = self.failed | {w}
+        dead = self.dead_stage(failed)
+        if dead is not None:
+            halted = replace(self, failed=failed, state="halted", reason=str(NoPlanError(dead)))
+            return halted, Halt(halted.reason)
+        return self._publish(failed, self.incarnations, cause)
+
+    def recover(self, w: Worker, incarnation: Optional[int] = None,
+                cause: str = "recovery") -> tuple["Membership", Decision]:
+        """A process of `w` is ready to train: a failed worker comes back (its incarnation
+        given, or the next one), or a newer process replaces a live one."""
+        bad = self._check(w)
+        if bad:
+            return self, bad
+        have, k = self.incarnation(w), incarnation
+        if w in self.failed:
+            if k is not None and k < have:
+                return self, Reject(f"{_name(w)} incarnation {k} is older than {have}")
+            # without an incarnation: the next one, so plans still tell processes apart
+            grid = self._with_incarnation(w, have + 1 if k is None else k)
+            return self._publish(self.failed - {w}, grid, cause)
+        if k is None:
+            return self, Reject(f"{_name(w)} is live; nothing to recover (a restarted "
+                                "process replaces it by sending its incarnation)")
+        if k <= have:
+            return self, Reject(f"{_name(w)} incarnation {k} is not newer than {have}")
+        return self._publish(self.failed, self._with_incarnation(w, k), "replacement",
+                             same_plan=True)
+
+    def resync(self, version: int) -> tuple["Membership", Decision]:
+        """A suspect was reported under `version` and nobody died since: the same failed set
+        as a new version (every worker rebuilds its communicators)."""
+        if self.state != "running":
+            return self, Unchanged(f"job {self.state}")
+        if version != self.version:
+            return self, Unchanged(f"v{version} already superseded by v{self.version}")
+        return self._publish(self.failed, self.incarnations, "resync", same_plan=True)
+
+    def measured(self, speeds: Optional[Iterable[Iterable[float]]],
+                 cause: str = "speed") -> tuple["Membership", Decision]:
+        """The speeds to plan for changed (a slow worker, or one nominal again)."""
+        new = self.with_speeds(speeds)
+        if self.state != "running":
+            return self, Unchanged(f"job {self.state}")
+        if new.speeds == self.speeds:
+            return self, Unchanged("speeds in force")
+        return new._publish(self.failed, self.incarnations, cause)
+
+    def improved(self, cause: str = "improved") -> tuple["Membership", Decision]:
+        """A better plan for the membership in force (a solver finished): a new version."""
+        if self.state != "running":
+            return self, Unchanged(f"job {self.state}")
+        return self._publish(self.failed, self.incarnations, cause)
+
+    def with_speeds(self, speeds: Optional[Iterable[Iterable[float]]]) -> "Membership":
+        """The same membership, planned for `speeds` (None: nominal)."""
+        return replace(self, speeds=None if speeds is None else tuple(tuple(r) for r in speeds))
+
+    def finish(self) -> tuple["Membership", Decision]:
+        if self.state == "halted":
+            return self, Reject(self.reason or "job halted")
+        return replace(self, state="finished"), Unchanged("finished")
+
+    # ---- helpers ------------------------------------------------------------------------
+    def _check(self, w: Worker) -> Optional[Reject]:
+        if not self.in_grid(w):
+            return Reject(f"{_name(w)} is outside the {self.replicas}x{self.stages} grid")
+        if self.state == "halted":
+            return Reject(f"job is halted ({self.reason})")
+        if self.state == "finished":
+            return Reject("job is finished: training completed")
+        return None
+
+    def _with_incarnation(self, w: Worker, k: int) -> Grid:
+        rows = [list(row) for row in self.incarnations]
+        rows[w[0]][w[1]] = k
+        return tuple(tuple(row) for row in rows)
+
+    def _publish(self, failed: frozenset, grid: Grid, cause: str,
+                 same_plan: bool = False) -> tuple["Membership", Publish]:
+        new = replace(self, failed=frozenset(failed), incarnations=grid, version=self.version + 1)
+        return new, Publish(new.version, tuple(sorted(new.failed)), grid, cause, same_plan)

@@ -1,0 +1,82 @@
+"""One run config (executor/inputs/run_config.py): `recycle train --config FILE` with flags
+overriding it, the run's own RUN_DIR/run.toml repeating it exactly, and bad files refused
+in one line with exit code 2."""
+import json
+import subprocess
+import sys
+
+import pytest
+from typer.testing import CliRunner
+
+from executor.inputs.run_config import RunConfig, read_config
+from recycle.cli import app
+
+RUN = """
+[grid]
+replicas = 2
+stages = 2
+microbatches = 2
+iterations = 3
+
+[model]
+d_model = 16
+layers = 2
+seed = 7
+
+[faults]
+kill = ["1:0@1"]
+rejoin = ["1:0@2"]
+"""
+
+
+def test_the_tree_round_trips_through_toml(tmp_path):
+    run = RunConfig.from_flags({"replicas": 3, "lr": 0.01, "kill": ["0:1@2"], "sync": True,
+                                "min_lr_ratio": None, "data": None})
+    path = tmp_path / "run.toml"
+    path.write_text(run.to_toml())
+    back = RunConfig.from_flags(read_config(str(path)))
+    assert back == run and back.grid.replicas == 3 and back.faults.kill == ["0:1@2"]
+    assert back.optimizer.lr == 0.01 and back.plan.sync is True
+    (tmp_path / "run.json").write_text(json.dumps({"grid": {"replicas": 3}, "plan": {"sync": True}}))
+    assert read_config(str(tmp_path / "run.json")) == {"replicas": 3, "sync": True}
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[modle]\nd_model = 3\n", "unknown section [modle]"),
+    ("[model]\nd_modell = 3\n", "[model] has no setting 'd_modell'"),
+    ("[model]\nd_model = \"x\"\n", "[model] d_model must be int, not 'x'"),
+    ("[faults]\nkill = \"1:0@1\"\n", "[faults] kill must be a list of strings"),
+    ("[plan]\nsync = 1\n", "[plan] sync must be bool"),
+    ("[model\n", "at the end of a table declaration"),
+    ("model = 3\n", "[model] must be a table"),
+])
+def test_bad_config_files_are_one_line_exit_2(tmp_path, text, says):
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    out = CliRunner().invoke(app, ["train", "--config", str(path)])
+    assert out.exit_code == 2, out.output
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0] and "Traceback" not in out.output
+
+
+def _train(*args):
+    return subprocess.run([sys.executable, "-m", "recycle.cli", "train", *args],
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_a_config_trains_flags_override_and_run_toml_repeats_the_run(tmp_path):
+    cfg = tmp_path / "run.toml"
+    cfg.write_text(RUN)
+    a, b = tmp_path / "a", tmp_path / "b"
+    got = _train("--config", str(cfg), "--iterations", "4", "--run-dir", str(a),
+                 "--summary", str(tmp_path / "a.json"))
+    assert got.returncode == 0, got.stderr
+    assert "worker 1:0 failed" in got.stderr  # the file's fault schedule ran
+    saved = read_config(str(a / "run.toml"))
+    assert saved["iterations"] == 4 and saved["seed"] == 7 and saved["kill"] == ["1:0@1"]
+    again = _train("--config", str(a / "run.toml"), "--run-dir", str(b),
+                   "--summary", str(tmp_path / "b.json"))
+    assert again.returncode == 0, again.stderr
+    x, y = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
+    assert x["losses"] == y["losses"] and x["param_checksums"] == y["param_checksums"]
+    assert len(x["losses"]) == 4
