@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from planner.simulation.engine import Decision
-from planner.simulation.policies import Policy
+from planner.simulation.base import Policy
 
 
 class CheckpointRestart(Policy):

@@ -25,7 +25,7 @@ from typing import Optional
 
 from planner.roles import NoRolesError, choose_roles
 from planner.simulation.engine import Decision
-from planner.simulation.policies import Policy
+from planner.simulation.base import Policy
 
 Worker = tuple[int, int]
 

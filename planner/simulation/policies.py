@@ -10,98 +10,15 @@ policies that do not re-plan run at the slowest live worker's pace.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 from planner.failures import dead_stage
-from planner.job import JobSpec
-from planner.simulation.costs import Model, Pipelines, RecyclePeriods, group
+from planner.simulation.bamboo import Bamboo
+from planner.simulation.bamboo_reform import BambooReform
+from planner.simulation.base import Context, Params, Policy  # noqa: F401 (re-exported)
+from planner.simulation.checkpoint import CheckpointRestart
+from planner.simulation.elastic import ElasticRecycle
 from planner.simulation.engine import Decision
-
-
-@dataclass(frozen=True)
-class Params:
-    detect_s: float = 5.0  # failure to detection (the in-flight iteration hangs meanwhile)
-    restart_s: float = 300.0  # restart of the whole job from a checkpoint
-    spares: int = 0  # checkpoint-restart: spare workers standing by
-    rejoin_s: float = 10.0  # rollback / lossy-forward: everyone waits while a worker rejoins
-    oobleck_reconfig_s: float = 5.0
-    oobleck_min_stages: int = 0  # 0: the smallest depth whose stages hold the model
-    bamboo_failover_s: float = 5.0
-    bamboo_rc_hidden: float = 0.0  # share of Bamboo's redundant forward hidden in bubbles
-    swift_log_overhead: float = 0.02  # share of throughput SWIFT's logging costs
-    # checkpoint-restart: restart on the replicas left whole (shrink the global batch, as
-    # torchrun --nnodes MIN:MAX users do) instead of waiting for spares or repairs
-    checkpoint_shrink: bool = False
-    # Bamboo on multi-GPU nodes: its own placement (a node holds one stage of G pipelines,
-    # so a stage and its shadow never share a node) instead of the trace's
-    bamboo_own_placement: bool = True
-    snapshot_every: int = 5  # recycle: iterations between peer-memory snapshots
-    horizon_s: Optional[float] = None  # recycle: amortisation horizon (None: the trace's
-    # mean time between events)
-
-
-class Context:
-    """What every policy reads: the job, its period source, pipeline estimates."""
-
-    def __init__(self, job: JobSpec, model: Model, unit_s: float, periods: RecyclePeriods,
-                 pipelines: Pipelines, params: Params, node_of=None,
-                 horizon_s: Optional[float] = None):
-        self.job, self.model, self.unit_s, self.params = job, model, unit_s, params
-        self.node_of = node_of or (lambda w: w)  # which node a worker (home slot) is on
-        # expected time to the next event: what a move's gain is amortised over
-        self.horizon_s = params.horizon_s or horizon_s or 3600.0
-        self.periods, self.pipelines = periods, pipelines
-        self.P0 = periods(frozenset())
-        self.DM, self.M = job.num_microbatches, job.microbatches
-        self.base = self.DM / self.P0
-        # a single D=1 pipeline of the job's S stages, to normalise pipeline estimates
-        self.stage_units = group(model.units, job.stages)
-        self.P_pipe = pipelines.period(self.stage_units, self.M)
-
-    def slowest(self, failed: frozenset, speed: dict, replicas=None) -> float:
-        vals = [v for w, v in speed.items() if w not in failed
-                and (replicas is None or w[0] in replicas)]
-        return min([1.0] + vals) if vals else 1.0
-
-
-class Policy:
-    name = ""
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.halted = False
-
-    def start(self, failed: frozenset, speed: dict) -> Decision:
-        d = self.steady(failed, speed)
-        self.halted = d.rate <= 0
-        return d
-
-    def steady(self, failed: frozenset, speed: dict) -> Decision:
-        raise NotImplementedError
-
-    def on_event(self, kind, workers, before, after, speed, run) -> Optional[Decision]:
-        """The new rate after a trace event (None: unchanged). By default a halted policy
-        waits for a repair to restart, a new speed just re-rates, and `react` decides what a
-        failure or a rejoin costs."""
-        if self.halted:
-            return self._restart(after, speed) if kind == "recover" else None
-        d = self.steady(after, speed)
-        return d if kind == "speed" else self.react(kind, workers, before, after, d)
-
-    def react(self, kind, workers, before, after, d: Decision) -> Optional[Decision]:
-        raise NotImplementedError
-
-    def _restart(self, failed, speed, note="restarted from checkpoint") -> Optional[Decision]:
-        d = self.steady(failed, speed)
-        if d.rate <= 0:
-            return None
-        self.halted = False
-        return Decision(d.rate, d.iter_s, stall_s=self.ctx.params.restart_s, note=note)
-
-    def _halt(self, note="halted") -> Decision:
-        self.halted = True
-        return Decision(0.0, 0.0, lose="checkpoint", note=note)
 
 
 class RecycleFixed(Policy):
@@ -325,84 +242,10 @@ def _spread(lines: list[tuple[float, float]], total: int) -> Optional[float]:
     return max(a + b * k for (a, b), k in zip(lines, m))
 
 
-class Bamboo(Policy):
-    """Redundant computation always on: stage s also runs stage s+1's forward (ring), its
-    cost in every iteration (less `bamboo_rc_hidden` of it, hidden in bubbles). A failed
-    worker's stage is taken over by its predecessor in the same pipeline (fail-over, no
-    work lost); the pipelines run in lock-step, so the job runs at the slowest pipeline's
-    pace. Two adjacent failures in one pipeline lose the shadow: restart from a checkpoint
-    without that pipeline until it is repaired; no pipeline left: wait."""
-    name = "bamboo"
-
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self._memo: dict[tuple, Optional[float]] = {}
-
-    def _fatal(self, stages: frozenset) -> bool:
-        S = self.ctx.job.stages
-        if S == 1:
-            return bool(stages)
-        return any((s + 1) % S in stages for s in stages) or len(stages) >= S
-
-    def _pipeline_T(self, stages: frozenset) -> Optional[float]:
-        """One pipeline's iteration (s), its failed stages run by their predecessors."""
-        if stages not in self._memo:
-            ctx, S = self.ctx, self.ctx.job.stages
-            groups = [list(g) for g in ctx.stage_units]
-            merged: list[list] = []
-            owner = [s for s in range(S) if s not in stages]
-            for s in owner:
-                merged.append(list(groups[s]))
-            for s in sorted(stages):  # taken over by the predecessor (ring)
-                pred = (s - 1) % S
-                merged[owner.index(pred)].extend(groups[s])
-            hide = 1.0 - ctx.params.bamboo_rc_hidden
-            k = len(merged)
-            extra = [round(hide * sum(u.F for u in merged[(j + 1) % k])) if k > 1 else 0
-                     for j in range(k)]
-            P = ctx.pipelines.period(merged, ctx.M, extra)
-            self._memo[stages] = None if P is None else P * ctx.P0 / ctx.P_pipe
-        return self._memo[stages]
-
-    def _running(self, failed):
-        per: dict[int, set] = {}
-        for d, s in failed:
-            per.setdefault(d, set()).add(s)
-        return [d for d in range(self.ctx.job.replicas)
-                if not self._fatal(frozenset(per.get(d, ())))], per
-
-    def steady(self, failed, speed):
-        ctx = self.ctx
-        running, per = self._running(failed)
-        Ts = [self._pipeline_T(frozenset(per.get(d, ()))) for d in running]
-        if not running or any(T is None for T in Ts):
-            return Decision(0.0)
-        T = max(Ts) / ctx.slowest(failed, speed, set(running))
-        return Decision(len(running) * ctx.M / T, T)
-
-    def react(self, kind, workers, before, after, d):
-        p = self.ctx.params
-        was, _ = self._running(before)
-        now, _ = self._running(after)
-        if kind == "fail":
-            if not {w[0] for w in workers} & set(was):
-                return None  # only pipelines that were already out
-            if set(was) - set(now):  # a pipeline lost a worker and its shadow
-                if d.rate <= 0:
-                    return self._halt("adjacent failures in every pipeline")
-                return Decision(d.rate, d.iter_s, lose="checkpoint",
-                                stall_s=p.detect_s + p.restart_s,
-                                note="adjacent failures: restart without a pipeline")
-            return Decision(d.rate, d.iter_s, stall_s=p.detect_s + p.bamboo_failover_s)
-        if not {w[0] for w in workers} & set(now):
-            return None
-        return Decision(d.rate, d.iter_s, stall_s=p.bamboo_failover_s)
-
-
-from planner.simulation.bamboo_reform import BambooReform  # noqa: E402 (builds on Bamboo)
-from planner.simulation.checkpoint import CheckpointRestart  # noqa: E402 (builds on Policy)
-from planner.simulation.elastic import ElasticRecycle  # noqa: E402 (it builds on Policy)
-
 POLICIES = {cls.name: cls for cls in (ElasticRecycle, RecycleFixed, CheckpointRestart, Rollback,
                                       LossyForward, DropReplica, Oobleck, Bamboo, SwiftReplay,
                                       BambooReform)}
+
+__all__ = ["POLICIES", "Params", "Context", "Policy", "RecycleFixed", "SwiftReplay",
+           "DropReplica", "Rollback", "LossyForward", "Oobleck", "Bamboo", "BambooReform",
+           "CheckpointRestart", "ElasticRecycle"]
