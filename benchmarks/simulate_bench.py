@@ -36,6 +36,7 @@ OUT = "benchmarks/results"
 HOURS = 12.0
 INTERVALS = [("6h", 6 * 3600), ("3h", 3 * 3600), ("1h", 3600), ("30m", 1800), ("10m", 600)]
 PAPER = {"oobleck": 1.46, "bamboo": 1.64}
+BAMBOO_HIDDEN = 0.5  # share of Bamboo's redundant forward hidden in bubbles (stated)
 
 
 def main() -> None:
@@ -66,7 +67,7 @@ def main() -> None:
         sh = PRESETS[preset]
         model = preset_model(preset, D)
         job = preset_job(model, D, S, M, sh.seq, sh.d_model, 1)
-        params = Params(oobleck_reconfig_s=sh.reconfig_s)
+        params = Params(oobleck_reconfig_s=sh.reconfig_s, bamboo_rc_hidden=BAMBOO_HIDDEN)
         rows = []
         md.append(f"\n### {preset}: {D} x {S} grid, M={M}, failure-free "
                   f"{job.num_microbatches / 1:.0f} sequences an iteration\n")
@@ -104,6 +105,10 @@ def main() -> None:
     head = [
         "# Failure-trace simulator: ReCycle against its peers",
         "",
+        "On the real EC2 spot traces (P3, g4dn of the Bamboo / Oobleck artifacts), at 1 and 4"
+        " GPUs a node: [simulate_real.md](simulate_real.md) (`benchmarks/simulate_real.py`)."
+        " Below: synthetic traces.",
+        "",
         f"Made by `{cmd}` ({platform.python_version()}, "
         f"{time.strftime('%Y-%m-%d', time.gmtime())}). Cost models: docs/simulator.md.",
         "",
@@ -111,8 +116,10 @@ def main() -> None:
         " > 1: ReCycle trains more), with the policy's share of the failure-free rate in",
         "brackets. '-': the policy kept nothing. Defaults of `recycle simulate`: detection 5 s,"
         " checkpoint every 30 min (free), restart 5 min, no spares, repair after 1 h, Oobleck"
-        " reconfiguration 2 / 5 / 10 s by size, SWIFT logging 2%, Bamboo's redundant forward"
-        " not hidden. cpu / wall: the simulation of all 8 policies on that trace (cpu: CPU"
+        " reconfiguration 2 / 5 / 10 s by size, SWIFT logging 2%, half of Bamboo's redundant"
+        " forward hidden in bubbles, Bamboo placed on its own (a stage and its shadow on"
+        " different nodes). `ReCycle` is the `recycle` policy (roles: workers move between"
+        " stages); `recycle-fixed` is the paper's fixed roles. cpu / wall: the simulation of all 10 policies on that trace (cpu: CPU"
         " seconds, what it takes on an idle core; wall was measured on a shared 2-core"
         " machine); sets planned: distinct canonical failed sets, each planned once.",
         "",

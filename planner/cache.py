@@ -228,6 +228,10 @@ class PlanCache:
     def put(self, plan: Plan, mode: Optional[Mode] = None) -> bool:
         """Store `plan` (any replica numbering) unless a better one is there; True if stored."""
         mode = mode or Mode(plan.solver.split_backward, plan.solver.optimizer == "staggered")
+        if plan.roles is not None or plan.moves is not None:
+            # the schedule of a filled-slot set is the same whoever fills the slots: it is
+            # stored without roles, and stamped with the roles of the moment when served
+            plan = plan.model_copy(update={"roles": None, "moves": None})
         canon = canonicalize(plan.job, plan.failed)
         key = cache_key(plan.job, canon, mode)
         if list(canon.perm) != sorted(canon.perm):

@@ -2,7 +2,8 @@
 
 One row per worker, grouped by replica; F/I/W/B/OPT in distinct colours; micro-batches
 re-routed to a worker of another replica drawn hatched with a dark outline; failed workers
-shown as a red row. Hovering a box shows its action, micro-batch, owner and times.
+shown as a red row. With roles, each row names the worker that fills the slot, and a worker
+that moved into it says from where. Hovering a box shows its action, micro-batch, owner and times.
 """
 from __future__ import annotations
 
@@ -43,7 +44,12 @@ def render_svg(plan: Plan) -> str:
         y = TOP + i * ROW
         if d > 0 and s == 0:
             out.append(f'<line x1="0" x2="{LEFT + WIDTH}" y1="{y - 1}" y2="{y - 1}" stroke="#888"/>')
-        out.append(f'<text x="4" y="{y + 15}">replica {d} stage {s}</text>')
+        who = _who(plan, d, s)
+        out.append(f'<text x="4" y="{y + 15}">replica {d} stage {s}</text>'
+                   + (f'<title>{escape(who)}</title>' if who else ""))
+        if who:
+            out.append(f'<text x="{LEFT - 4}" y="{y + 15}" text-anchor="end" fill="#555" '
+                       f'font-size="9">{escape(who.split(" ")[0])}</text>')
         if (d, s) in failed:
             out.append(f'<rect x="{LEFT}" y="{y + 2}" width="{WIDTH}" height="{ROW - 4}" '
                        f'fill="#fbe3e3"/><text x="{LEFT + 6}" y="{y + 15}" fill="#b00">'
@@ -73,12 +79,27 @@ def render_svg(plan: Plan) -> str:
     return "\n".join(out)
 
 
+def _who(plan: Plan, d: int, s: int) -> str:
+    """With roles: the worker filling slot (d, s), and its move if it made one."""
+    if plan.roles is None:
+        return ""
+    w = plan.worker_id(d, s)
+    if w is None:
+        return ""
+    mv = next((m for m in plan.moves or [] if m.worker == w), None)
+    if mv is None:
+        return w
+    frm = "fresh" if mv.from_stage is None else f"stage {mv.from_stage}"
+    return f"{w} (moved from {frm}, {mv.bytes} bytes from {mv.source})"
+
+
 def _title(plan: Plan) -> str:
     m = plan.metrics
     failed = ", ".join(f"{r}:{s}" for r, s in plan.failed) or "none"
+    moves = f"  moves: {len(plan.moves)}" if plan.moves else ""
     return (f"{plan.solver.name} ({plan.solver.status}) D={plan.job.replicas} "
             f"S={plan.job.stages} M={plan.job.microbatches} failed: {failed}  period {m.period}  "
-            f"makespan {m.makespan}  bound {m.lower_bound}  gap {m.gap:.1%}")
+            f"makespan {m.makespan}  bound {m.lower_bound}  gap {m.gap:.1%}{moves}")
 
 
 def render_html(plan: Plan) -> str:

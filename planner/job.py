@@ -11,7 +11,7 @@ import json
 from functools import cached_property
 from typing import Annotated, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
 
 # ---- bounds on every integer a spec carries ------------------------------------------
 # A spec is untrusted input (the service registers what a client posts), and every plan
@@ -75,6 +75,22 @@ class JobSpec(_Strict):
     speed: Optional[list[list[Annotated[float, Field(gt=0, le=100)]]]] = None
     # Optional per-layer F+I+W [embedding, blocks..., head] (executor/models/balance.py).
     layer_cost: Optional[list[Duration]] = None
+    # Optional move cost (planner/roles.py): bytes of one stage's parameters plus optimizer
+    # state, per stage, and the link bandwidth in bytes per time unit of this spec. A worker
+    # that changes stage loads state_bytes[s] at that bandwidth.
+    state_bytes: Optional[list[Annotated[int, Field(strict=True, ge=0, le=2**50)]]] = None
+    bandwidth: Optional[Annotated[float, Field(gt=0, le=1e18)]] = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_state(self, handler):
+        # Specs without a move cost dump as they did before these fields existed, so their
+        # spec_hash (the plan cache's key) and stored JSON are unchanged.
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in ("state_bytes", "bandwidth"):
+                if name in out and out[name] is None:
+                    del out[name]
+        return out
 
     @model_validator(mode="after")
     def _check_shapes(self) -> "JobSpec":
@@ -93,6 +109,8 @@ class JobSpec(_Strict):
                     raise ValueError(
                         f"memory.capacity[{s}]={self.memory.capacity[s]} cannot hold even one "
                         f"micro-batch (activation {self.memory.activation[s]})")
+        if self.state_bytes is not None and len(self.state_bytes) != S:
+            raise ValueError(f"state_bytes has {len(self.state_bytes)} entries, expected {S}")
         if self.speed is not None:
             if len(self.speed) != self.replicas or any(len(r) != S for r in self.speed):
                 raise ValueError(f"speed must be {self.replicas} rows of {S} factors")
@@ -148,6 +166,13 @@ class JobSpec(_Strict):
         if self.memory is None or self.memory.activation[stage] == 0:
             return None
         return self.memory.capacity[stage] // self.memory.activation[stage]
+
+    def move_time(self, stage: int) -> int:
+        """Time units to load `stage`'s state over the link (0 when the spec gives no
+        state_bytes or bandwidth: a move then costs only the plan change)."""
+        if self.state_bytes is None or self.bandwidth is None:
+            return 0
+        return int(-(-self.state_bytes[stage] // self.bandwidth))
 
     def spec_hash(self) -> str:
         canon = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))

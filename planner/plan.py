@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Annotated, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from planner.job import MAX_CELLS, MAX_COUNT, MAX_TIME, JobSpec
 
@@ -101,6 +101,37 @@ class SolverInfo(BaseModel):
     bound: Optional[int] = Field(default=None, description="solver's proven bound on its objective")
 
 
+WorkerId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+def home_id(replica: int, stage: int) -> str:
+    """A worker's default id: its home slot, `R.S` (new node workers get ids from whoever
+    adds them)."""
+    return f"{replica}.{stage}"
+
+
+class Role(BaseModel):
+    """Live worker `worker` fills slot (replica, stage): it holds that stage's parameters
+    and runs the slot's actions (docs/design.md, "Roles")."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    worker: WorkerId
+    replica: Index
+    stage: Index
+
+
+class Move(BaseModel):
+    """A worker that takes a stage it does not hold: it loads the stage's parameters and
+    optimizer state (`bytes`) from a live holder (`peer`) or, when the stage has no live
+    holder, from the stage's peer-memory snapshot (`snapshot`: the job rolls back to it).
+    `from_stage` None: a fresh worker (new node, restarted process) with no state."""
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    worker: WorkerId
+    from_stage: Optional[Index] = None
+    to_stage: Index
+    bytes: Annotated[int, Field(ge=0, le=2**62)] = 0
+    source: Literal["peer", "snapshot"] = "peer"
+
+
 class Plan(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: Literal["recycle.plan/v1"] = PLAN_FORMAT
@@ -117,6 +148,23 @@ class Plan(BaseModel):
     # names it, an older one is fenced. Stamped by whoever publishes (the coordinator or
     # the service); the planner and the cache leave it None, which means 1 everywhere.
     incarnations: Optional[list[list[Annotated[int, Field(strict=True, ge=1, le=2**31)]]]] = None
+    # Roles (docs/design.md, "Roles"): which live worker fills which slot. None: identity,
+    # worker "r.s" runs slot (r, s), as in every plan made before roles existed. The
+    # schedule (routes, workers) is per slot either way: roles only say who runs a slot.
+    roles: Optional[list[Role]] = None
+    # The stage changes this plan asks for (none when None or empty), with their bytes.
+    moves: Optional[list[Move]] = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_roles(self, handler):
+        # A plan without roles writes exactly the JSON it wrote before roles existed (the
+        # service splices plan JSON byte for byte; cached plans and files stay as they are).
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in ("roles", "moves"):
+                if name in out and out[name] is None:
+                    del out[name]
+        return out
 
     # ---- lookups --------------------------------------------------------------------
     def incarnation(self, replica: int, stage: int) -> int:
@@ -126,6 +174,21 @@ class Plan(BaseModel):
         """This plan as version `version`, admitting the given incarnations."""
         return self.model_copy(update={"version": version,
                                        "incarnations": [list(row) for row in incarnations]})
+
+    def worker_id(self, replica: int, stage: int) -> Optional[str]:
+        """Who fills slot (replica, stage): its role's worker, or `R.S` with no roles;
+        None for an empty (failed) slot."""
+        if self.roles is None:
+            return None if [replica, stage] in [list(f) for f in self.failed] else home_id(replica, stage)
+        for r in self.roles:
+            if r.replica == replica and r.stage == stage:
+                return r.worker
+        return None
+
+    def with_roles(self, roles: list[Role], moves: Optional[list[Move]] = None) -> "Plan":
+        """This plan (for the failed set the roles leave empty) with its roles stamped."""
+        return self.model_copy(update={"roles": sorted(roles, key=lambda r: (r.replica, r.stage)),
+                                       "moves": list(moves or [])})
 
     def worker(self, replica: int, stage: int) -> Optional[WorkerPlan]:
         for w in self.workers:

@@ -35,6 +35,7 @@ def validate(plan: Plan) -> list[str]:
         errs.append("failed must list distinct [replica, stage] pairs, sorted")
     if dead_stage(job, failed) is not None:
         return [str(NoPlanError(dead_stage(job, failed)))]
+    errs += role_errors(plan, failed)
     errs += check_routes(job, failed, plan.routes)
     if errs:
         return errs
@@ -90,6 +91,47 @@ def validate(plan: Plan) -> list[str]:
                 errs.append(f"(4) {s}W{g} starts before {s}I{g} ends")
     _check_opt(job, plan, ops[-1], errs)
     return errs[:50]
+
+
+def role_errors(plan: Plan, failed: list) -> list[str]:
+    """Roles and moves (docs/design.md, "Roles"): each live slot filled by exactly one
+    worker, each worker in one slot, the failed set the slots no role fills, and each move
+    naming a worker's new stage with that stage's bytes (the spec's state_bytes)."""
+    if plan.roles is None:
+        return ["moves without roles"] if plan.moves else []
+    job, errs = plan.job, []
+    slots, workers = {}, {}
+    for r in plan.roles:
+        k = (r.replica, r.stage)
+        if not (r.replica < job.replicas and r.stage < job.stages):
+            errs.append(f"role of {r.worker}: slot {k} is outside the grid")
+        if k in slots:
+            errs.append(f"roles: {slots[k]} and {r.worker} both fill slot {k}")
+        if r.worker in workers:
+            errs.append(f"roles: worker {r.worker} fills two slots, {workers[r.worker]} and {k}")
+        slots[k], workers[r.worker] = r.worker, k
+    empty = sorted((d, s) for d in range(job.replicas) for s in range(job.stages)
+                   if (d, s) not in slots)
+    if empty != [tuple(f) for f in failed]:
+        errs.append(f"roles leave slots {empty[:8]} empty but the plan's failed set is "
+                    f"{[tuple(f) for f in failed][:8]}")
+    moved = set()
+    for m in plan.moves or []:
+        if m.worker not in workers:
+            errs.append(f"move of {m.worker}: it has no role")
+        elif workers[m.worker][1] != m.to_stage:
+            errs.append(f"move of {m.worker} to stage {m.to_stage}, but its role is stage "
+                        f"{workers[m.worker][1]}")
+        if m.worker in moved:
+            errs.append(f"worker {m.worker} moves twice")
+        moved.add(m.worker)
+        if m.from_stage == m.to_stage:
+            errs.append(f"move of {m.worker} keeps stage {m.to_stage}")
+        want = job.state_bytes[m.to_stage] if job.state_bytes is not None else 0
+        if m.to_stage < job.stages and m.bytes != want:
+            errs.append(f"move of {m.worker} to stage {m.to_stage} carries {m.bytes} bytes, "
+                        f"the stage's state is {want}")
+    return errs
 
 
 def _check_worker(job, w: WorkerPlan, ops, errs, where) -> None:

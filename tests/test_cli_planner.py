@@ -111,3 +111,29 @@ def test_validate_command(spec, tmp_path):
     assert recycle("plan", spec, "--out", str(out)).returncode == 0
     r = recycle("validate", str(out))
     assert r.returncode == 0 and "valid" in r.stdout
+
+
+def test_plan_with_roles_shows_the_moves_and_writes_them(spec, tmp_path):
+    r = recycle("plan", spec, "--fail", "0:1", "--fail", "1:1", "--fail", "2:1", "--roles")
+    assert r.returncode == 0, r.stderr
+    assert "move " in r.stdout and "-> stage 1" in r.stdout and "no role choice beats" in r.stdout
+    r = recycle("plan", spec, "--fail", "0:1", "--fail", "1:1", "--fail", "2:1", "--roles",
+                "--join", "n7", "--json")
+    assert r.returncode == 0, r.stderr
+    plan = Plan.from_json(r.stdout)
+    assert validate(plan) == [] and len(plan.roles) == 14
+    assert any(m.worker == "n7" and m.from_stage is None for m in plan.moves)
+    # every stage lost but one worker left per stage... too few workers: no plan, exit 3
+    fails = [a for d in range(4) for s in range(4) if (d, s) != (0, 0) for a in ("--fail", f"{d}:{s}")]
+    r = recycle("plan", spec, *fails, "--roles")
+    assert r.returncode != 0 and "cannot serve" in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--join", "x"], "need --roles"),
+    (["--roles", "--horizon", "0"], "--horizon must be positive"),
+    (["--roles", "--join", "0.0"], "already live"),
+])
+def test_bad_role_arguments_are_one_line_exit_2(spec, args, needle):
+    r = recycle("plan", spec, *args)
+    assert r.returncode == 2 and needle in r.stderr and "Traceback" not in r.stderr

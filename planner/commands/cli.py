@@ -14,6 +14,7 @@ from planner.inputs.limits import load_plan, load_spec
 from planner.inputs.paths import check_writable
 from planner.plan import Plan
 from planner.plan import Mode
+from planner.roles import NoRolesError
 
 
 
@@ -55,6 +56,13 @@ def plan_cmd(
                                       "torch.distributed.pipelining CSV"),
     csv_replica: Optional[int] = typer.Option(None, "--csv-replica", help="the replica --csv "
                                               "writes (default: the first one that can be)"),
+    roles: bool = typer.Option(False, "--roles", help="let the planner move live workers "
+                               "between stages (docs/planner.md, Roles); prints the moves"),
+    horizon: Optional[float] = typer.Option(None, help="with --roles: expected time to the "
+                                            "next event, in the spec's time unit (default: "
+                                            "100 failure-free periods)"),
+    join: List[str] = typer.Option([], "--join", help="with --roles: a fresh worker's id "
+                                   "(a new node's worker, no state)"),
 ):
     """Plan one iteration for SPEC with the given workers failed."""
     from planner.interop.pipelining_csv import check_target, export_csv
@@ -71,12 +79,24 @@ def plan_cmd(
                 check_writable(path, flag)
         if gantt and not gantt.endswith((".html", ".htm", ".svg")):  # as write_gantt reads it
             raise ValueError(f"--gantt {gantt}: write .html or .svg (no other format is made)")
+        if (horizon is not None or join) and not roles:
+            raise ValueError("--horizon and --join need --roles")
+        if horizon is not None and not (0 < horizon < float("inf")):
+            raise ValueError(f"--horizon must be positive and finite, not {horizon:g}")
         job = load_spec(spec)
         failed = [parse_worker(f) for f in fail]
+        opts = SolveOptions(time_limit=time_limit, num_workers=workers, seed=seed)
         try:
-            plan = solve(job, failed, solver, _mode(no_split, sync),
-                         SolveOptions(time_limit=time_limit, num_workers=workers, seed=seed))
-        except NoPlanError as exc:
+            if roles:
+                from planner.failures import normalize
+                from planner.roles import live_from_failed, plan_roles
+                from planner.simulation.costs import plan_period
+                live = live_from_failed(job, normalize(job, failed), tuple(join))
+                h = horizon if horizon is not None else 100 * plan_period(job, [])
+                plan, _ = plan_roles(job, live, h, solver, mode=_mode(no_split, sync), opts=opts)
+            else:
+                plan = solve(job, failed, solver, _mode(no_split, sync), opts)
+        except (NoPlanError, NoRolesError) as exc:
             if as_json:
                 typer.echo(json.dumps({"outcome": "restore_from_checkpoint", "reason": str(exc)}))
             else:
@@ -104,6 +124,17 @@ def print_plan(plan: Plan) -> None:
                   f"split_backward={sv.split_backward}  failed: {failed}")
     console.print(f"period [bold]{m.period}[/]  makespan {m.makespan}  lower bound {m.lower_bound}"
                   f"  gap {m.gap:.1%}" + (f"  solver bound {sv.bound}" if sv.bound else ""))
+    if plan.roles is not None:
+        from planner.roles import elastic_bound
+        eb = elastic_bound(plan.job, len(plan.roles))
+        console.print(f"roles: {len(plan.roles)} live workers; no role choice beats period {eb} "
+                      f"(gap {m.period / eb - 1:.1%})")
+        for mv in plan.moves or []:
+            frm = "fresh" if mv.from_stage is None else f"stage {mv.from_stage}"
+            console.print(f"  move {mv.worker}: {frm} -> stage {mv.to_stage}, "
+                          f"{mv.bytes} bytes from {mv.source}")
+        if not plan.moves:
+            console.print("  no moves")
     table = Table("worker", "micro-batches", "re-routed in", "busy", "idle", "span", "busy %")
     for w in plan.workers:
         busy = sum(a.end - a.start for a in w.actions)

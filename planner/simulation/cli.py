@@ -68,6 +68,13 @@ def simulate_cmd(
     bamboo_failover_seconds: float = typer.Option(5.0, help="Bamboo's switch to the shadow"),
     bamboo_rc_hidden: float = typer.Option(0.0, help="share of Bamboo's redundant forward hidden in bubbles"),
     swift_log_overhead: float = typer.Option(0.02, help="share of throughput SWIFT's logging costs"),
+    checkpoint_shrink: bool = typer.Option(False, "--checkpoint-shrink", help="checkpoint-restart: "
+                                           "restart on the replicas left whole (no waiting for repairs)"),
+    bamboo_placement: str = typer.Option("own", help="own: Bamboo places a stage and its shadow "
+                                         "on different nodes; trace: as the trace packs nodes"),
+    snapshot_every: int = typer.Option(5, help="recycle: iterations between peer-memory snapshots"),
+    horizon_seconds: Optional[float] = typer.Option(None, help="recycle: time a move is amortised "
+                                                    "over (default: the trace's mean time between events)"),
     db: Optional[str] = typer.Option(None, help="SQLite plan cache to read and fill"),
     as_json: bool = typer.Option(False, "--json", help="print the result as JSON"),
     png: Optional[str] = typer.Option(None, help="write throughput over time (PNG)"),
@@ -101,6 +108,12 @@ def simulate_cmd(
             _finite("--unit-s", unit_s)
         if oobleck_reconfig_seconds is not None:
             _finite("--oobleck-reconfig-seconds", oobleck_reconfig_seconds, strict=False)
+        if bamboo_placement not in ("own", "trace"):
+            raise ValueError(f"--bamboo-placement must be own or trace, got {bamboo_placement!r}")
+        if snapshot_every < 1:
+            raise ValueError("--snapshot-every must be at least 1")
+        if horizon_seconds is not None:
+            _finite("--horizon-seconds", horizon_seconds)
         if spares < 0 or oobleck_min_stages < 0:
             raise ValueError("--spares and --oobleck-min-stages must be >= 0")
         if not 1 <= jobs <= 256:
@@ -130,7 +143,10 @@ def simulate_cmd(
                         rejoin_s=rejoin_seconds, oobleck_reconfig_s=reconfig,
                         oobleck_min_stages=oobleck_min_stages,
                         bamboo_failover_s=bamboo_failover_seconds,
-                        bamboo_rc_hidden=bamboo_rc_hidden, swift_log_overhead=swift_log_overhead)
+                        bamboo_rc_hidden=bamboo_rc_hidden, swift_log_overhead=swift_log_overhead,
+                        checkpoint_shrink=checkpoint_shrink,
+                        bamboo_own_placement=bamboo_placement == "own",
+                        snapshot_every=snapshot_every, horizon_s=horizon_seconds)
     if write_trace:
         from planner.simulation.trace import write_spot
         if not tr.node_events:

@@ -1,7 +1,7 @@
 """Every policy on the same trace: the simulator's entry point for code."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Iterable, Optional
 
 from planner.job import JobSpec
@@ -20,6 +20,7 @@ class Result:
     base_rate: float  # micro-batches per second without failures
     outcomes: list[Outcome]
     plans_made: int = 0
+    policy_stats: dict = field(default_factory=dict)  # the recycle policy's moves, restores
 
     @property
     def ideal(self) -> float:
@@ -45,6 +46,28 @@ def failed_sets(job: JobSpec, trace: Trace, duration_s: float) -> list[frozenset
     return [f for f in out if dead_stage(job, f) is None]
 
 
+def mean_gap(trace: Trace, duration_s: float) -> float:
+    """Mean seconds between the trace's event batches (the recycle policy amortises a
+    move over it)."""
+    from planner.simulation.engine import batches
+
+    n = len([b for b in batches(trace.events) if b[0] < duration_s])
+    return duration_s / max(1, n)
+
+
+def bamboo_trace(trace: Trace) -> Trace:
+    """The trace as Bamboo places its workers: on nodes of G GPUs, a node holds one stage
+    of G pipelines, so that no node holds a stage and its successor (whose forward it
+    shadows) and one node's loss is one failure in each of G pipelines, never two
+    adjacent ones (Bamboo places consecutive stages on different nodes)."""
+    from planner.simulation.trace import Placement
+
+    pl = trace.placement
+    if pl is None or pl.gpus_per_node == 1 or pl.kind == "replicas" or pl.replicas % pl.gpus_per_node:
+        return trace
+    return trace.placed(Placement(pl.replicas, pl.stages, pl.gpus_per_node, "replicas"))
+
+
 def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
              params: Params = Params(), policies: Iterable[str] = tuple(POLICIES),
              checkpoint_every_s: float = 1800.0, checkpoint_cost_s: float = 0.0,
@@ -58,10 +81,16 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
     if jobs > 1 and {"recycle", "swift-replay"} & set(policies):
         periods.prefetch(failed_sets(job, trace, duration_s), jobs)
     ctx = Context(job, model, unit_s, periods, Pipelines(job, model, unit_s, greedy_period),
-                  params)
-    outcomes = []
+                  params, node_of=trace.node_of, horizon_s=mean_gap(trace, duration_s))
+    outcomes, stats = [], {}
     for name in policies:
         policy = POLICIES[name](ctx)
-        outcomes.append(run_policy(policy, trace.events, trace.initial_failed, duration_s,
-                                   checkpoint_every_s, checkpoint_cost_s, tick))
-    return Result(job, model, trace, duration_s, ctx.base, outcomes, periods.planned)
+        tr = trace
+        if name in ("bamboo", "bamboo-reform") and params.bamboo_own_placement:
+            tr = bamboo_trace(trace)
+        outcomes.append(run_policy(policy, tr.events, tr.initial_failed, duration_s,
+                                   checkpoint_every_s, checkpoint_cost_s, tick,
+                                   snapshot_iters=params.snapshot_every))
+        if name == "recycle":
+            stats = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores}
+    return Result(job, model, trace, duration_s, ctx.base, outcomes, periods.planned, stats)

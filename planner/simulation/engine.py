@@ -9,7 +9,10 @@ and what work is lost:
                 rate (mini-batch rollback);
   "fraction"    that share of the iteration in flight (lossy forward: the failed
                 replicas' micro-batches of that iteration are skipped);
-  "checkpoint"  everything since the last checkpoint (a global restore).
+  "checkpoint"  everything since the last checkpoint (a global restore);
+  "snapshot"    everything since the last peer-memory snapshot: snapshots are taken every
+                `snapshot_iters` iterations from the moment the rate began (the elastic
+                `recycle` policy's restore of a stage that lost every holder).
 Checkpoints are taken every `checkpoint_every_s` seconds of training and stall everyone
 `checkpoint_cost_s`; the clock stops while a policy is halted and restarts at a restore.
 A checkpoint due at the very time of an event is taken after it.
@@ -48,7 +51,7 @@ class Run:
     """One policy's bookkeeping over one trace."""
 
     def __init__(self, name: str, first: Decision, checkpoint_every_s: float,
-                 checkpoint_cost_s: float):
+                 checkpoint_cost_s: float, snapshot_iters: int = 1):
         self.out = Outcome(name)
         self.t = 0.0
         self.rate, self.iter_s = first.rate, first.iter_s
@@ -56,6 +59,7 @@ class Run:
         self.since_ckpt = 0.0
         self.ckpt_clock = 0.0
         self.every, self.cost = checkpoint_every_s, checkpoint_cost_s
+        self.snapshot_iters = snapshot_iters
 
     def _train(self, a: float, b: float) -> None:
         n = self.rate * (b - a)
@@ -92,11 +96,12 @@ class Run:
     def apply(self, t: float, d: Optional[Decision]) -> None:
         if d is None:
             return
-        in_flight = 0.0
+        in_flight = since_snapshot = 0.0
         if self.rate > 0 and t >= self.resume_at and self.iter_s > 0:
             in_flight = ((t - self.resume_at) % self.iter_s) * self.rate
+            since_snapshot = ((t - self.resume_at) % (self.iter_s * self.snapshot_iters)) * self.rate
         lost = {"none": 0.0, "inflight": in_flight, "fraction": in_flight * d.fraction,
-                "checkpoint": self.since_ckpt}[d.lose]
+                "checkpoint": self.since_ckpt, "snapshot": since_snapshot}[d.lose]
         lost = min(lost, self.out.microbatches)
         self.out.microbatches -= lost
         self.out.lost += lost
@@ -124,11 +129,11 @@ def batches(events: list[Event]) -> list[tuple[float, str, list[Event]]]:
 
 def run_policy(policy, events: list[Event], initial_failed: frozenset, duration_s: float,
                checkpoint_every_s: float, checkpoint_cost_s: float,
-               tick: Optional[Callable[[], None]] = None) -> Outcome:
+               tick: Optional[Callable[[], None]] = None, snapshot_iters: int = 1) -> Outcome:
     failed = set(initial_failed)
     speed: dict = {}
     run = Run(policy.name, policy.start(frozenset(failed), speed), checkpoint_every_s,
-              checkpoint_cost_s)
+              checkpoint_cost_s, snapshot_iters)
     for t, kind, group in batches(events):
         if t >= duration_s:
             break

@@ -10,93 +10,24 @@ policies that do not re-plan run at the slowest live worker's pace.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Optional
 
 from planner.failures import dead_stage
-from planner.job import JobSpec
-from planner.simulation.costs import Model, Pipelines, RecyclePeriods, group
+from planner.simulation.bamboo import Bamboo
+from planner.simulation.bamboo_reform import BambooReform
+from planner.simulation.base import Context, Params, Policy  # noqa: F401 (re-exported)
+from planner.simulation.checkpoint import CheckpointRestart
+from planner.simulation.elastic import ElasticRecycle
 from planner.simulation.engine import Decision
 
 
-@dataclass(frozen=True)
-class Params:
-    detect_s: float = 5.0  # failure to detection (the in-flight iteration hangs meanwhile)
-    restart_s: float = 300.0  # restart of the whole job from a checkpoint
-    spares: int = 0  # checkpoint-restart: spare workers standing by
-    rejoin_s: float = 10.0  # rollback / lossy-forward: everyone waits while a worker rejoins
-    oobleck_reconfig_s: float = 5.0
-    oobleck_min_stages: int = 0  # 0: the smallest depth whose stages hold the model
-    bamboo_failover_s: float = 5.0
-    bamboo_rc_hidden: float = 0.0  # share of Bamboo's redundant forward hidden in bubbles
-    swift_log_overhead: float = 0.02  # share of throughput SWIFT's logging costs
-
-
-class Context:
-    """What every policy reads: the job, its period source, pipeline estimates."""
-
-    def __init__(self, job: JobSpec, model: Model, unit_s: float, periods: RecyclePeriods,
-                 pipelines: Pipelines, params: Params):
-        self.job, self.model, self.unit_s, self.params = job, model, unit_s, params
-        self.periods, self.pipelines = periods, pipelines
-        self.P0 = periods(frozenset())
-        self.DM, self.M = job.num_microbatches, job.microbatches
-        self.base = self.DM / self.P0
-        # a single D=1 pipeline of the job's S stages, to normalise pipeline estimates
-        self.stage_units = group(model.units, job.stages)
-        self.P_pipe = pipelines.period(self.stage_units, self.M)
-
-    def slowest(self, failed: frozenset, speed: dict, replicas=None) -> float:
-        vals = [v for w, v in speed.items() if w not in failed
-                and (replicas is None or w[0] in replicas)]
-        return min([1.0] + vals) if vals else 1.0
-
-
-class Policy:
-    name = ""
-
-    def __init__(self, ctx: Context):
-        self.ctx = ctx
-        self.halted = False
-
-    def start(self, failed: frozenset, speed: dict) -> Decision:
-        d = self.steady(failed, speed)
-        self.halted = d.rate <= 0
-        return d
-
-    def steady(self, failed: frozenset, speed: dict) -> Decision:
-        raise NotImplementedError
-
-    def on_event(self, kind, workers, before, after, speed, run) -> Optional[Decision]:
-        """The new rate after a trace event (None: unchanged). By default a halted policy
-        waits for a repair to restart, a new speed just re-rates, and `react` decides what a
-        failure or a rejoin costs."""
-        if self.halted:
-            return self._restart(after, speed) if kind == "recover" else None
-        d = self.steady(after, speed)
-        return d if kind == "speed" else self.react(kind, workers, before, after, d)
-
-    def react(self, kind, workers, before, after, d: Decision) -> Optional[Decision]:
-        raise NotImplementedError
-
-    def _restart(self, failed, speed, note="restarted from checkpoint") -> Optional[Decision]:
-        d = self.steady(failed, speed)
-        if d.rate <= 0:
-            return None
-        self.halted = False
-        return Decision(d.rate, d.iter_s, stall_s=self.ctx.params.restart_s, note=note)
-
-    def _halt(self, note="halted") -> Decision:
-        self.halted = True
-        return Decision(0.0, 0.0, lose="checkpoint", note=note)
-
-
-class Recycle(Policy):
-    """Re-route to same-stage peers: the plan's period for the failed set. A failure costs
-    the detection delay and the iteration in flight; a rejoin costs nothing (state comes
-    from a live peer while the others train); a stage with no live worker halts until a
-    repair, then restarts from the last checkpoint."""
-    name = "recycle"
+class RecycleFixed(Policy):
+    """The paper's ReCycle, each worker bound to its stage for life: re-route to same-stage
+    peers, the plan's period for the failed set. A failure costs the detection delay and
+    the iteration in flight; a rejoin costs nothing (state comes from a live peer while the
+    others train); a stage with no live worker halts until a repair, then restarts from the
+    last checkpoint. (`recycle`, with roles, is planner/simulation/elastic.py.)"""
+    name = "recycle-fixed"
 
     def steady(self, failed, speed):
         if dead_stage(self.ctx.job, failed) is not None:
@@ -116,7 +47,7 @@ class Recycle(Policy):
         return d  # a rejoin or a new speed: the next iteration runs the new plan
 
 
-class SwiftReplay(Recycle):
+class SwiftReplay(RecycleFixed):
     """ReCycle's re-routing, plus SWIFT's logging: every stage's inputs (activations and
     gradients) are logged, so a stage with no live worker is restored alone, from its
     last checkpoint, and replays the logged iterations since (on the workers of that stage
@@ -171,32 +102,6 @@ class SwiftReplay(Recycle):
         if kind == "fail":
             return Decision(d.rate, d.iter_s, lose="inflight", stall_s=p.detect_s)
         return d
-
-
-class CheckpointRestart(Policy):
-    """Any failure stops the job: the work since the last checkpoint is lost, and the job
-    restarts (detection + restart time) on spare workers if there are enough, else it
-    waits for repairs. Pays the checkpoints in steady state (as every policy does)."""
-    name = "checkpoint-restart"
-
-    def steady(self, failed, speed):
-        if len(failed) > self.ctx.params.spares:
-            return Decision(0.0)
-        s = self.ctx.slowest(frozenset(), speed)
-        return Decision(self.ctx.base * s, self.ctx.P0 / s)
-
-    def on_event(self, kind, workers, before, after, speed, run):
-        p = self.ctx.params
-        if kind == "speed":
-            return None if self.halted else self.steady(after, speed)
-        if kind == "recover":
-            return self._restart(after, speed) if self.halted else None
-        if self.halted:
-            return None
-        d = self.steady(after, speed)
-        self.halted = d.rate <= 0
-        return Decision(d.rate, d.iter_s, lose="checkpoint", stall_s=p.detect_s + p.restart_s,
-                        note="restart on spares" if d.rate > 0 else "waiting for repair")
 
 
 class DropReplica(Policy):
@@ -337,79 +242,10 @@ def _spread(lines: list[tuple[float, float]], total: int) -> Optional[float]:
     return max(a + b * k for (a, b), k in zip(lines, m))
 
 
-class Bamboo(Policy):
-    """Redundant computation always on: stage s also runs stage s+1's forward (ring), its
-    cost in every iteration (less `bamboo_rc_hidden` of it, hidden in bubbles). A failed
-    worker's stage is taken over by its predecessor in the same pipeline (fail-over, no
-    work lost); the pipelines run in lock-step, so the job runs at the slowest pipeline's
-    pace. Two adjacent failures in one pipeline lose the shadow: restart from a checkpoint
-    without that pipeline until it is repaired; no pipeline left: wait."""
-    name = "bamboo"
+POLICIES = {cls.name: cls for cls in (ElasticRecycle, RecycleFixed, CheckpointRestart, Rollback,
+                                      LossyForward, DropReplica, Oobleck, Bamboo, SwiftReplay,
+                                      BambooReform)}
 
-    def __init__(self, ctx):
-        super().__init__(ctx)
-        self._memo: dict[tuple, Optional[float]] = {}
-
-    def _fatal(self, stages: frozenset) -> bool:
-        S = self.ctx.job.stages
-        if S == 1:
-            return bool(stages)
-        return any((s + 1) % S in stages for s in stages) or len(stages) >= S
-
-    def _pipeline_T(self, stages: frozenset) -> Optional[float]:
-        """One pipeline's iteration (s), its failed stages run by their predecessors."""
-        if stages not in self._memo:
-            ctx, S = self.ctx, self.ctx.job.stages
-            groups = [list(g) for g in ctx.stage_units]
-            merged: list[list] = []
-            owner = [s for s in range(S) if s not in stages]
-            for s in owner:
-                merged.append(list(groups[s]))
-            for s in sorted(stages):  # taken over by the predecessor (ring)
-                pred = (s - 1) % S
-                merged[owner.index(pred)].extend(groups[s])
-            hide = 1.0 - ctx.params.bamboo_rc_hidden
-            k = len(merged)
-            extra = [round(hide * sum(u.F for u in merged[(j + 1) % k])) if k > 1 else 0
-                     for j in range(k)]
-            P = ctx.pipelines.period(merged, ctx.M, extra)
-            self._memo[stages] = None if P is None else P * ctx.P0 / ctx.P_pipe
-        return self._memo[stages]
-
-    def _running(self, failed):
-        per: dict[int, set] = {}
-        for d, s in failed:
-            per.setdefault(d, set()).add(s)
-        return [d for d in range(self.ctx.job.replicas)
-                if not self._fatal(frozenset(per.get(d, ())))], per
-
-    def steady(self, failed, speed):
-        ctx = self.ctx
-        running, per = self._running(failed)
-        Ts = [self._pipeline_T(frozenset(per.get(d, ()))) for d in running]
-        if not running or any(T is None for T in Ts):
-            return Decision(0.0)
-        T = max(Ts) / ctx.slowest(failed, speed, set(running))
-        return Decision(len(running) * ctx.M / T, T)
-
-    def react(self, kind, workers, before, after, d):
-        p = self.ctx.params
-        was, _ = self._running(before)
-        now, _ = self._running(after)
-        if kind == "fail":
-            if not {w[0] for w in workers} & set(was):
-                return None  # only pipelines that were already out
-            if set(was) - set(now):  # a pipeline lost a worker and its shadow
-                if d.rate <= 0:
-                    return self._halt("adjacent failures in every pipeline")
-                return Decision(d.rate, d.iter_s, lose="checkpoint",
-                                stall_s=p.detect_s + p.restart_s,
-                                note="adjacent failures: restart without a pipeline")
-            return Decision(d.rate, d.iter_s, stall_s=p.detect_s + p.bamboo_failover_s)
-        if not {w[0] for w in workers} & set(now):
-            return None
-        return Decision(d.rate, d.iter_s, stall_s=p.bamboo_failover_s)
-
-
-POLICIES = {cls.name: cls for cls in (Recycle, CheckpointRestart, Rollback, LossyForward,
-                                      DropReplica, Oobleck, Bamboo, SwiftReplay)}
+__all__ = ["POLICIES", "Params", "Context", "Policy", "RecycleFixed", "SwiftReplay",
+           "DropReplica", "Rollback", "LossyForward", "Oobleck", "Bamboo", "BambooReform",
+           "CheckpointRestart", "ElasticRecycle"]

@@ -11,7 +11,9 @@ Estimates, not measurements (docs/simulator.md says how to use a profiled spec i
     25 GB/s) plus Adam's update (16 bytes a parameter read and written at 1.5 TB/s);
   - activation memory per micro-batch: 34*b*L*d bytes per layer (flash attention, no
     recomputation, Korthikanti et al.); parameters with Adam state: 16 bytes each;
-  - p2p: one activation (2*b*L*d bytes) at 25 GB/s, within and across replicas.
+  - p2p: one activation (2*b*L*d bytes) at 25 GB/s, within and across replicas;
+  - a stage's state (what a worker that changes stage loads): its parameters with Adam
+    state, 16 bytes each, at the same 25 GB/s.
 Durations are in microseconds (unit_s = 1e-6), memory in MB.
 """
 from __future__ import annotations
@@ -88,6 +90,9 @@ def preset_job(model: Model, replicas: int, stages: int, microbatches: int,
         raise ValueError(f"{model.name} does not fit in {stages} stages of "
                          f"{model.capacity / 1024:g} GB: use more stages")
     hop = max(1, round(2 * microbatch_size * seq * d_model / BANDWIDTH / UNIT_S))
+    # a worker that takes a stage loads its parameters and Adam state over the network
+    state = [sum(u.params for u in g) * 2**20 for g in groups]
     return JobSpec(replicas=replicas, stages=stages, microbatches=microbatches,
                    cost=Cost(**sums), p2p=P2P(intra=hop, cross=hop),
-                   memory=Memory(activation=act, capacity=cap))
+                   memory=Memory(activation=act, capacity=cap),
+                   state_bytes=state, bandwidth=BANDWIDTH * UNIT_S)

@@ -60,6 +60,21 @@ class Trace:
     end: Optional[float] = None  # the last event's time, for a default duration
     source: str = ""
     node_events: list[NodeEvent] = field(default_factory=list)  # spot form, for --write-trace
+    placement: Optional["Placement"] = None  # how node events became worker events
+
+    def node_of(self, worker: Worker) -> int:
+        """The node slot a worker is on (a fail-stop trace: each worker its own node)."""
+        if self.placement is None:
+            return worker[0] * 1_000_003 + worker[1]
+        return self.placement.node(worker)
+
+    def placed(self, placement: "Placement") -> "Trace":
+        """The same node events through another placement (None if not a node trace)."""
+        if not self.node_events:
+            return self
+        out = spot_trace(self.node_events, placement, self.source)
+        out.end = self.end
+        return out
 
     @property
     def failures(self) -> int:
@@ -93,6 +108,13 @@ class Placement:
     @property
     def nodes(self) -> int:
         return self.replicas * self.stages // self.gpus_per_node
+
+    def node(self, worker: Worker) -> int:
+        d, s = worker
+        G = self.gpus_per_node
+        if self.kind == "stages":
+            return d * (self.stages // G) + s // G
+        return s * (self.replicas // G) + d // G
 
     def workers(self, node: int) -> tuple[Worker, ...]:
         G, D, S = self.gpus_per_node, self.replicas, self.stages
@@ -201,7 +223,8 @@ def spot_trace(node_events: list[NodeEvent], placement: Placement, source: str =
                 slots[slot], where[spare] = spare, slot
                 emit(e.time, "recover", slot)
     return Trace(events, start=t0, initial_failed=frozenset(initial),
-                 end=node_events[-1].time - t0, source=source, node_events=node_events)
+                 end=node_events[-1].time - t0, source=source, node_events=node_events,
+                 placement=placement)
 
 
 def read_failstop(path: str, replicas: int, stages: int) -> Trace:

@@ -1,0 +1,366 @@
+"""Roles: which live worker fills which slot (docs/design.md, "Roles").
+
+The schedule is per slot (replica, stage); a role puts a live worker in a slot, and so
+decides which slots are filled. When failures leave the stages unevenly served, moving a
+worker from a well-served stage into the weakest one raises the rate (the period is set by
+the stage whose workers carry the most micro-batches each). A move costs loading the
+stage's parameters and optimizer state (`JobSpec.move_time`); it is worth it when the time
+it saves before the next event (the horizon) exceeds the time it stalls.
+
+`choose_roles` is pure: live workers with their current slots (None: a fresh worker with
+no state) in, slots and moves out. The choice is made on `count_bound`, a proven lower
+bound on the period of any plan whose stages have the given numbers of live workers
+(whichever slots they fill), and checked, when a `period` function is given (the planner's
+own period for a failed set), on the candidates' real periods.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Optional
+
+from planner.bounds import span_bound
+from planner.job import JobSpec
+from planner.plan import Move, Role
+
+Worker = tuple[int, int]
+
+
+class NoRolesError(RuntimeError):
+    """Fewer live workers than stages: no assignment serves every stage."""
+
+
+@dataclass(frozen=True)
+class Assignment:
+    roles: list[Role]  # one per live worker, sorted by slot
+    moves: list[Move]  # workers that take a stage they do not hold
+    failed: list[Worker]  # the empty slots: the failed set the schedule is planned for
+    counts: list[int]  # live workers per stage
+    period: int  # the chosen candidate's period (or its count bound, with no `period`)
+    bound: int  # count_bound of the counts: no plan on these filled slots beats it
+    stall: int  # time units the moves stall the job (loads run in parallel: the longest)
+    candidates: list[tuple[int, int, int]] = field(default_factory=list)  # (moves, period, stall)
+
+    @property
+    def snapshot_stages(self) -> list[int]:
+        return sorted({m.to_stage for m in self.moves if m.source == "snapshot"})
+
+
+def failed_of(roles: list[Role], replicas: int, stages: int) -> list[Worker]:
+    """The failed set a plan with these roles is planned for: every slot no role fills."""
+    filled = {(r.replica, r.stage) for r in roles}
+    return [(d, s) for d in range(replicas) for s in range(stages) if (d, s) not in filled]
+
+
+def identity_roles(job: JobSpec, failed) -> list[Role]:
+    """The roles a plan without roles means: worker "r.s" in slot (r, s)."""
+    dead = {tuple(f) for f in failed}
+    return [Role(worker=f"{d}.{s}", replica=d, stage=s) for d in range(job.replicas)
+            for s in range(job.stages) if (d, s) not in dead]
+
+
+# ---- the bound on counts ----------------------------------------------------------------
+def _chains(job: JobSpec) -> list[int]:
+    """Per stage, the least round trip from its F's end to its I's start through the later
+    stages, at the fastest durations and the least delay: no filled-slot set does better."""
+    memo = _memo(job)
+    if "chains" not in memo:
+        memo["chains"] = _chains_of(job)
+    return memo["chains"]
+
+
+def _chains_of(job: JobSpec) -> list[int]:
+    S = job.stages
+    fast = {op: [min(job.duration(op, d, s) for d in range(job.replicas)) for s in range(S)]
+            for op in "FI"}
+    hop = job.min_delay
+    out, acc = [0] * S, 0
+    for s in range(S - 1, -1, -1):
+        out[s] = acc
+        acc += fast["F"][s] + fast["I"][s] + 2 * hop
+    return out
+
+
+_MEMO: dict = {"job": None}  # per-job memo of the per-stage bounds (one job at a time)
+
+
+def _memo(job: JobSpec) -> dict:
+    if _MEMO.get("job") is not job:
+        _MEMO.clear()
+        _MEMO["job"] = job
+    return _MEMO
+
+
+def stage_count_bound(job: JobSpec, stage: int, count: int, chain: Optional[int] = None) -> int:
+    """No worker of `stage` spans less when `count` workers share its D*M micro-batches:
+    one of them runs at least ceil(D*M / count) (planner/bounds.py's span bound, at the
+    fastest durations any replica of the stage has)."""
+    if count <= 0:
+        return 2**62
+    memo = _memo(job)
+    if chain is None:
+        chain = _chains(job)[stage]
+    key = (stage, count, chain)
+    if key not in memo:
+        n = -(-job.num_microbatches // count)
+        fastest = memo.get(("fastest", stage))
+        if fastest is None:
+            fastest = memo[("fastest", stage)] = min(
+                range(job.replicas),
+                key=lambda d: sum(job.duration(op, d, stage) for op in ("F", "I", "W", "OPT")))
+        memo[key] = span_bound(job, fastest, stage, n, chain)
+    return memo[key]
+
+
+def count_bound(job: JobSpec, counts: list[int]) -> int:
+    """A lower bound on the period of every plan whose stage s has counts[s] live workers,
+    whichever slots they fill and whoever fills them (section "Roles" of docs/planner.md)."""
+    chains = _chains(job)
+    return max(stage_count_bound(job, s, c, chains[s]) for s, c in enumerate(counts))
+
+
+def best_counts(job: JobSpec, n: int, chains: Optional[list[int]] = None) -> list[int]:
+    """Counts of n workers (each stage at least 1, at most D) with the least count_bound:
+    one worker at a time to the stage whose bound is highest. The per-stage bounds do not
+    grow with the count, so this min-max is optimal. (`chains`: the round trips the bound
+    counts; zeros give the counts that balance the stages' work alone.)"""
+    S, D = job.stages, job.replicas
+    if n < S:
+        raise NoRolesError(f"{n} live workers cannot serve {S} stages")
+    chains = _chains(job) if chains is None else chains
+    counts = [1] * S
+    for _ in range(min(n, S * D) - S):
+        open_ = [s for s in range(S) if counts[s] < D]
+        s = max(open_, key=lambda s: (stage_count_bound(job, s, counts[s], chains[s]), -s))
+        counts[s] += 1
+    return counts
+
+
+def elastic_bound(job: JobSpec, n: int) -> int:
+    """No plan on n live workers, whatever their roles, has a shorter period."""
+    return count_bound(job, best_counts(job, n))
+
+
+# ---- choosing -----------------------------------------------------------------------------
+def _home(worker: str, job: JobSpec) -> Optional[Worker]:
+    try:
+        r, s = (int(x) for x in worker.split("."))
+    except ValueError:
+        return None
+    return (r, s) if 0 <= r < job.replicas and 0 <= s < job.stages else None
+
+
+def _targets(job: JobSpec, have: list[int], n: int, chains: list[int]) -> list[int]:
+    """The counts with the least bound that keep as many workers where they are as
+    possible: each stage gets what the optimum needs, the rest stay put, then go (fresh
+    workers) where they lower the bound most."""
+    S, D = job.stages, job.replicas
+    opt = max(stage_count_bound(job, s, c, chains[s])
+              for s, c in enumerate(best_counts(job, n, chains)))
+    need = []
+    for s in range(S):
+        c = 1
+        while stage_count_bound(job, s, c, chains[s]) > opt:
+            c += 1
+        need.append(c)
+    left = n - sum(need)
+    out = list(need)
+    for s in range(S):  # keep workers in place first
+        add = min(left, max(0, min(have[s], D) - out[s]))
+        out[s] += add
+        left -= add
+    while left > 0:
+        open_ = [s for s in range(S) if out[s] < D]
+        if not open_:
+            break
+        s = max(open_, key=lambda s: (stage_count_bound(job, s, out[s], chains[s]), -s))
+        out[s] += 1
+        left -= 1
+    return out
+
+
+def _stay_counts(job: JobSpec, have: list[int], fresh: int) -> tuple[list[int], int]:
+    """No worker changes stage but the ones an empty stage needs (forced: taken from the
+    stage that loses least); fresh workers go where they lower the bound most. Returns the
+    counts and the number of forced moves."""
+    S, D = job.stages, job.replicas
+    chains = _chains(job)
+    out, forced = list(have), 0
+    for s in range(S):
+        if out[s] == 0:
+            if fresh > 0:
+                fresh -= 1
+            else:
+                donors = [t for t in range(S) if out[t] > 1]
+                t = min(donors, key=lambda t: (stage_count_bound(job, t, out[t] - 1, chains[t]), t))
+                out[t] -= 1
+                forced += 1
+            out[s] = 1
+    while fresh > 0:
+        open_ = [s for s in range(S) if out[s] < D]
+        s = max(open_, key=lambda s: (stage_count_bound(job, s, out[s], chains[s]), -s))
+        out[s] += 1
+        fresh -= 1
+    return out, forced
+
+
+def _path(job: JobSpec, start: list[int], target: list[int]) -> list[list[int]]:
+    """Count vectors from `start` to `target`, one move at a time, each move the one that
+    lowers the bound most (from a stage above its target to one below)."""
+    chains = _chains(job)
+    cur, out = list(start), [list(start)]
+    while cur != target:
+        gives = [s for s in range(job.stages) if cur[s] > target[s]]
+        takes = [s for s in range(job.stages) if cur[s] < target[s]]
+        to = max(takes, key=lambda s: (stage_count_bound(job, s, cur[s], chains[s]), -s))
+        frm = min(gives, key=lambda s: (stage_count_bound(job, s, cur[s] - 1, chains[s]), s))
+        cur[to] += 1
+        cur[frm] -= 1
+        out.append(list(cur))
+    return out
+
+
+def place(job: JobSpec, live: Mapping[str, Optional[Worker]], counts: list[int]
+          ) -> tuple[list[Role], list[Move]]:
+    """Slots for `counts`, packed into whole replicas: the replicas ranked by how many live
+    workers they hold now, stage s is filled in the first counts[s] of them (so the empty
+    slots gather in the last replicas: the planner's schedules are tighter that way, 403
+    against 429 on a 16x8 grid with 26 slots empty). A worker that stays in its stage keeps
+    its slot when that slot is kept, else takes a kept slot of its stage (a slot change
+    within a stage moves no state: every replica of a stage holds the same parameters); a
+    stage over its count gives up the workers outside its kept replicas first; movers and
+    fresh workers take the kept slots still empty (a fresh worker its home slot first)."""
+    S, D = job.stages, job.replicas
+    fullness = [0] * D
+    for slot in live.values():
+        if slot is not None:
+            fullness[slot[0]] += 1
+    rank = sorted(range(D), key=lambda d: (-fullness[d], d))
+    keep = {s: set(rank[:counts[s]]) for s in range(S)}
+    roles_at: dict[Worker, str] = {}
+    movers: list[tuple[str, Optional[int]]] = []
+    for s in range(S):
+        ws = sorted((w for w, slot in live.items() if slot is not None and slot[1] == s),
+                    key=lambda w: (live[w][0] not in keep[s], rank.index(live[w][0]), w))
+        stay, leave = ws[:counts[s]], ws[counts[s]:]
+        movers += [(w, s) for w in leave]
+        free = [d for d in rank[:counts[s]] if (d, s) not in {live[w] for w in stay}]
+        for w in stay:
+            d = live[w][0]
+            if d not in keep[s]:
+                d = free.pop(0)  # re-slotted within its stage
+            roles_at[(d, s)] = w
+    fresh = sorted((w for w, slot in live.items() if slot is None),
+                   key=lambda w: (_home(w, job) is None, w))
+    moves: list[Move] = []
+    had = {s: sum(1 for slot in live.values() if slot is not None and slot[1] == s)
+           for s in range(S)}
+    open_slots = lambda s: [d for d in rank[:counts[s]] if (d, s) not in roles_at]
+    pending = []
+    for w in fresh:
+        home = _home(w, job)
+        if home is not None and home[0] in keep[home[1]] and home not in roles_at:
+            _take(job, w, None, home, roles_at, had, moves)
+        else:
+            pending.append((w, None))
+    chains = _chains(job)
+    for w, frm in pending + movers:
+        stages = [s for s in range(S) if open_slots(s)]
+        if not stages:
+            break
+        # the wanting stage whose bound is highest now (where the worker helps most)
+        filled = {s: sum(1 for (_, t) in roles_at if t == s) for s in stages}
+        s = max(stages, key=lambda s: (stage_count_bound(job, s, filled[s], chains[s]), -s))
+        _take(job, w, frm, (open_slots(s)[0], s), roles_at, had, moves)
+    roles = sorted((Role(worker=w, replica=d, stage=s) for (d, s), w in roles_at.items()),
+                   key=lambda r: (r.replica, r.stage))
+    return roles, moves
+
+
+def _take(job, w, frm, slot, roles_at, had, moves) -> None:
+    d, s = slot
+    roles_at[slot] = w
+    if frm != s:
+        source = "peer" if had[s] > 0 else "snapshot"
+        had[s] += 1
+        nbytes = job.state_bytes[s] if job.state_bytes is not None else 0
+        moves.append(Move(worker=w, from_stage=frm, to_stage=s, bytes=nbytes, source=source))
+
+
+def move_stall(job: JobSpec, moves: list[Move]) -> int:
+    """Time units the moves stall the job: workers that leave a stage (and any restore
+    from a snapshot) load in parallel while nobody trains; a fresh worker loads from a
+    live peer while the others still train (as a rejoin does), and stalls no one."""
+    return max((job.move_time(m.to_stage) for m in moves
+                if m.from_stage is not None or m.source == "snapshot"), default=0)
+
+
+def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: float,
+                 period: Optional[Callable[[list[Worker]], int]] = None) -> Assignment:
+    """The assignment of `live` workers (id -> current slot, None for a fresh worker) that
+    trains most over `horizon` time units (the expected time to the next event): each
+    candidate, from "no worker changes stage" to the least-bound counts one move at a
+    time, is worth (horizon - stall) / period; ties go to fewer moves. `period` gives a
+    failed set's period (default: the candidate's count bound, which needs no planning:
+    about 10 ms on a 16x8 grid; the planner's periods are better and cost a plan each)."""
+    S = job.stages
+    slots = [v for v in live.values() if v is not None]
+    if len(set(slots)) != len(slots):
+        raise ValueError("two live workers in one slot")
+    n = len(live)
+    if n < S:
+        raise NoRolesError(f"{n} live workers cannot serve {S} stages")
+    have = [0] * S
+    for _, s in slots:
+        have[s] += 1
+    fresh = n - len(slots)
+    stay, _ = _stay_counts(job, have, fresh)
+    paths = [_path(job, stay, _targets(job, have, n, _chains(job)))]
+    if period is not None:
+        # the count bound's round trips favour the early stages; the counts that balance
+        # the work alone are tried too, on the planner's own periods
+        paths.append(_path(job, stay, _targets(job, have, n, [0] * S))[1:])
+    best, cands, seen = None, [], set()
+    for counts in (c for path in paths for c in path):
+        if tuple(counts) in seen:
+            continue
+        seen.add(tuple(counts))
+        roles, moves = place(job, live, counts)
+        failed = failed_of(roles, job.replicas, S)
+        bound = count_bound(job, counts)
+        p = period(failed) if period is not None else bound
+        stall = move_stall(job, moves)
+        value = max(0.0, horizon - stall) / p
+        shifted = sum(1 for m in moves if m.from_stage is not None)
+        cands.append((shifted, p, stall))
+        tie = best is not None and abs(value - best[0]) <= 1e-12 * max(value, best[0])
+        if best is None or (value > best[0] and not tie) or (tie and shifted < best[2]):
+            best = (value, Assignment(roles, moves, failed, counts, p, bound, stall), shifted)
+    out = best[1]
+    return Assignment(out.roles, out.moves, out.failed, out.counts, out.period, out.bound,
+                      out.stall, cands)
+
+
+def plan_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: float,
+               solver: str = "greedy", **solve_kw):
+    """choose_roles (candidates compared on the greedy back-end's periods), then the plan
+    of `solver` for the chosen filled slots, with its roles and moves. Returns (plan,
+    assignment)."""
+    from planner.simulation.costs import plan_period
+    from planner.solvers.backends import solve
+
+    a = choose_roles(job, live, horizon, lambda failed: plan_period(job, failed))
+    plan = solve(job, a.failed, solver, **solve_kw)
+    return plan.with_roles(a.roles, a.moves), a
+
+
+def live_from_failed(job: JobSpec, failed, fresh: tuple[str, ...] = ()) -> dict[str, Optional[Worker]]:
+    """The live workers of identity roles less `failed` (each in its home slot), plus
+    `fresh` workers with no state."""
+    dead = {tuple(f) for f in failed}
+    live: dict[str, Optional[Worker]] = {f"{d}.{s}": (d, s) for d in range(job.replicas)
+                                         for s in range(job.stages) if (d, s) not in dead}
+    for w in fresh:
+        if w in live:
+            raise ValueError(f"worker {w} is already live")
+        live[w] = None
+    return live
