@@ -25,7 +25,7 @@ def test_run_dir_is_created_when_checkpoints_go_elsewhere(tmp_path):
     r = train("-d", "1", "-s", "2", "-m", "2", "--iterations", "2",
               "--run-dir", str(run), "--checkpoint-dir", str(ckpt))
     assert r.returncode == 0, r.stderr
-    assert sorted(os.listdir(run)) == ["worker-0-0.log", "worker-0-1.log"], r.stderr
+    assert sorted(os.listdir(run)) == ["run.toml", "worker-0-0.log", "worker-0-1.log"], r.stderr
     assert (ckpt / "iter000001" / "recycle.json").exists(), os.listdir(ckpt)
 
 
