@@ -14,7 +14,7 @@ from api_support import ThreadServer, admin_headers, register_job
 from planner.cache import PlanCache
 from planner.failures import canonical_sets, canonicalize
 from planner.job import JobSpec
-from planner.plan import Plan
+from planner.plan import Move, Plan, Role
 from planner.solvers.backends import map_plan, solve
 from planner.validate import validate
 
@@ -73,6 +73,10 @@ def test_assembled_json_equals_to_json_byte_for_byte():
              solve(spec, [(4, 1)], "greedy").stamped(7, [[1, 2, 1]] + [[1] * 3] * 5),
              solve(spec.model_copy(update={"speed": [[0.5, 1.0, 1.0]] + [[1.0] * 3] * 5}),
                    [(2, 0)], "greedy")]
+    roles = [Role(worker=f"{r}.{s}", replica=r, stage=s) for r in range(6) for s in range(3)
+             if (r, s) != (4, 1)]  # a plan with roles and a move keeps them (part 2's format)
+    cases.append(cases[1].with_roles(roles, [Move(worker="4.1", from_stage=1, to_stage=0,
+                                                  bytes=10)]))
     for _ in range(3):
         for plan in cases:
             assert parts.plan(plan) == plan.to_json()
