@@ -18,7 +18,7 @@ class Admission:
     def restart(self, w: Worker) -> None:
         """Consume the earliest --rejoin/--restart of `w`, if any (one entry per death);
         the process starts later, in spawn_due()."""
-        line = self.rejoins.consume(w, time.monotonic())
+        line = self.rejoins.consume(w, time.monotonic(), self.members.incarnation(w))
         if line is not None:
             self.event(line)
             self.update_hold()

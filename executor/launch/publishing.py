@@ -64,11 +64,11 @@ class Publishing:
         for w in self.failed:
             self.done.pop(w, None)
         for w in list(self.rejoins.pending):  # the service admitted the restarted process
-            if (plan.worker(*w) is not None
-                    and plan.incarnation(*w) == read_int(self.store, f"inc/{wkey(w)}")):
+            if plan.worker(*w) is not None and self.rejoins.admits(
+                    w, plan.incarnation(*w), read_int(self.store, f"inc/{wkey(w)}")):
                 self.admitted(w)
         for w in self.failed:  # declared failed while its process lives on (a stall)
-            if self.rejoins.await_failed(w):
+            if self.rejoins.await_failed(w, plan.incarnation(*w)):
                 self.update_hold()
         self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
 

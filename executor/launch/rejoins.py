@@ -25,6 +25,7 @@ class Rejoin:
     iteration: int  # training waits before it until the worker is back
     asap: bool = False  # --restart: once its death is in a plan, not when the run reaches it
     spawned: Optional[float] = None  # monotonic time its new process started
+    gone: int = 0  # the incarnation whose death this rejoin serves: only a newer one is back
 
 
 class RejoinBook:
@@ -36,17 +37,18 @@ class RejoinBook:
         self.pending: dict[Worker, Rejoin] = {}  # dead workers whose restart is awaited
         self.given_up: set[tuple] = set()  # entries not held for again
 
-    def consume(self, w: Worker, now: float) -> Optional[str]:
-        """`w` died: take its earliest entry, if any; the event line to print."""
+    def consume(self, w: Worker, now: float, gone: int = 0) -> Optional[str]:
+        """`w`'s process of incarnation `gone` died: take its earliest entry, if any; the
+        event line to print."""
         due = [k for k in self.entries if k[:2] == w]
         if not due:
             return None
         self.entries.remove(due[0])
         it, asap = due[0][2], due[0][3]
         if self.external:  # its node's launcher (torchrun) restarts it: only hold for it
-            self.pending[w] = Rejoin(it, True, spawned=now)
+            self.pending[w] = Rejoin(it, True, spawned=now, gone=gone)
             return f"training waits before iteration {it} until worker {wkey(w)} is back"
-        self.pending[w] = Rejoin(it, asap)
+        self.pending[w] = Rejoin(it, asap, gone=gone)
         return (f"worker {wkey(w)} will be restarted "
                 + ("as soon as its failure is in a plan" if asap else
                    f"when the run reaches iteration {it}")
@@ -56,14 +58,23 @@ class RejoinBook:
         """`w` died before it was admitted, or was admitted: nothing to hold for now."""
         return self.pending.pop(w, None) is not None
 
-    def await_failed(self, w: Worker) -> bool:
-        """Service mode: `w` was declared failed while its process lives on (a stall): its
-        due entry is awaited from now on (started once it exits)."""
+    def await_failed(self, w: Worker, gone: int = 0) -> bool:
+        """Service mode: `w` was declared failed while its process (incarnation `gone`)
+        lives on (a stall): its due entry is awaited from now on (started once it exits)."""
         due = [k for k in self.entries if k[:2] == w]
         if due and w not in self.pending and due[0] not in self.given_up:
-            self.pending[w] = Rejoin(due[0][2], due[0][3])
+            self.pending[w] = Rejoin(due[0][2], due[0][3], gone=gone)
             return True
         return False
+
+    def admits(self, w: Worker, named: int, newest: int) -> bool:
+        """Does a plan naming incarnation `named` of `w` admit its awaited process, the
+        newest one started (`newest`)? Only if that is newer than the one that died: a plan
+        made before the death was known still names the dead one, and taking that for the
+        admission dropped the hold, so the run went on without the worker (chaos, service:
+        a second kill in its stage then left the stage empty and halted the run)."""
+        rejoin = self.pending.get(w)
+        return rejoin is not None and rejoin.gone < named == newest
 
     def to_spawn(self, may_return: Callable[[Worker, Rejoin], bool]) -> list[tuple[Worker, Rejoin]]:
         """Pending restarts whose process may start now (`may_return` says so)."""
