@@ -3,7 +3,7 @@
 All state changes run on the event loop under a per-job asyncio.Lock, and each accepted
 event (failure, recovery, or speed: an operator's or the straggler detector's, see
 api/jobs/speeds.py) is persisted together with its plan version in one transaction before
-anyone is told. Who is in which version is decided by planner/membership.py; this module
+anyone is told. Who is in which version is decided by planner/control/membership.py; this module
 drives it: it plans for the decision (cache or greedy), persists, and publishes. Waiters
 park on a per-job asyncio.Event that is set (and replaced) on every publish
 (api/jobs/updates.py).
@@ -30,7 +30,7 @@ from api.stragglers import SpeedError
 from planner.cache import PlanCache
 from planner.inputs.limits import TooLarge, check_plannable
 from planner.job import JobSpec
-from planner.membership import Halt, Membership, Reject
+from planner.control.membership import Halt, Membership, Reject
 from planner.plan import Plan
 
 

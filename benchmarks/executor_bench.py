@@ -36,7 +36,7 @@ from executor.inputs.workload_name import DEFAULT_MODEL, check_workload
 from executor.compute.profile import profile
 from planner.solvers.backends import solve
 from planner.job import JobSpec
-from planner.membership import Membership
+from planner.control.membership import Membership
 from planner.plan import Mode
 
 Worker = tuple[int, int]

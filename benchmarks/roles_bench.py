@@ -1,5 +1,5 @@
 """Planner with roles: a 16x8 grid with 20% of its workers missing, workers moved between
-stages (planner/roles.py), then planned by greedy and by CP-SAT (10 s).
+stages (planner/control/roles.py), then planned by greedy and by CP-SAT (10 s).
 
 Per seed: the missing workers drawn at random (26 of 128), roles chosen with a long
 horizon (moves are worth it), the chosen filled slots planned; figures: the moves, greedy's
@@ -22,7 +22,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from planner.bounds import lower_bound  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
-from planner.roles import choose_roles, elastic_bound, live_from_failed  # noqa: E402
+from planner.control.roles import choose_roles, elastic_bound, live_from_failed  # noqa: E402
 from planner.simulation.costs import plan_period  # noqa: E402
 from planner.solvers.backends import SolveOptions, solve  # noqa: E402
 from planner.validate import check  # noqa: E402

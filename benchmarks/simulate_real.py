@@ -29,7 +29,7 @@ from planner.simulation import report  # noqa: E402
 from planner.simulation.compare import simulate  # noqa: E402
 from planner.simulation.policies import Params  # noqa: E402
 from planner.simulation.presets import PRESETS, UNIT_S, preset_job, preset_model  # noqa: E402
-from planner.roles import count_bound, elastic_bound  # noqa: E402
+from planner.control.roles import count_bound, elastic_bound  # noqa: E402
 from planner.simulation.trace import Placement, read_trace  # noqa: E402
 
 TRACES = "benchmarks/traces"

@@ -75,7 +75,7 @@ class JobSpec(_Strict):
     speed: Optional[list[list[Annotated[float, Field(gt=0, le=100)]]]] = None
     # Optional per-layer F+I+W [embedding, blocks..., head] (executor/models/balance.py).
     layer_cost: Optional[list[Duration]] = None
-    # Optional move cost (planner/roles.py): bytes of one stage's parameters plus optimizer
+    # Optional move cost (planner/control/roles.py): bytes of one stage's parameters plus optimizer
     # state, per stage, and the link bandwidth in bytes per time unit of this spec. A worker
     # that changes stage loads state_bytes[s] at that bandwidth.
     state_bytes: Optional[list[Annotated[int, Field(strict=True, ge=0, le=2**50)]]] = None

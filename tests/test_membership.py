@@ -1,9 +1,9 @@
-"""Membership as a value (planner/membership.py): every case the chaos harness produces,
+"""Membership as a value (planner/control/membership.py): every case the chaos harness produces,
 driven in milliseconds, and hypothesis over arbitrary sequences of observations."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.membership import Halt, Membership, Publish, Reject, Unchanged
+from planner.control.membership import Halt, Membership, Publish, Reject, Unchanged
 
 
 def started(D=2, S=2):

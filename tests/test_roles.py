@@ -1,4 +1,4 @@
-"""Roles (planner/roles.py): which live worker fills which slot, and what moving costs.
+"""Roles (planner/control/roles.py): which live worker fills which slot, and what moving costs.
 
 Property tests over random jobs and live sets: no two workers on one slot, every stage
 served while enough workers live, every stage change a move with its bytes, plans with
@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from planner.bounds import lower_bound
 from planner.job import JobSpec
 from planner.plan import Plan, Role
-from planner.roles import (NoRolesError, choose_roles, count_bound, elastic_bound, failed_of,
+from planner.control.roles import (NoRolesError, choose_roles, count_bound, elastic_bound, failed_of,
                            live_from_failed, plan_roles)
 from planner.simulation.costs import plan_period
 from planner.solvers.backends import solve

@@ -3,7 +3,7 @@
 import pytest
 
 from planner.job import JobSpec
-from planner.roles import choose_roles
+from planner.control.roles import choose_roles
 from planner.simulation.compare import simulate
 from planner.simulation.policies import Params
 from planner.simulation.trace import Event, Trace

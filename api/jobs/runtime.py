@@ -1,6 +1,6 @@
 """A job as the service holds it (JobRuntime), the service's settings and its error type.
 
-Membership (failed set, incarnations, state) is a planner/membership.py value the job
+Membership (failed set, incarnations, state) is a planner/control/membership.py value the job
 carries; the service only drives it (api/service.py).
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from api.hotpath.encode import PARTS
 from api.models import EventIn
 from planner.failures import Worker
 from planner.job import JobSpec
-from planner.membership import Membership
+from planner.control.membership import Membership
 from planner.plan import Plan
 from planner.speeds import SpeedDetector
 
@@ -82,7 +82,7 @@ class JobRuntime:
     created: float
     plan: Plan
     plan_bytes: bytes
-    # Who is in which version (planner/membership.py): failed set, the incarnation of each
+    # Who is in which version (planner/control/membership.py): failed set, the incarnation of each
     # worker that the plan in force admits, state and halt reason. Every published version
     # is stamped with the incarnations, so they are recovered from the latest plan after a
     # restart; state, reason and failed set from the job's row.

@@ -1,6 +1,6 @@
 """Speed events: an operator's speed for a worker, and the straggler detector's levels
 from the workers' compute times (api/stragglers.py). A changed speed grid is a membership
-transition (planner/membership.py `measured`): one plan version for the speeds in force."""
+transition (planner/control/membership.py `measured`): one plan version for the speeds in force."""
 from __future__ import annotations
 
 import asyncio
@@ -15,7 +15,7 @@ from api.jobs.runtime import ApiError, JobRuntime, _plan_record, _speed_answer
 from api.models import SpeedIn
 from api.stragglers import SpeedError, quantize_speed
 from planner.job import JobSpec
-from planner.membership import Publish
+from planner.control.membership import Publish
 from planner.speeds import SpeedDetector
 
 log = logging.getLogger("recycle.api")

@@ -13,7 +13,7 @@ from api.hotpath.encode import PARTS
 from api.jobs.runtime import JobRuntime, _plan_record, _wait_event
 from planner.failures import Worker, canonicalize
 from planner.job import JobSpec
-from planner.membership import Publish
+from planner.control.membership import Publish
 from planner.plan import Plan
 from planner.solvers.backends import solve
 

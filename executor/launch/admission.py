@@ -1,6 +1,6 @@
 """Bringing dead workers back (local processes, or torchrun's restarts): when a due
 --rejoin/--restart starts its new process, which iteration training holds for it, and when
-the plan admitting it is published (rejoins.py keeps the schedule; planner/membership.py
+the plan admitting it is published (rejoins.py keeps the schedule; planner/control/membership.py
 decides the plan)."""
 from __future__ import annotations
 

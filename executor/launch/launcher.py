@@ -1,7 +1,7 @@
 """`train`: one process per (replica, stage) and the in-process coordinator.
 
 The coordinator hosts the TCPStore (rendezvous.py), watches its workers and drives the
-run's membership (planner/membership.py decides; publishing.py plans and publishes, or
+run's membership (planner/control/membership.py decides; publishing.py plans and publishes, or
 follows the plan service with --service). Deaths are seen, fastest first, as a process
 exit, a peer's suspect (a re-published version if nobody died), or, for external
 (torchrun'd) workers, a stopped heartbeat. A death is a failure event at once; a due
@@ -36,7 +36,7 @@ from executor.launch.progress_lines import ProgressLines
 from executor.runtime.rendezvous import wkey
 from planner.failures import NoPlanError
 from planner.job import JobSpec
-from planner.membership import Membership
+from planner.control.membership import Membership
 from planner.speeds import SpeedDetector
 from planner.plan import Mode
 
@@ -79,7 +79,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
         self.lost_worker: Optional[Worker] = None
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
         self.model_exception = False  # the fatal is an exception the model's code raised
-        # Who is in which version (planner/membership.py): the failed set, the incarnation
+        # Who is in which version (planner/control/membership.py): the failed set, the incarnation
         # each worker's newest plan admits, the speeds planned for. Decided there; here
         # carried out (local) or followed (with a service, whose plans say it).
         self.members = Membership.start(self.D, self.S).with_speeds(job.speed)

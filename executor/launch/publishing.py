@@ -1,9 +1,9 @@
-"""Plan versions of a run: decided by planner/membership.py and published here through
+"""Plan versions of a run: decided by planner/control/membership.py and published here through
 the store (local), or taken from the plan service, which decides them (--service)."""
 from __future__ import annotations
 
 from executor.runtime.rendezvous import publish_plan, read_int, wkey
-from planner.membership import Halt, Membership, Publish
+from planner.control.membership import Halt, Membership, Publish
 from planner.solvers.backends import solve
 from planner.speeds import with_speeds
 
@@ -11,7 +11,7 @@ Worker = tuple[int, int]
 
 
 class Halted(Exception):
-    """The membership leaves no plan (planner/membership.py Halt): the run stops."""
+    """The membership leaves no plan (planner/control/membership.py Halt): the run stops."""
 
 
 class Publishing:

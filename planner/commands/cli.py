@@ -14,7 +14,7 @@ from planner.inputs.limits import load_plan, load_spec
 from planner.inputs.paths import check_writable
 from planner.plan import Plan
 from planner.plan import Mode
-from planner.roles import NoRolesError
+from planner.control.roles import NoRolesError
 
 
 
@@ -89,7 +89,7 @@ def plan_cmd(
         try:
             if roles:
                 from planner.failures import normalize
-                from planner.roles import live_from_failed, plan_roles
+                from planner.control.roles import live_from_failed, plan_roles
                 from planner.simulation.costs import plan_period
                 live = live_from_failed(job, normalize(job, failed), tuple(join))
                 h = horizon if horizon is not None else 100 * plan_period(job, [])
@@ -125,7 +125,7 @@ def print_plan(plan: Plan) -> None:
     console.print(f"period [bold]{m.period}[/]  makespan {m.makespan}  lower bound {m.lower_bound}"
                   f"  gap {m.gap:.1%}" + (f"  solver bound {sv.bound}" if sv.bound else ""))
     if plan.roles is not None:
-        from planner.roles import elastic_bound
+        from planner.control.roles import elastic_bound
         eb = elastic_bound(plan.job, len(plan.roles))
         console.print(f"roles: {len(plan.roles)} live workers; no role choice beats period {eb} "
                       f"(gap {m.period / eb - 1:.1%})")

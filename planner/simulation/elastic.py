@@ -1,7 +1,7 @@
 """ReCycle with roles (docs/design.md, "Roles"): the simulator's `recycle` policy.
 
 Live workers are named by their home slot ("r.s": the slot a trace event names); each
-fills the slot its role gives it (planner/roles.py). After every event the roles are
+fills the slot its role gives it (planner/control/roles.py). After every event the roles are
 chosen again: a failure empties slots, a repair brings fresh workers (no state), and the
 planner may move workers between stages when what that gains before the next event
 (`Context.horizon_s`) is worth the stall of loading a stage's state. What each event costs:
@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Optional
 
-from planner.roles import NoRolesError, choose_roles
+from planner.control.roles import NoRolesError, choose_roles
 from planner.simulation.engine import Decision
 from planner.simulation.base import Policy
 
