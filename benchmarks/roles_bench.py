@@ -36,12 +36,13 @@ def main() -> None:
     ap.add_argument("--missing", type=float, default=0.2)
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--time-limit", type=float, default=10.0)
+    ap.add_argument("--repeats", type=int, default=5, help="greedy timings per seed (best kept)")
     ap.add_argument("--out", default="benchmarks/results/roles.md")
     args = ap.parse_args()
     D, S, M = args.replicas, args.stages, args.microbatches
     job = JobSpec.uniform(D, S, M).model_copy(update={"state_bytes": [10**9] * S,
                                                       "bandwidth": 1e5})
-    rows = ["| seed | missing | moves | counts | greedy CPU ms (roles + plan) | greedy / bound "
+    rows = ["| seed | missing | moves | counts | greedy ms (roles + plan, best of repeats) | greedy / bound "
             "| cpsat / bound (status) | cpsat s | bound | bound over every role choice "
             "| roles on greedy's periods: greedy / its bound (s) |",
             "| ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
@@ -51,10 +52,13 @@ def main() -> None:
         failed = sorted(rng.sample(cells, round(args.missing * D * S)))
         live = live_from_failed(job, failed)
         horizon = 1000 * plan_period(job, [])
-        t0 = time.perf_counter()
-        a = choose_roles(job, live, horizon)  # candidates on their lower bounds: no planning
-        greedy = solve(job, a.failed, "greedy").with_roles(a.roles, a.moves)
-        g_ms = (time.perf_counter() - t0) * 1000
+        times = []
+        for _ in range(args.repeats):  # best of N: the machine is shared and noisy
+            t0 = time.perf_counter()
+            a = choose_roles(job, live, horizon)  # candidates on their lower bounds
+            greedy = solve(job, a.failed, "greedy").with_roles(a.roles, a.moves)
+            times.append((time.perf_counter() - t0) * 1000)
+        g_ms = min(times)
         check(greedy)
         t0 = time.perf_counter()
         cp = solve(job, a.failed, "cpsat", opts=SolveOptions(time_limit=args.time_limit,
