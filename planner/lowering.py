@@ -5,7 +5,7 @@ micro-batch goes; `lower(plan, worker)` turns both into the one list of steps th
 runs, with every receive, send and all-reduce explicit, as torch.distributed.pipelining
 lowers its schedules to `_Action`s with SEND_F/RECV_F/... . A pure pass: the distributed
 agent and the single-process executor interpret the same list (executor/runtime/
-interpreter.py), and the CSV export reads compute steps from it.
+interpreter.py), and the CSV export reads its compute steps.
 
 Order per action of stage s (S stages), for micro-batch g:
   F:   RECV fwd from (routes[g][s-1], s-1) if s > 0;  F;  SEND fwd to (routes[g][s+1], s+1) if s < S-1
@@ -89,8 +89,3 @@ def lower(plan: Plan, worker: Worker) -> list[Step]:
         else:
             out.append(Step(op, g, index=k))
     return out
-
-
-def compute_steps(steps: list[Step]) -> list[Step]:
-    """The compute steps alone (what the plan's actions say), e.g. for the CSV export."""
-    return [st for st in steps if st.op in COMPUTE]

@@ -131,10 +131,6 @@ class RunConfig:
         return cls(**{f.name: f.type_(**{k: values[k] for k in f.keys if k in values})
                       for f in _SECTIONS})
 
-    def flags(self) -> dict:
-        """Flag name -> value, every section flattened."""
-        return {k: getattr(getattr(self, f.name), k) for f in _SECTIONS for k in f.keys}
-
     def to_toml(self) -> str:
         """The tree as TOML (fields left at None are omitted: TOML has no null)."""
         out = []
