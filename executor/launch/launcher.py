@@ -43,6 +43,11 @@ from planner.plan import Mode
 Worker = tuple[int, int]
 
 
+# Time units a move is weighed over: local runs are short and their moves cost milliseconds
+# (the job spec gives no state_bytes), so any move that lowers the period pays.
+ELASTIC_HORIZON = 1e9
+
+
 class Coordinator(Processes, Admission, Publishing, RunEnd):
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
@@ -82,7 +87,10 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
         # Who is in which version (planner/control/membership.py): the failed set, the incarnation
         # each worker's newest plan admits, the speeds planned for. Decided there; here
         # carried out (local) or followed (with a service, whose plans say it).
-        self.members = Membership.start(self.D, self.S).with_speeds(job.speed)
+        # Elastic: a worker changes stage when the live set leaves a stage short (moves are
+        # weighed over the run's length; planner/control/elastic.py).
+        self.members = Membership.start(self.D, self.S, job=job, horizon=ELASTIC_HORIZON
+                                        ).with_speeds(job.speed)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
