@@ -40,6 +40,8 @@ def test_a_node_removed_and_a_spare_added_kill_and_restart_workers_exactly(tmp_p
     res = run(tmp_path, 3, 2, 12, trace=replay)
     assert_exact(res, 3, 2, 12, tmp_path)
     assert (replay.kills, replay.restarts) == (1, 1), res.events
+    el = res.summary.elastic
+    assert (el["trace_events"], el["trace_kills"], el["trace_restarts"]) == (2, 1, 1), el
     assert any("trace: node removed, SIGKILL worker 0:1" in e for e in res.events)
     failed = [p["failed"] for p in res.summary.plans]
     assert [[0, 1]] in failed and failed[-1] == [], res.summary.plans
