@@ -248,3 +248,28 @@ def _same(a, b) -> bool:
     if isinstance(a, (list, tuple)):
         return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
     return a == b
+
+
+# ---- the flag ----------------------------------------------------------------------------
+SMALL = ["--vocab", "32", "--seq-len", "8", "--d-model", "16", "--layers", "2",
+         "--micro-batch-size", "2", "-d", "2", "-s", "2", "-m", "2"]
+
+
+def test_train_flag_snapshots_every_iteration_and_refuses_a_negative_k(tmp_path):
+    from typer.testing import CliRunner
+
+    from recycle.cli import app
+    r = CliRunner().invoke(app, ["train", *SMALL, "--iterations", "3", "--snapshot-every", "1",
+                                 "--timeout", "4", "--run-dir", str(tmp_path)])
+    logs = _logs(tmp_path)
+    assert r.exit_code == 0, r.output + logs
+    lines = [ln for ln in logs.splitlines() if "snapshots: offers=3 " in ln]
+    assert len(lines) == 4, logs  # every worker kept a copy of iterations 0, 1, 2
+    # each stage's writer sent them (the last may still be on its way when the run ends)
+    assert sum(("sent=2 " in ln or "sent=3 " in ln) for ln in lines) == 2, lines
+    assert sum("sent=0 " in ln for ln in lines) == 2 and all("failed=0" in ln for ln in lines)
+    assert "snapshot_every = 1" in (tmp_path / "run.toml").read_text()
+    r = CliRunner().invoke(app, ["train", *SMALL, "--snapshot-every", "-1"])
+    err = [ln for ln in (r.stderr or r.output).strip().splitlines() if ln.strip()]
+    assert r.exit_code == 2 and len(err) == 1, r.output
+    assert "--snapshot-every must be 0 (off) or more iterations, not -1" in err[0]
