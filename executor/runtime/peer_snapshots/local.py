@@ -50,12 +50,17 @@ class LocalCopies:
         self.log = log or (lambda msg: None)
         self._lock = threading.Lock()
         self.copies: dict[int, HostCopy] = {}
+        self.stage: Optional[int] = None  # the stage the copies are of
         self._free: list[list[Tensor]] = []
         self.copy_s: list[float] = []  # the training thread's time per take (critical path)
 
-    def take(self, iteration: int, state) -> HostCopy:
-        """Copy `state` (a tree of live tensors) into host buffers as iteration's copy."""
+    def take(self, iteration: int, state, stage: Optional[int] = None) -> HostCopy:
+        """Copy `state` (a tree of live tensors) into host buffers as iteration's copy of
+        `stage` (a worker moved to another stage forgets the old stage's copies)."""
         t0 = time.perf_counter()
+        if stage != self.stage:
+            self.drop_after(-1)
+            self.stage = stage
         tree, live = flatten(state)
         cuda = any(t.is_cuda for t in live)
         bufs = self._buffers(live, cuda)

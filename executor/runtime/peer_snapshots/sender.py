@@ -81,7 +81,7 @@ class PeerSnapshots:
         """Keep `state` (tree of live tensors; the final state after step `iteration`)
         as this stage's copy of `iteration`, and with `send` stream it to the stage's
         holder in the background."""
-        copy = self.local.take(iteration, state)
+        copy = self.local.take(iteration, state, stage)
         holder = self.holder_of(stage) if send else None
         if holder == self.worker:
             holder = None  # (never chosen: a holder is never of its own stage)
