@@ -170,12 +170,13 @@ def _state(seed: int, mb: int):
 
 
 def _wait_held(store, holder, stage, it, limit=20.0):
+    """Until `holder`'s newest snapshot of `stage` is of iteration `it`."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
-        if it in held_by(store, holder).get(stage, []):
+        if held_by(store, holder).get(stage, [None])[-1] == it:
             return
         time.sleep(0.02)
-    raise AssertionError(f"{holder} never held stage {stage} iteration {it}")
+    raise AssertionError(f"{holder} never held stage {stage} iteration {it} as its newest")
 
 
 def test_snapshots_cross_processes_whole_and_a_killed_or_hung_holder_is_an_error_in_time():
@@ -221,9 +222,12 @@ def test_snapshots_cross_processes_whole_and_a_killed_or_hung_holder_is_an_error
             fetch(store, "h", 0, timeout_s=5)
         assert inventory(store, ["h", "spare"], timeout_s=2) == {"h": None, "spare": {}}
         me.offer(0, 4, _state(4, 1))
+        t0 = time.monotonic()
+        while me.failed == 0 and time.monotonic() - t0 < 10:
+            time.sleep(0.02)
+        assert me.failed == 1 and any("to worker h failed" in m for m in logged), logged
         me.offer(1, 4, _state(5, 1))  # the sender thread is still alive: this one arrives
         _wait_held(store, "spare", 1, 4)
-        assert me.failed == 1 and any("to worker h failed" in m for m in logged), logged
         # a hung holder (SIGSTOP): no answer within the timeout
         os.kill(spare.pid, signal.SIGSTOP)
         t0 = time.monotonic()
