@@ -269,9 +269,14 @@ def test_train_flag_snapshots_every_iteration_and_refuses_a_negative_k(tmp_path)
     assert r.exit_code == 0, r.output + logs
     lines = [ln for ln in logs.splitlines() if "snapshots: offers=3 " in ln]
     assert len(lines) == 4, logs  # every worker kept a copy of iterations 0, 1, 2
-    # each stage's writer sent them (the last may still be on its way when the run ends)
-    assert sum(("sent=2 " in ln or "sent=3 " in ln) for ln in lines) == 2, lines
-    assert sum("sent=0 " in ln for ln in lines) == 2 and all("failed=0" in ln for ln in lines)
+    # each stage's writer sent them; at the end of the run a holder may exit before the
+    # last ones arrive (failed), and one offered while another was on its way may have
+    # been replaced by a newer one (dropped), so only the first is sure to arrive
+    stats = [dict(f.split("=", 1) for f in ln.split("snapshots: ")[1].split()) for ln in lines]
+    writers = [d for d in stats if d["sent"] != "0"]
+    assert len(writers) == 2, lines
+    assert all(sum(int(d[k]) for k in ("sent", "dropped", "failed")) >= 2 for d in writers), lines
+    assert all(d["sent"] == d["dropped"] == d["failed"] == "0" for d in stats if d not in writers)
     assert "snapshot_every = 1" in (tmp_path / "run.toml").read_text()
     r = CliRunner().invoke(app, ["train", *SMALL, "--snapshot-every", "-1"])
     err = [ln for ln in (r.stderr or r.output).strip().splitlines() if ln.strip()]
