@@ -97,6 +97,7 @@ def main(argv=None) -> None:
     args = ap.parse_args(argv)
     ks = sorted({0, *(int(k) for k in args.ks.split(","))})
     runs: dict[int, list[dict]] = {k: [] for k in ks}
+    args.load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="snapshot-cost-") as tmp:
         for r in range(args.rounds):
             order = ks[r % len(ks):] + ks[:r % len(ks)]  # each K goes first in some round
@@ -123,7 +124,8 @@ def report(runs: dict[int, list[dict]], local: dict, args) -> str:
              f"{args.iterations} iterations, ms per iteration from the coordinator's iteration "
              f"ends after iteration {WARMUP}; K values interleaved, {rounds} rounds; "
              f"{platform.machine()}, {os.cpu_count()} cores shared with other jobs "
-             f"(1-min load at the end {load:.1f}), CPU workers, Python "
+             f"(1-min load {args.load_start:.1f} at the start, {load:.1f} at the end), "
+             f"CPU workers, Python "
              f"{platform.python_version()}. Final losses of all runs: {', '.join(sorted(losses))}.",
              "", "| K | ms/iteration per round | median | ratio to off (median of rounds) |",
              "| --- | --- | --- | --- |"]
@@ -139,9 +141,12 @@ def report(runs: dict[int, list[dict]], local: dict, args) -> str:
     for k, xs in runs.items():
         if not k:
             continue
-        st = [w for x in xs for w in x["stats"].values()]
+        st = [w for x in xs for w in x["stats"].values() if w["offers"]]
+        if not st:
+            lines.append(f"| {k} | no snapshot was due | | |")
+            continue
         copy = statistics.median(w["copy_ms_median"] for w in st)
-        send = statistics.median(w["send_ms_median"] for w in st if w["sent"])
+        send = statistics.median([w["send_ms_median"] for w in st if w["sent"]] or [0.0])
         sent, dropped, failed = (sum(w[f] for w in st) for f in ("sent", "dropped", "failed"))
         lines.append(f"| {k} | {copy:.2f} ms | {send:.1f} ms | {sent} / {dropped} / {failed} |")
     lines += ["", f"The same offer on one thread alone (no other process busy): the "
@@ -157,6 +162,8 @@ def report(runs: dict[int, list[dict]], local: dict, args) -> str:
             continue
         state_of = {s: statistics.median(x["stats"][(0, s)]["state_bytes"] for x in xs)
                     for s in range(S)}
+        if not all(state_of.values()):
+            continue  # no snapshot was due
         for w in sorted(xs[0]["stats"]):
             rows = [x["stats"][w] for x in xs if w in x["stats"]]
             held_stages = [int(h) for h in re.findall(r"(\d+):\[", rows[0]["held"])]

@@ -28,6 +28,7 @@ from executor.runtime.peer_snapshots.wire import (Deadline, SnapshotError, recv_
                                                   recv_header, send_bytes, send_header)
 
 KEEP = 2  # complete snapshots kept per stage
+MAX_PAYLOAD = 1 << 42  # 4 TiB: a larger size in a header is garbage, not a stage
 ADDR_KEY = "snap/addr/{}"
 
 
@@ -129,9 +130,13 @@ class SnapshotHost:
                     send_header(conn, {"error": f"unknown request {op!r}"}, dl)
             except (SnapshotError, KeyError, TypeError, ValueError) as exc:
                 self.log(f"snapshot host: {peer}: {exc}")
+            except Exception as exc:  # (MemoryError, ...) a request never takes the worker down
+                self.log(f"snapshot host: {peer}: {type(exc).__name__}: {exc}")
 
     def _serve_put(self, conn, req: dict, dl: Deadline) -> None:
         n = int(req["nbytes"])
+        if not 0 <= n <= MAX_PAYLOAD:
+            raise SnapshotError(f"a snapshot of {n} bytes is refused")
         with self._lock:
             self.receiving += n
             self._note_peak()
