@@ -80,6 +80,7 @@ def train_cmd(
     resume: Optional[str] = typer.Option(None, "--resume", is_eager=True, callback=_resumed, help="continue from this checkpoint directory (or the newest one under it) with its grid, job, model and settings; of the flags given, --lr and the other training settings (schedule, --iterations, --clip, --precision) are honoured, others must match"),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", "--checkpoint", help="where checkpoints (torch.distributed.checkpoint) go (default: RUN_DIR/checkpoints)"),
     checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
+    snapshot_every: int = typer.Option(0, "--snapshot-every", help="every K iterations also keep each stage's parameters and optimizer state in the host memory of a worker elsewhere (peer-memory snapshots, sent in the background; 0: off)"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
     no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
     sync: bool = typer.Option(False, "--sync", help="synchronous optimizer: plans for it, and a barrier after every iteration"),
@@ -176,6 +177,8 @@ def train_cmd(
             check_device(device)
         if checkpoint_every < 1:
             raise ValueError(f"--checkpoint-every must be at least 1, not {checkpoint_every}")
+        if snapshot_every < 0:
+            raise ValueError(f"--snapshot-every must be 0 (off) or more iterations, not {snapshot_every}")
         if checkpoint_dir:  # checked now, not after training has started
             if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
                 raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not a directory")
@@ -229,6 +232,7 @@ def train_cmd(
                    checkpoint_dir=checkpoint_dir, ckpt_every=checkpoint_every, run_dir=run_dir, external=external,
                    store_port=store_port, console=console, service=watch, stalls=stalls,
                    slows=slows, detect_stragglers=detect_stragglers, device=device, model=model,
+                   snapshot_every=snapshot_every,
                    mode=Mode(split_backward=not no_split, staggered=not sync))
     if result.model_exception:  # the model's code raised: a bug to fix, not a failure
         raise typer.Exit(EXIT_MODEL_ERROR)

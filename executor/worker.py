@@ -86,7 +86,8 @@ def main(argv=None, world_size: int | None = None) -> int:
                   resume_part=resume_part, ckpt_dir=conf.ckpt_dir, ckpt_every=conf.ckpt_every,
                   device=device, local_workers=local_workers_hint() or conf.local_workers,
                   fault_iterations=fault_iterations(conf.kills, conf.stalls, me),
-                  slows=[(i, f) for r, s, i, f in conf.slows if (r, s) == me])
+                  slows=[(i, f) for r, s, i, f in conf.slows if (r, s) == me],
+                  snapshot_every=conf.snapshot_every)
     return agent.run()
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 from torch import Tensor, nn
@@ -110,7 +110,10 @@ def compare(a: Summary, b: Summary, tol: float = 1e-5) -> list[str]:
 
 
 def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iterations: int,
-                    stages: int, *, workload: Workload = DEFAULT_WORKLOAD) -> Summary:
+                    stages: int, *, workload: Workload = DEFAULT_WORKLOAD,
+                    after_step: Optional[Callable[[int, list, list], None]] = None) -> Summary:
+    """`after_step(it, modules, optimizers)`: called once iteration `it` has stepped (to
+    read the whole state at an iteration: tests of snapshots)."""
     wl = workload
     modules = [wl.build_stage(cfg, s, stages) for s in range(stages)]
     ties = sorted({t for m in modules for t in ties_of(m)}, key=lambda t: t.holders)
@@ -149,5 +152,7 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
             opt.step()
             opt.zero_grad(set_to_none=True)
         copy_from_owners(modules, ties)
+        if after_step is not None:
+            after_step(it, modules, opts)
     return Summary(losses=losses, param_checksums=[checksum(m) for m in modules],
                    state=[snapshot(m) for m in modules], grad_norms=norms)

@@ -70,6 +70,7 @@ class CheckpointSection:
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 1
     resume: Optional[str] = None
+    snapshot_every: int = 0
 
 
 @dataclass(frozen=True)

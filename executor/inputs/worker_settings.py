@@ -22,6 +22,7 @@ class WorkerSettings:
     timeout: float = 5.0
     ckpt_dir: Optional[str] = None
     ckpt_every: int = 1
+    snapshot_every: int = 0  # peer-memory snapshots every K iterations (0: off)
     resume: Optional[str] = None  # the checkpoint a first incarnation starts from
     device: str = "auto"
     local_workers: Optional[int] = None  # workers on this machine (None: torchrun'd)

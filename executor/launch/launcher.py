@@ -55,7 +55,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                  run_dir=None, checkpoint_dir=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
                  deadline_s=None, service=None, mode: Mode = Mode(), device="auto",
-                 model: str = "gpt", run_config=None, trace=None, snapshots: bool = False):
+                 model: str = "gpt", run_config=None, trace=None, snapshots: bool = False,
+                 snapshot_every: int = 0):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
@@ -76,6 +77,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.open_store(store_port, WorkerSettings(
             cfg, job, iterations, uuid.uuid4().hex[:8], workload=model, timeout=timeout,
             ckpt_dir=self.ckpt_dir, ckpt_every=ckpt_every, resume=resume, device=device,
+            snapshot_every=snapshot_every,
             local_workers=None if external else len(self.workers),
             kills=[list(k) for k in kills], stalls=[list(k) for k in stalls],
             slows=[list(k) for k in slows],

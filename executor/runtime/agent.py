@@ -45,13 +45,14 @@ from executor.runtime.compute_clock import ComputeClock
 from executor.runtime.interpreter import FAULT, StageSteps, run_steps, with_fault_point
 from executor.runtime.grad_sum import allreduce_grads
 from executor.runtime.model_error import ModelError, own_log
+from executor.runtime.peer_snapshots import PeerSnapshots
 from executor.runtime.role import Role, next_role
 from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
 from executor.runtime.stepper import StageStepper
 from executor.runtime.wire import ActivationSpecError
 from planner.job import JobSpec
 from planner.lowering import Op, lower
-from planner.plan import Plan, WorkerPlan
+from planner.plan import Plan, WorkerPlan, home_id
 
 
 HOST = socket.gethostname()
@@ -63,7 +64,8 @@ class Agent:
                  start_iteration: int = 0, resume_part: Optional[str] = None,
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
-                 workload: Workload = DEFAULT_WORKLOAD, fault_iterations=(), slows=()):
+                 workload: Workload = DEFAULT_WORKLOAD, fault_iterations=(), slows=(),
+                 snapshot_every: int = 0):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         # `home` is who this worker is (its first slot, id "R.S": heartbeats, messages,
         # incarnations); `me` is the slot it fills now, which a plan's roles may change.
@@ -92,6 +94,11 @@ class Agent:
         self.last_compute: Optional[tuple[int, float]] = None  # (iteration, s per micro-batch)
         self._lowered: tuple[int, list] = (-1, [])  # (plan version, its steps for us)
         self._losses: dict = {}  # the last stage's losses, from ALLREDUCE to OPT
+        # Peer-memory snapshots every K iterations (docs/executor.md; 0: none): this
+        # worker's host keeps other stages' snapshots, its own stage's copies stay here.
+        self.snaps = (PeerSnapshots(store, home_id(*self.home), snapshot_every, self.S,
+                                    timeout_s=max(30.0, 4 * timeout_s), log=self.log)
+                      if snapshot_every else None)
 
     def _build(self, s: int) -> None:
         """Stage `s`'s module, optimizer and the parts that serve them (at start, and when
@@ -185,6 +192,8 @@ class Agent:
                                log=own_log())
         finally:
             self.log(f"optimizer: {self.stepper.stats.line()}")
+            if self.snaps is not None:
+                self.log(f"snapshots: {self.snaps.stats_line()}")
             self.batches.close()
             self.parts.finish()  # the last iteration's part, before the process ends
             if self.world is not None:
@@ -330,6 +339,8 @@ class Agent:
     def _iteration(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
         """Run this worker's lowered steps of `plan` (planner/lowering.py) for `it`."""
         self.plan_actions = wp.actions
+        if self.snaps is not None:
+            self.snaps.follow(plan)  # who holds which stage's snapshot under this plan
         self.stepper.settle()  # the previous step is final before its parameters are used
         self.batches.begin(it, [a.microbatch for a in wp.actions if a.op == "F"]
                            if it + 1 < self.iterations else None)
@@ -412,6 +423,10 @@ class Agent:
         self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
                          slot=list(self.me),
                          checksum=checksum(self.module) if final else None)
+        if self.snaps is not None and self.snaps.due(it):
+            self.stepper.settle()  # the snapshot is of the final step (a clip may redo it)
+            self.snaps.offer(self.me[1], it, {"model": self.module.state_dict(),
+                                              "optim": self.opt.state_dict()}, send=self.writer)
         if self.writer and self.parts.due(it):
             self.parts.write(it, self.module, self.opt)
         if sync:
