@@ -16,11 +16,16 @@ class TraceFaults:
     def trace_start(self) -> None:
         """Workers down at the window's start never start; their first process is a
         replacement (incarnation 2), so the plan that admits it is told from v0's."""
-        self.trace_t0 = time.monotonic()
+        self.trace_t0 = None  # the trace's clock starts once every worker is in (trace_tick)
         for w in self.trace.initial_failed:
             self.store.add(f"inc/{wkey(w)}", 1)
 
     def trace_tick(self, now: float) -> None:
+        if self.trace_t0 is None:  # process start-up is not trace time
+            if self.version < 0 or not self.reached(-1):
+                return
+            self.trace_t0 = now
+            self.event("trace: every worker is in; replaying the trace from now")
         for e in self.trace.due(now - self.trace_t0):
             if e.kind == "fail":
                 for w in e.workers:
