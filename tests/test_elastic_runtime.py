@@ -34,3 +34,20 @@ def test_two_moves_in_a_row_out_of_the_last_and_the_first_stage_stay_exact(tmp_p
     assert moves == [(1, 2), (0, 1)], res.summary.plans
     assert res.summary.elastic == {"moves": 2, "joins": 0, "snapshot_restores": 0}
     assert failed_by_iteration(res.summary.plans, 5)[-1] == [[1, 0], [1, 1], [1, 2]]
+
+
+def test_2x2_loses_both_workers_of_stage_1_and_finishes_from_peer_memory(tmp_path):
+    # no rejoin: a stage-0 worker moves to stage 1 and loads the snapshot it or its peer
+    # holds; the whole job rolls back to the snapshot's iteration, in memory, and re-trains
+    res = run(tmp_path, 2, 2, 8, kills=[(0, 1, 3), (1, 1, 5)], snapshot_every=2)
+    assert_exact(res, 2, 2, 8, tmp_path)
+    assert res.summary.elastic["snapshot_restores"] == 1, res.summary.plans
+    log = logs(tmp_path)
+    assert "rolled back to iteration" in log and "from peer-memory snapshots" in log, log
+    assert failed_by_iteration(res.summary.plans, 8)[-1] == [[1, 0], [1, 1]]
+
+
+def test_losing_a_stage_without_snapshots_still_halts_with_the_reason(tmp_path):
+    res = run(tmp_path, 2, 2, 6, kills=[(0, 1, 1), (1, 1, 2)])
+    assert res.summary is None and "stage 1 has no live replica" in res.halted
+    assert "no snapshot in peer memory" in res.halted

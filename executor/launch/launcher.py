@@ -34,7 +34,7 @@ from executor.launch.trace_faults import TraceFaults
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
 from executor.launch.progress_lines import ProgressLines
-from executor.runtime.rendezvous import wkey
+from executor.runtime.rendezvous import set_counter, wkey
 from planner.failures import NoPlanError
 from planner.job import JobSpec
 from planner.control.membership import Membership
@@ -55,8 +55,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                  run_dir=None, checkpoint_dir=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
                  deadline_s=None, service=None, mode: Mode = Mode(), device="auto",
-                 model: str = "gpt", run_config=None, trace=None, snapshots: bool = False,
-                 snapshot_every: int = 0):
+                 model: str = "gpt", run_config=None, trace=None, snapshot_every: int = 0):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
@@ -95,7 +94,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.trace = trace  # a failure trace replayed on the processes (trace_replay.py)
         self.members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=job,
-            snapshots=snapshots, horizon=ELASTIC_HORIZON).with_speeds(job.speed)
+            snapshots=snapshot_every > 0, horizon=ELASTIC_HORIZON).with_speeds(job.speed)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
@@ -231,6 +230,11 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                 self.event(f"measured speeds changed: {slow or 'all nominal'}: re-planning")
                 self.decide(*self.members.measured(grid))
         vals = [self.done[w][0] for w in self.live() if w in self.done]
+        if (vals and len(vals) == len(self.live()) and min(vals) < self.committed
+                and all(self.done[w][1] == self.version for w in self.live())):
+            # every worker entered a version that rolled back to a snapshot: count again
+            self.committed = min(vals)
+            set_counter(self.store, "committed", self.committed)
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
             # only the coordinator moves the counter: add the difference (one round trip)
             self.store.add("committed", min(vals) - self.committed)

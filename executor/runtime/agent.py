@@ -47,6 +47,7 @@ from executor.runtime.grad_sum import allreduce_grads
 from executor.runtime.model_error import ModelError, own_log
 from executor.runtime.peer_snapshots import PeerSnapshots
 from executor.runtime.role import Role, next_role
+from executor.runtime.state_sync import sync_state
 from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
 from executor.runtime.stepper import StageStepper
 from executor.runtime.wire import ActivationSpecError
@@ -94,6 +95,7 @@ class Agent:
         self.last_compute: Optional[tuple[int, float]] = None  # (iteration, s per micro-batch)
         self._lowered: tuple[int, list] = (-1, [])  # (plan version, its steps for us)
         self._losses: dict = {}  # the last stage's losses, from ALLREDUCE to OPT
+        self.restored_at = -1  # the iteration of the last rollback to peer-memory snapshots
         # Peer-memory snapshots every K iterations (docs/executor.md; 0: none): this
         # worker's host keeps other stages' snapshots, its own stage's copies stay here.
         self.snaps = (PeerSnapshots(store, home_id(*self.home), snapshot_every, self.S,
@@ -255,32 +257,9 @@ class Agent:
                            missing=self._missing,
                            incarnations={w: plan.incarnation(*plan.filler(*w)) for w in live})
         self.world.on_idle = self.stepper.idle
-        info = self.world.allgather_ints([self.done, int(self.fresh)])
-        holders = [done for done, fresh in info.values() if not fresh]
-        if not holders:
-            raise RuntimeError("no live worker holds trained state: resume from a checkpoint")
-        r = min(holders) + 1
-        if not self.fresh and self.done >= r:
-            self.stepper.rollback(r)
-            self.log(f"rolled back iterations {r}..{self.done} (plan v{plan.version})")
-        elif not self.fresh:
-            self.stepper.settle()  # our last step is the state we train on (and may send)
-        self.stepper.keep_before(r)
-        peers = [w for w in self.world.workers if w[1] == self.me[1]]
-        donors = [w for w in peers if not info[w][1]]
-        takers = [w for w in peers if info[w][1]]
-        if takers and not donors:
-            raise RuntimeError(f"stage {self.me[1]} has no live peer to load state from")
-        if self.fresh:
-            self._load(self.world.recv_blob(donors[0]))
-            self.log(f"loaded stage {self.me[1]} state from worker {donors[0]} at iteration {r - 1}")
-            self.fresh = False
-        elif takers and self.me == donors[0]:
-            state = {"model": self.module.state_dict(), "optim": self.opt.state_dict()}
-            for w in takers:
-                self.world.send_blob(state, w)
+        r = sync_state(self, plan)
         self.done = r - 1
-        self.writer = self.me == min(peers)
+        self.writer = self.me == min(w for w in self.world.workers if w[1] == self.me[1])
         if self.writer and self.parts.due(self.done):  # the part a dead writer may not have
             self.parts.write(self.done, self.module, self.opt, only_if_missing=True)  # finished
         self.compute.split = plan.solver.split_backward  # fused B: F prepares no I
@@ -299,6 +278,8 @@ class Agent:
             newer, committed = self._hold(it)
             if newer is not None:
                 return newer
+            if committed > self.done:  # counted before a rollback to a snapshot: stale
+                committed = self.restored_at
             self.stepper.forget_committed(committed)
             self._iteration(plan, wp, self.done + 1)
         return None
@@ -433,6 +414,6 @@ class Agent:
             self.log(f"iteration {it} stepped at {time.time():.6f}")
 
     # ---- state --------------------------------------------------------------------------
-    def _load(self, state: dict) -> None:
+    def load_state(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optim"])

@@ -206,6 +206,14 @@ class StageStepper:
         self.tied.pending = None
         self.snapshots.restore(r)
 
+    def reset(self, r: int) -> None:
+        """The state was replaced by that after step r-1 (a peer-memory snapshot): every
+        pre-step copy and pending step is of a past that no longer happened."""
+        self.pending = None
+        self.tied.pending = None
+        self.tied.drop_from(0)
+        self.snapshots.drop(lambda it: False)
+
     def keep_before(self, r: int) -> None:
         """Forget snapshots of iterations >= r (they will be re-run)."""
         if self.pending is not None and self.pending.it >= r:

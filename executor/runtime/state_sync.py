@@ -1,0 +1,111 @@
+"""Entering a plan version: every member of the new world agrees on the iteration to
+train next and ends up with its stage's state after the one before (docs/executor.md,
+"Failures and rollback", "Moves", "Peer-memory snapshots").
+
+Two ways, decided by one all-gather of (last stepped iteration, needs state):
+- every stage has a live member with state: training resumes at 1 + the lowest iteration
+  such a member stepped; members ahead roll back with the stepper's pre-step copies, and
+  members with no state (restarted, or moved in from another stage) receive it from a
+  live member of their stage;
+- some stage has none (every holder died): the job rolls back to the newest iteration
+  every stage has a copy of among the live workers (restore_plan.py: own host copies and
+  held peer-memory snapshots), in memory, and re-trains from there.
+"""
+from __future__ import annotations
+
+from executor.runtime.peer_snapshots import fetch
+from executor.runtime.peer_snapshots.wire import tensors_of, unflatten
+from executor.runtime.restore_plan import Has, decode, encode, plan_restore
+
+
+class NoCopy(RuntimeError):
+    """No live worker holds some stage's state, in training or in a snapshot."""
+
+
+def sync_state(agent, plan) -> int:
+    """The iteration the members train next; `agent` holds its stage's state after the
+    one before when this returns."""
+    world, me = agent.world, agent.me
+    info = world.allgather_ints([agent.done, int(agent.fresh)])
+    served = {w[1] for w, (_, fresh) in info.items() if not fresh}
+    if served != set(range(agent.S)):
+        return restore_from_snapshots(agent, plan) + 1
+    r = min(done for done, fresh in info.values() if not fresh) + 1
+    if not agent.fresh and agent.done >= r:
+        agent.stepper.rollback(r)
+        agent.log(f"rolled back iterations {r}..{agent.done} (plan v{plan.version})")
+    elif not agent.fresh:
+        agent.stepper.settle()  # our last step is the state we train on (and may send)
+    agent.stepper.keep_before(r)
+    peers = [w for w in world.workers if w[1] == me[1]]
+    donors = [w for w in peers if not info[w][1]]
+    takers = [w for w in peers if info[w][1]]
+    if agent.fresh:
+        agent.load_state(world.recv_blob(donors[0]))
+        agent.log(f"loaded stage {me[1]} state from worker {donors[0]} at iteration {r - 1}")
+        agent.fresh = False
+    elif takers and me == donors[0]:
+        state = {"model": agent.module.state_dict(), "optim": agent.opt.state_dict()}
+        for w in takers:
+            world.send_blob(state, w)
+    return r
+
+
+def _copies(agent) -> dict[int, tuple[int, ...]]:
+    """stage -> iterations this worker can provide: its own stage's host copies (when it
+    holds trained state of the stage it fills now) and the snapshots it holds."""
+    snaps = agent.snaps
+    out: dict[int, set] = {}
+    if not agent.fresh and snaps.local.stage == agent.me[1]:
+        out[agent.me[1]] = set(snaps.local.iterations())
+    for s, its in snaps.host.held().items():
+        out.setdefault(s, set()).update(its)
+    return {s: tuple(sorted(its)) for s, its in out.items() if its}
+
+
+def _copy_of(agent, stage: int, k: int) -> dict:
+    """The state of `stage` after step k from this worker's own copies."""
+    snaps = agent.snaps
+    if snaps.local.stage == stage and k in snaps.local.iterations():
+        return snaps.local.state(k)
+    held = snaps.host.get(stage, k)
+    return unflatten(held.header["tree"], tensors_of(held.payload, held.header["tensors"]))
+
+
+def restore_from_snapshots(agent, plan) -> int:
+    """Roll every member back to the newest iteration k every stage has a copy of; k."""
+    world, me, S = agent.world, agent.me, agent.S
+    if agent.snaps is None:
+        raise NoCopy("a stage has no live worker with its state and peer-memory snapshots "
+                     "are off (--snapshot-every 0): resume from a checkpoint")
+    rows = world.allgather_ints(encode(Has(me[1], _copies(agent)), S))
+    members = {w: decode(row, S) for w, row in rows.items()}
+    rp = plan_restore(members, S)
+    if rp is None:
+        raise NoCopy("no iteration has a copy of every stage among the live workers: "
+                     "resume from a checkpoint")
+    k = rp.iteration
+    blob = lambda s, p: members[p].stage == s and p in rp.own  # noqa: E731 (sent by world)
+    state = _copy_of(agent, me[1], k) if me in rp.own else None
+    for s, taker in rp.sends(me):
+        if blob(s, me):
+            world.send_blob(state, taker)
+    if state is None:
+        prov = rp.providers[me[1]]
+        if blob(me[1], prov):
+            state, how = world.recv_blob(prov), f"worker {prov}"
+        else:
+            holder = plan.worker_id(*prov)
+            _, state = fetch(agent.store, holder, me[1], k, timeout_s=agent.snaps.timeout_s)
+            how = f"the snapshot held by worker {holder}"
+        agent.log(f"restored stage {me[1]} at iteration {k} from {how}")
+    else:
+        agent.log(f"restored stage {me[1]} at iteration {k} from its own copy")
+    agent.load_state(state)
+    agent.stepper.reset(k + 1)
+    agent.snaps.local.drop_after(k)
+    agent.snaps.host.forget(None, k)
+    agent.fresh = False
+    agent.restored_at = k
+    agent.log(f"rolled back to iteration {k} from peer-memory snapshots (plan v{plan.version})")
+    return k
