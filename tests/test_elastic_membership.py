@@ -83,3 +83,22 @@ def test_every_version_is_a_valid_assignment_of_the_live_workers(D, S, steps, sn
         assert {home_of(x.worker) for x in roles} == set(m.live())  # every live worker, no dead
         assert {x.stage for x in roles} == set(range(S))  # every stage served
         assert set(d.failed) == {(a, b) for a in range(D) for b in range(S)} - set(slots)
+
+
+def test_a_mover_whose_donors_die_before_it_entered_holds_nothing():
+    # chaos seed 2 (2x3): a stage-1 worker moved to stage 0, whose last holder died before
+    # the move's world formed; the membership took the mover for a holder of stage 0, the
+    # runtime had no copy and the worker crashed. A move counts only once entered.
+    m = elastic(3, 3)
+    for w in [(0, 1), (0, 2)]:
+        m, _ = m.fail(w)
+        m = m.entered(m.version)
+    m, d = m.fail((1, 2))  # stage 2 keeps one worker: a stage-0 worker moves there
+    assert [(x.from_stage, x.to_stage) for x in d.moves] == [(0, 2)] and m.moving
+    _, d1 = m.fail((2, 2))  # the donor dies before the mover entered: no copy of stage 2
+    assert isinstance(d1, Halt) and "stage 2 has no live replica" in d1.reason
+    entered = m.entered(m.version)
+    assert not entered.moving
+    _, d2 = entered.fail((2, 2))  # once entered, the mover holds stage 2
+    assert isinstance(d2, Publish)
+    assert d.moves[0].worker in {r.worker for r in d2.roles if r.stage == 2}

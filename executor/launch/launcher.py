@@ -37,16 +37,12 @@ from executor.launch.progress_lines import ProgressLines
 from executor.runtime.rendezvous import set_counter, wkey
 from planner.failures import NoPlanError
 from planner.job import JobSpec
+from planner.control.elastic import LOCAL_HORIZON
 from planner.control.membership import Membership
 from planner.speeds import SpeedDetector
 from planner.plan import Mode
 
 Worker = tuple[int, int]
-
-
-# Time units a move is weighed over: local runs are short and their moves cost milliseconds
-# (the job spec gives no state_bytes), so any move that lowers the period pays.
-ELASTIC_HORIZON = 1e9
 
 
 class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
@@ -85,6 +81,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.reaped: set[int] = set()  # pids whose exit has been handled
         self.lost_worker: Optional[Worker] = None
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
+        self.no_copy: Optional[str] = None  # a worker found no live copy of some stage
         self.model_exception = False  # the fatal is an exception the model's code raised
         # Who is in which version (planner/control/membership.py): the failed set, the incarnation
         # each worker's newest plan admits, the speeds planned for. Decided there; here
@@ -94,7 +91,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.trace = trace  # a failure trace replayed on the processes (trace_replay.py)
         self.members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=job,
-            snapshots=snapshot_every > 0, horizon=ELASTIC_HORIZON).with_speeds(job.speed)
+            snapshots=snapshot_every > 0, horizon=LOCAL_HORIZON).with_speeds(job.speed)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
@@ -161,6 +158,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                 self.tick()
                 if self.fatal is not None:
                     return self.halt(self.fatal)
+                if self.no_copy is not None:
+                    return self.halt(self.no_copy)
                 if self.complete():
                     self.publish(final=True)
                     self.reap(self.timeout * 2)
@@ -229,6 +228,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                         if v != 1.0}
                 self.event(f"measured speeds changed: {slow or 'all nominal'}: re-planning")
                 self.decide(*self.members.measured(grid))
+        if self.members.moving and self.service is None and self.reached(-1):
+            self.members = self.members.entered(self.version)  # the movers hold their stages
         vals = [self.done[w][0] for w in self.live() if w in self.done]
         if (vals and len(vals) == len(self.live()) and min(vals) < self.committed
                 and all(self.done[w][1] == self.version for w in self.live())):

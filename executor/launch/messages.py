@@ -69,5 +69,11 @@ def on_ready(c, w, m: dict) -> None:
     c.admit(w, c.asking[w])
 
 
-HANDLERS = {"mid": on_mid, "done": on_done, "fatal": on_fatal, "suspect": on_suspect,
+def on_halt(c, w, m: dict) -> None:
+    """A worker found no live copy of some stage's state: no plan can go on."""
+    if c.no_copy is None:
+        c.no_copy = f"worker {wkey(w)}: {m['reason']}"
+
+
+HANDLERS = {"halt": on_halt, "mid": on_mid, "done": on_done, "fatal": on_fatal, "suspect": on_suspect,
             "ready": on_ready}

@@ -47,7 +47,7 @@ from executor.runtime.grad_sum import allreduce_grads
 from executor.runtime.model_error import ModelError, own_log
 from executor.runtime.peer_snapshots import PeerSnapshots
 from executor.runtime.role import Role, next_role
-from executor.runtime.state_sync import sync_state
+from executor.runtime.state_sync import NoCopy, sync_state
 from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
 from executor.runtime.stepper import StageStepper
 from executor.runtime.wire import ActivationSpecError
@@ -182,6 +182,11 @@ class Agent:
                     plan = self._abort(exc)
         except TrainingHalted as exc:
             self.log(f"training halted: {exc}")
+            self.leaving = True
+            return 0
+        except NoCopy as exc:  # no live copy of some stage: the run halts (exit 3)
+            self.log(f"halting the run: {exc}")
+            self.source.send("halt", reason=str(exc))
             self.leaving = True
             return 0
         except ActivationSpecError as exc:  # the model is wrong: no plan can help

@@ -24,6 +24,10 @@ from planner.job import JobSpec
 from planner.plan import Move, Role, home_id, home_of
 
 Worker = tuple[int, int]
+# Time units a move is weighed over in a local run (`recycle train`): such runs are short
+# and their moves cost milliseconds (the spec gives no state_bytes), so any move that
+# lowers the period pays.
+LOCAL_HORIZON = 1e9
 
 
 @dataclass(frozen=True)

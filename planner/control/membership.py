@@ -27,7 +27,7 @@ from planner.control.elastic import reassign
 from planner.control.roles import failed_of
 from planner.failures import NoPlanError, Worker
 from planner.job import JobSpec
-from planner.plan import Move, Role
+from planner.plan import Move, Role, home_of
 
 State = Literal["running", "halted", "finished"]
 Grid = tuple[tuple[int, ...], ...]
@@ -94,6 +94,10 @@ class Membership:
     roles: Optional[tuple[Role, ...]] = None
     snapshots: bool = False  # every stage's state also lives in peer memory
     horizon: float = 0.0  # time units the moves are weighed over (roles.choose_roles)
+    # Workers a move of the newest version sends to a stage they hold nothing of yet: until
+    # every worker has entered that version (`entered`), they count as holding no state, so
+    # a stage whose only other holders die meanwhile is known to need a snapshot.
+    moving: frozenset = frozenset()
 
     # ---- construction and lookups -----------------------------------------------------
     @classmethod
@@ -236,12 +240,21 @@ class Membership:
     def _reassigned(self, failed: frozenset, fresh: tuple, grid: Grid,
                     cause: str) -> tuple["Membership", Decision]:
         """Elastic: the roles for the new live set (elastic.reassign), or a halt."""
-        out, why = reassign(self.job, failed, self.roles, fresh, self.horizon, self.snapshots)
+        stateless = tuple(fresh) + tuple(sorted(w for w in self.moving
+                                                if w not in failed and w not in fresh))
+        out, why = reassign(self.job, failed, self.roles, stateless, self.horizon,
+                            self.snapshots)
         if out is None:
             halted = replace(self, failed=frozenset(failed), state="halted", reason=why)
             return halted, Halt(why)
-        new = replace(self, roles=out.roles)
+        new = replace(self, roles=out.roles,
+                      moving=frozenset(home_of(m.worker) for m in out.moves))
         return new._publish(failed, grid, cause, moves=out.moves)
+
+    def entered(self, version: int) -> "Membership":
+        """Every live worker entered `version`: its moves are done (the movers hold their
+        stages now)."""
+        return replace(self, moving=frozenset()) if version == self.version else self
 
     def _publish(self, failed: frozenset, grid: Grid, cause: str, same_plan: bool = False,
                  moves: tuple = ()) -> tuple["Membership", Publish]:

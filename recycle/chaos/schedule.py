@@ -17,6 +17,8 @@ import random
 from dataclasses import dataclass
 from typing import Optional
 
+from recycle.chaos.liveness import Liveness
+
 Worker = tuple[int, int]
 
 GRIDS = ((2, 2), (3, 2), (2, 3))  # D x S with D >= 2 and D*S <= 6 (a 2-core machine)
@@ -112,7 +114,7 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
     # Fewer iterations with a service: a death is only declared there after a suspect
     # grace or a heartbeat timeout, so each fault costs seconds.
     N = rng.randint(8, 10) if service else rng.randint(12, 16)
-    faults = _faults(rng, D, S, N, service)
+    faults = _faults(rng, D, S, N, M, service)
     outage = None
     if service:
         # Early enough to land inside the run (service runs last ~15-30 s here).
@@ -121,20 +123,17 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
     return Schedule(seed, index, D, S, M, N, tuple(faults), outage, service)
 
 
-def _faults(rng: random.Random, D: int, S: int, N: int, service: bool) -> list[Fault]:
-    live = {(r, s) for r in range(D) for s in range(S)}
+def _faults(rng: random.Random, D: int, S: int, N: int, M: int, service: bool) -> list[Fault]:
+    alive = Liveness(D, S, M)  # every membership the runtime may reach (moves included)
     back_at: dict[Worker, int] = {}  # dead worker -> the iteration it is due back
     # Iterations of the random kills (donor kills come on top); with replacement, so an
     # iteration may get two. The first always lands: everyone is live then and D >= 2.
     targets = sorted(rng.randrange(N) for _ in range(rng.randint(1, 3 if service else 4)))
     stalls_left = rng.randint(0, 2)
     out: list[Fault] = []
-
-    def stage_live(s: int) -> int:
-        return sum(1 for w in live if w[1] == s)
+    grid = [(r, s) for r in range(D) for s in range(S)]
 
     def kill(w: Worker, i: int) -> None:
-        live.discard(w)
         out.append(Fault("kill", w, i))
         if i + 1 <= N - 2 and rng.random() < P_REJOIN:  # back in time to train a little
             j = rng.randint(i + 1, min(i + REJOIN_DELAY[1], N - 2))
@@ -145,24 +144,31 @@ def _faults(rng: random.Random, D: int, S: int, N: int, service: bool) -> list[F
         back = sorted(w for w, j in back_at.items() if j == i)
         for w in back:
             del back_at[w]
-            live.add(w)
         killed: list[Worker] = []
-        for w in back:  # donor kills: the rejoining worker keeps its stage alive
-            donors = sorted(p for p in live if p[1] == w[1] and p not in back)
+        # a victim: live in every reachable membership, and no order of this iteration's
+        # events leaves a stage without a live worker
+        fits = lambda w: (w not in back and w not in killed and w not in dead  # noqa: E731
+                          and alive.after(back, killed + [w]) is not None)
+        dead = alive.dead() - set(back)
+        joined = alive.after(back, []) or []
+        for w in back:  # donor kills: peers of the stage the rejoining worker may fill
+            stages = alive.stage_of(w, joined)
+            donors = [p for p in grid if alive.stage_of(p, joined) & stages and fits(p)]
             if donors and len(killed) < MAX_KILLS_PER_ITERATION and rng.random() < P_DONOR_KILL:
                 killed.append(rng.choice(donors))
                 kill(killed[-1], i)
         for _ in range(targets.count(i)):
             if len(killed) >= MAX_KILLS_PER_ITERATION:
                 break
-            victims = sorted(w for w in live if w not in back and stage_live(w[1]) >= 2)
+            victims = [w for w in grid if fits(w)]
             if victims:
                 killed.append(rng.choice(victims))
                 kill(killed[-1], i)
+        alive.states = alive.after(back, killed)
         if stalls_left and rng.random() < stalls_left / max(1, N - i):
             stalls_left -= 1
             lo, hi = STALL_S[service]
-            out.append(Fault("stall", rng.choice(sorted(live)), i,
-                             round(rng.uniform(lo, hi), 1)))
+            live = sorted(set(grid) - alive.dead())
+            out.append(Fault("stall", rng.choice(live), i, round(rng.uniform(lo, hi), 1)))
     order = {"kill": 0, "rejoin": 1, "stall": 2}
     return sorted(out, key=lambda f: (f.iteration, order[f.kind], f.worker))
