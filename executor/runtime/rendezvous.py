@@ -139,7 +139,13 @@ class Mailbox:
         # Its own client, woken by close(), never by a timeout. close() must be called and
         # joins it: a thread still blocked in the store when the interpreter exits aborts
         # the process ("terminate called without an active exception").
-        self._conn = self.store.clone()
+        for attempt in range(3):  # the store is our own, on loopback: a connect that timed
+            try:                  # out is a starved machine (CI with every core busy)
+                self._conn = self.store.clone()
+                break
+            except dist.DistNetworkError:
+                if attempt == 2:
+                    raise
         self._conn.set_timeout(timedelta(days=1))
         self.reader = threading.Thread(target=self._read, name="recycle-mailbox", daemon=True)
         self.reader.start()
