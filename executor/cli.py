@@ -11,7 +11,8 @@ from typing import List, Optional
 import typer
 from click.core import ParameterSource
 
-from planner.commands.cli_errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN, user_errors
+from planner.commands.cli_errors import user_errors
+from planner.errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN
 from planner.plan import Mode
 
 

@@ -14,6 +14,8 @@ import os
 from dataclasses import asdict, dataclass
 from typing import Optional
 
+from planner.errors import UserError
+
 FORMAT = "recycle.ckpt/v2"
 MANIFEST = "recycle.json"
 # Model fields that may differ on resume (honoured); any other difference is refused.
@@ -23,7 +25,7 @@ FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "weight_decay": "weight d
          "betas": "Adam betas", "workload": "--model"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be resumed from here: one line, the reason."""
 
 

@@ -7,7 +7,8 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
+from planner.commands.cli_errors import user_errors
+from planner.errors import EXIT_NO_PLAN
 from planner.commands.output import console
 from planner.failures import NoPlanError, parse_worker
 from planner.inputs.limits import load_plan, load_spec

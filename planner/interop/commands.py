@@ -5,7 +5,8 @@ from typing import Optional
 
 import typer
 
-from planner.commands.cli_errors import EXIT_BAD_INPUT, user_errors
+from planner.commands.cli_errors import user_errors
+from planner.errors import EXIT_BAD_INPUT
 from planner.job import JobSpec
 
 
