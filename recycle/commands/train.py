@@ -11,9 +11,9 @@ from typing import List, Optional
 import typer
 from click.core import ParameterSource
 
-from planner.commands.cli_errors import user_errors
 from planner.errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN
 from planner.plan import Mode
+from recycle.commands.errors import user_errors
 
 
 def register(app: typer.Typer) -> None:
