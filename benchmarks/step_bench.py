@@ -164,13 +164,16 @@ def runtime_clip(iterations: int) -> dict:
     from rich.console import Console
     from executor.compute.reference import compare, train_reference
     from executor.launch.launcher import train
+    from executor.launch.spec import LaunchSpec
+    from planner.job import JobSpec
     cfg = ModelConfig(vocab=32, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2,
                       clip=1.25, lr_schedule="cosine", warmup_iters=2, total_iters=iterations,
                       min_lr_ratio=0.2)
     run_dir = tempfile.mkdtemp(prefix="step-bench-")
     t0 = time.perf_counter()
-    res = train(cfg, 2, 2, 2, iterations, run_dir=run_dir, timeout=4.0, deadline_s=120,
-                console=Console(file=io.StringIO()))
+    spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), iterations, run_dir=run_dir, timeout=4.0,
+                      deadline_s=120)
+    res = train(spec, console=Console(file=io.StringIO()))
     wall = time.perf_counter() - t0
     logs = "".join(open(f).read() for f in sorted(glob.glob(os.path.join(run_dir, "worker-*.log"))))
     redos = [float(x) for x in re.findall(r"clip: redid step \d+ .*?, ([\d.]+) ms", logs)]

@@ -100,6 +100,7 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
 
     from executor.launch.launcher import Coordinator
     from executor.launch.run_record import failed_by_iteration
+    from executor.launch.spec import Faults, LaunchSpec
     from executor.compute.model import ModelConfig
     from executor.compute.reference import compare, train_reference
     from executor.data.prepare import prepare, stdlib_dir
@@ -138,9 +139,10 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
                       f"the service publishes the re-routed plan, and the worker is "
                       f"restarted when the run reaches iteration {REJOIN[2]}.")
         watch = ServiceWatch(url, job_id, token, timeout_s=30)
-        coord = Coordinator(cfg, watch.plan.job, ITERATIONS, service=watch, kills=[KILL],
-                            rejoins=[REJOIN], timeout=4.0, deadline_s=120,
-                            run_dir=os.path.join(tmp, "run"), console=console, model=MODEL)
+        run = LaunchSpec(cfg, watch.plan.job, ITERATIONS, faults=Faults(kills=[KILL],
+                         rejoins=[REJOIN]), timeout=4.0, deadline_s=120,
+                         run_dir=os.path.join(tmp, "run"), model=MODEL)
+        coord = Coordinator(run, console=console, service=watch)
         t0 = time.monotonic()
         res = coord.run()
         wall = time.monotonic() - t0

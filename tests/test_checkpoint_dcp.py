@@ -18,6 +18,8 @@ from typer.testing import CliRunner
 from executor.compute.model import DEFAULT_WORKLOAD as WL
 from executor.compute.model import ModelConfig
 from executor.compute.reference import checksum, compare, train_reference
+from executor.launch.spec import Faults
+from planner.job import JobSpec
 from test_executor_runtime import CFG, M, TOL, assert_exact, logs, reference, run
 
 pytestmark = pytest.mark.hard_timeout(150)
@@ -58,7 +60,7 @@ def outside_load(part, tmp_path, name):
 def test_halt_writes_dcp_checkpoint_that_loads_outside_and_resumes_exactly(tmp_path):
     first = tmp_path / "first"
     first.mkdir()
-    res = run(first, 2, 2, 4, kills=[(0, 1, 1), (1, 1, 2)])
+    res = run(first, 2, 2, 4, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]))
     assert res.summary is None and "stage 1 has no live replica" in res.halted
     assert f"--resume {res.checkpoint}" in res.output
     man = json.load(open(os.path.join(res.checkpoint, "recycle.json")))
@@ -104,7 +106,7 @@ def _reference_with_lr_switch(cfg, D, S, iterations, switch_at, lr):
 def periodic(tmp_path_factory):
     """4 iterations with --checkpoint-every 2: checkpoints of iterations 1 and 3."""
     d = tmp_path_factory.mktemp("periodic")
-    res = run(d, 2, 2, 4, ckpt_every=2)
+    res = run(d, 2, 2, 4, checkpoint_every=2)
     assert_exact(res, 2, 2, 4, d)
     return d / "checkpoints"
 
@@ -117,10 +119,12 @@ def test_periodic_checkpoints_and_resume_honours_lr(periodic, tmp_path):
     # Continue from iteration 1's checkpoint with another --lr: it is honoured.
     cfg = ModelConfig(**{**CFG.to_dict(), "betas": CFG.betas, "lr": 1e-2})
     from executor.launch.launcher import train
+    from executor.launch.spec import LaunchSpec
     from rich.console import Console
     import io
-    res = train(cfg, 2, 2, M, 4, resume=str(periodic / "iter000001"), run_dir=str(tmp_path),
-                deadline_s=50, timeout=4.0, console=Console(file=io.StringIO()))
+    spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, M), 4, resume=str(periodic / "iter000001"),
+                      run_dir=str(tmp_path), deadline_s=50, timeout=4.0)
+    res = train(spec, console=Console(file=io.StringIO()))
     assert res.summary is not None, logs(tmp_path)
     want = _reference_with_lr_switch(CFG, 2, 2, 4, 2, 1e-2)
     assert res.summary.param_checksums == pytest.approx(want, rel=TOL, abs=TOL)

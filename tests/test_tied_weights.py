@@ -19,6 +19,7 @@ from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
 from executor.inputs.workload_name import check_workload, load_workload
 from executor.launch.launcher import train
+from executor.launch.spec import Faults, LaunchSpec
 from executor.models.modules import module_workload
 from executor.runtime.tied import Tie, ties_of
 from planner.job import JobSpec
@@ -101,11 +102,12 @@ def test_albert_reuse_within_and_across_stages():
     assert not compare(run_plan_locally(cfg, plan, 3, {1: [[0, 1]]}, workload=wl), two, TOL)
 
 
-def _run(tmp_path, cfg, kills, rejoins, model=NAME, **kw):
+def _run(tmp_path, cfg, kills, rejoins, model=NAME, mode=Mode()):
     out = io.StringIO()
-    res = train(cfg, 2, 2, 2, 4, kills=kills, rejoins=rejoins, deadline_s=90,
-                run_dir=str(tmp_path), console=Console(file=out, width=200), timeout=4.0,
-                model=model, **kw)
+    spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 4, Faults(kills=kills, rejoins=rejoins),
+                      deadline_s=90, run_dir=str(tmp_path), timeout=4.0, model=model,
+                      mode=mode)
+    res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     return res, out.getvalue()
 

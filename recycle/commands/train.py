@@ -111,11 +111,11 @@ def train_cmd(
     from rich.console import Console
 
     from executor.checkpoint import read_checkpoint
-    from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
+    from executor.inputs.train_options import check_model_options, check_training, grid_of
+    from executor.inputs.train_options import resume_changes
     from executor.launch.launcher import train
-    from executor.inputs.train_options import check_local_workers, check_train_options, grid_of
-    from executor.inputs.train_options import check_training, resume_changes
-    from planner.inputs.limits import check_plannable, load_spec
+    from executor.launch.spec import Faults, LaunchSpec
+    from planner.inputs.limits import load_spec
     from planner.job import JobSpec
 
     console = Console(stderr=True)
@@ -124,17 +124,11 @@ def train_cmd(
             ctx.get_parameter_source("min_lr_ratio") == ParameterSource.DEFAULT_MAP):
         min_lr_ratio = None  # the checkpoint's cosine floor; this run asks another schedule
     with user_errors("train options"):
-        if iterations < 1:
-            raise ValueError(f"--iterations must be at least 1, not {iterations}")
-        if not timeout > 0:
-            raise ValueError(f"--timeout must be positive, not {timeout:g}")
         vocab_flag = vocab  # None unless given: then --data's token file sizes the vocab
         from executor.models.families import flag_values  # as --model NAME[:FLAVOUR] fixes them
         d_model, layers, heads, seq_len, vocab = flag_values(model, d_model, layers, heads,
                                                              seq_len, vocab)
-        check_train_options(solver=solver, store_port=store_port, run_dir=run_dir,
-                            summary=summary, checkpoint=None, d_model=d_model,
-                            layers=layers, heads=heads, seq_len=seq_len,
+        check_model_options(d_model=d_model, layers=layers, heads=heads, seq_len=seq_len,
                             micro_batch_size=micro_batch_size, vocab=vocab, lr=lr)
         min_lr_ratio = check_training(precision=precision, lr_schedule=lr_schedule,
                                       warmup=warmup, min_lr_ratio=min_lr_ratio, clip=clip,
@@ -146,11 +140,7 @@ def train_cmd(
         if data:  # the model's vocab is the token file's (its header or sidecar)
             from executor.data.token_file import data_vocab
             cfg = dataclasses.replace(cfg, vocab=data_vocab(data, vocab_flag))
-        kills = [parse_event(k) for k in kill]
-        rejoins = ([(*parse_event(r), False) for r in rejoin]
-                   + [(*parse_event(r), True) for r in restart])  # (r, s, it, asap)
-        stalls = [parse_stall(s) for s in stall]
-        slows = [parse_slow(s) for s in slow]
+        faults = Faults.from_flags(kill, rejoin, restart, stall, slow)
         spec = load_spec(job) if job else None
         saved_grid = resumed and (resumed.replicas, resumed.stages, resumed.microbatches)
         if resumed and resumed.job and not job and (replicas, stages, microbatches) == saved_grid:
@@ -168,21 +158,13 @@ def train_cmd(
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
-        check_plannable(replicas, stages, microbatches)
-        if not external:  # the workers are this machine's processes
-            check_local_workers(replicas, stages)
-        check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows, external)
-        if not external:  # torchrun'd workers check their own hosts
-            from executor.runtime.comm import check_device
-            check_device(device)
-        if checkpoint_every < 1:
-            raise ValueError(f"--checkpoint-every must be at least 1, not {checkpoint_every}")
-        if checkpoint_dir:  # checked now, not after training has started
-            if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
-                raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not a directory")
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            if not os.access(checkpoint_dir, os.W_OK | os.X_OK):
-                raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
+        # The run as one value, checked here once (before the model is loaded: cheap first)
+        launch = LaunchSpec(
+            cfg, spec, iterations, faults=faults, detect_stragglers=detect_stragglers,
+            solver=solver, mode=Mode(split_backward=not no_split, staggered=not sync),
+            timeout=timeout, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every, resume=resume, external=external,
+            store_port=store_port, device=device, model=model, summary_path=summary)
         from executor.models.balance import split_config
         cfg = split_config(cfg, split, spec, job, service)
         if resumed and split is None and not job and spec.stages == resumed.stages:
@@ -224,13 +206,9 @@ def train_cmd(
                                        "d_model": d_model, "layers": layers, "heads": heads,
                                        "vocab": vocab, "min_lr_ratio":  # the floor of a cosine only
                                        min_lr_ratio if lr_schedule == "cosine" else None})
-    result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
-                   run_config=run_config,
-                   job=spec, solver=solver, timeout=timeout, resume=resume,
-                   checkpoint_dir=checkpoint_dir, ckpt_every=checkpoint_every, run_dir=run_dir, external=external,
-                   store_port=store_port, console=console, service=watch, stalls=stalls,
-                   slows=slows, detect_stragglers=detect_stragglers, device=device, model=model,
-                   mode=Mode(split_backward=not no_split, staggered=not sync))
+    # the model as split and sized above, and the flag tree for RUN_DIR/run.toml
+    launch = dataclasses.replace(launch, cfg=cfg, run_config=run_config)
+    result = train(launch, console=console, service=watch)
     if result.model_exception:  # the model's code raised: a bug to fix, not a failure
         raise typer.Exit(EXIT_MODEL_ERROR)
     if result.halted:  # a model that breaks its own activation spec is bad input
