@@ -110,6 +110,12 @@ def home_id(replica: int, stage: int) -> str:
     return f"{replica}.{stage}"
 
 
+def home_of(worker: str) -> tuple[int, int]:
+    """The home slot of a worker id `R.S`."""
+    r, s = worker.split(".")
+    return int(r), int(s)
+
+
 class Role(BaseModel):
     """Live worker `worker` fills slot (replica, stage): it holds that stage's parameters
     and runs the slot's actions (docs/design.md, "Roles")."""
@@ -184,6 +190,22 @@ class Plan(BaseModel):
             if r.replica == replica and r.stage == stage:
                 return r.worker
         return None
+
+    def slot_of(self, worker: str) -> Optional[tuple[int, int]]:
+        """The slot worker `worker` fills in this plan; None when it fills none."""
+        if self.roles is None:
+            home = home_of(worker)
+            return None if list(home) in [list(f) for f in self.failed] else home
+        return next(((r.replica, r.stage) for r in self.roles if r.worker == worker), None)
+
+    def filler(self, replica: int, stage: int) -> Optional[tuple[int, int]]:
+        """The home slot of the worker that fills slot (replica, stage); None: empty."""
+        w = self.worker_id(replica, stage)
+        return None if w is None else home_of(w)
+
+    def live_workers(self) -> list[tuple[int, int]]:
+        """The live workers (by home slot), in slot order."""
+        return [self.filler(*w.key) for w in self.workers]
 
     def with_roles(self, roles: list[Role], moves: Optional[list[Move]] = None) -> "Plan":
         """This plan (for the failed set the roles leave empty) with its roles stamped."""

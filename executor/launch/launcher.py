@@ -32,6 +32,7 @@ from executor.launch.ending import RunEnd, TrainResult
 from executor.launch.messages import HANDLERS
 from executor.launch.processes import Processes
 from executor.launch.publishing import Halted, Publishing
+from executor.launch.trace_faults import TraceFaults
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
 from executor.launch.spec import LaunchSpec
@@ -44,7 +45,12 @@ from planner.speeds import SpeedDetector
 Worker = tuple[int, int]
 
 
-class Coordinator(Processes, Admission, Publishing, RunEnd):
+# Time units a move is weighed over: local runs are short and their moves cost milliseconds
+# (the job spec gives no state_bytes), so any move that lowers the period pays.
+ELASTIC_HORIZON = 1e9
+
+
+class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
     def __init__(self, spec: LaunchSpec, *, console: Optional[Console] = None,
                  service=None):
         """`spec`: the run (executor/launch/spec.py, validated when made); `console`: where
@@ -85,7 +91,12 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
         # Who is in which version (planner/control/membership.py): the failed set, the incarnation
         # each worker's newest plan admits, the speeds planned for. Decided there; here
         # carried out (local) or followed (with a service, whose plans say it).
-        self.members = Membership.start(self.D, self.S).with_speeds(job.speed)
+        # Elastic: a worker changes stage when the live set leaves a stage short (moves are
+        # weighed over the run's length; planner/control/elastic.py).
+        trace = self.trace = faults.trace  # a failure trace replayed (trace_replay.py)
+        self.members = Membership.start(
+            self.D, self.S, trace.initial_failed if trace else (), job=job,
+            snapshots=spec.snapshots, horizon=ELASTIC_HORIZON).with_speeds(job.speed)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
@@ -137,9 +148,12 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
     def run(self) -> TrainResult:
         try:
             self.publish()
+            if self.trace is not None:
+                self.trace_start()
             if not self.external:
                 for w in self.workers:
-                    self.spawn(w)
+                    if w not in self.failed:
+                        self.spawn(w)
             while True:
                 if self.service is not None and self.service.halted:
                     return self.halt(self.service.halted)
@@ -196,6 +210,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
                 self.died(w, f"process exited with code {p.exitcode}")
         if self.external:
             self.check_heartbeats()
+        if self.trace is not None:
+            self.trace_tick(now)
         if self.rejoins.pending:
             self.spawn_due()
             self.update_hold()

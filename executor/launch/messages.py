@@ -34,14 +34,15 @@ def on_done(c, w, m: dict) -> None:
     """An iteration completed: its losses, the compute time, the last checksum."""
     if m.get("sync"):
         c.record.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
+    slot = tuple(m.get("slot", w))  # the slot it fills (a plan's roles may move it)
     if m.get("compute") and c.detector is not None and m["v"] == c.version:
-        c.detector.observe(w[0], w[1], m["compute"], m["it"])  # paired by iteration
+        c.detector.observe(slot[0], slot[1], m["compute"], m["it"])  # paired by iteration
     c.done[w] = (m["it"], m["v"])
     if m.get("losses"):
         c.record.trained[m["it"]] = m["v"]
         c.losses.add(m["it"], m["losses"])
     if m["it"] == c.iterations - 1:
-        c.final_checks[w[1]] = m["checksum"]
+        c.final_checks[slot[1]] = m["checksum"]
 
 
 def on_fatal(c, w, m: dict) -> None:

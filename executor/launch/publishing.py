@@ -44,6 +44,12 @@ class Publishing:
             plan = solve(with_speeds(self.job, members.speeds), list(decision.failed),
                          solver=self.solver, mode=self.mode)
         plan = plan.stamped(decision.version, decision.incarnation_rows())
+        if decision.roles is not None:
+            plan = plan.with_roles(list(decision.roles), list(decision.moves))
+            for m in decision.moves:
+                self.event(f"plan v{plan.version}: worker {m.worker} moves "
+                           f"{'in' if m.from_stage is None else f'from stage {m.from_stage}'} "
+                           f"to stage {m.to_stage} (state from a {m.source})")
         self.version, self.plan, self.suspect_since = plan.version, plan, None
         publish_plan(self.store, plan)
         self.record.published(plan)
@@ -73,4 +79,4 @@ class Publishing:
         self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
 
     def live(self) -> list[Worker]:
-        return [w.key for w in self.plan.workers if w.key not in self.failed]
+        return [w for w in self.plan.live_workers() if w not in self.failed]

@@ -49,6 +49,9 @@ class RunRecord:
             out.append({"version": v, "failed": [list(x) for x in plan.failed],
                         "speeds": plan.job.speed, "incarnations": plan.incarnations,
                         "first_iteration": first[v], "period": plan.metrics.period,
+                        **({"roles": {r.worker: [r.replica, r.stage] for r in plan.roles},
+                            "moves": [m.model_dump() for m in plan.moves or []]}
+                           if plan.roles is not None else {}),
                         "microbatches": {f"{x.replica}:{x.stage}": sum(
                             1 for a in x.actions if a.op == "F") for x in plan.workers}})
         return out
@@ -70,8 +73,9 @@ class RunRecord:
             plan = self.plans.get(version)
             if plan is None:
                 return None
-            ts = [first_entry(x.key, since_t, version, plan.incarnation(*x.key))
-                  for x in plan.workers if x.key != skip]
+            members = [plan.filler(*x.key) for x in plan.workers]
+            ts = [first_entry(w, since_t, version, plan.incarnation(*w))
+                  for w in members if w != skip]
             ts = [t for t in ts if t is not None]
             return max(ts) if ts else None
 

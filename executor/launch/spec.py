@@ -15,6 +15,7 @@ from typing import Optional
 from executor.compute.config import ModelConfig
 from executor.inputs.run_config import RunConfig
 from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
+from executor.launch.trace_replay import TraceReplay
 from planner.errors import UserError
 from planner.job import JobSpec
 from planner.plan import Mode
@@ -35,6 +36,9 @@ class Faults:
     restarts: tuple[Event, ...] = ()  # --restart: back as soon as its death is planned
     stalls: tuple[Timed, ...] = ()  # --stall: SIGSTOP, SIGCONT the seconds later
     slows: tuple[Timed, ...] = ()  # --slow: compute at the factor of its speed
+    # A failure trace's window replayed on the processes (trace_replay.py): node removals
+    # SIGKILL workers, additions restart them. It keeps its own progress (counts) as it goes.
+    trace: Optional[TraceReplay] = None
 
     def __post_init__(self):  # lists (JSON, tests) become the tuples the fields declare
         for name in ("kills", "rejoins", "restarts", "stalls", "slows"):
@@ -75,6 +79,7 @@ class LaunchSpec:
     model: str = "gpt"  # --model NAME: the Workload every worker loads
     run_config: Optional[RunConfig] = None  # the flag tree, written to RUN_DIR/run.toml
     summary_path: Optional[str] = None  # {losses, param_checksums} JSON, once complete
+    snapshots: bool = False  # elastic: every stage's state also lives in peer memory
 
     def __post_init__(self):
         self.check()

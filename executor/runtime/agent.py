@@ -64,18 +64,14 @@ class Agent:
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
                  workload: Workload = DEFAULT_WORKLOAD, fault_iterations=(), slows=()):
-        self.cfg, self.me, self.job, self.iterations = cfg, tuple(me), job, iterations
+        self.cfg, self.job, self.iterations = cfg, job, iterations
+        # `home` is who this worker is (its first slot, id "R.S": heartbeats, messages,
+        # incarnations); `me` is the slot it fills now, which a plan's roles may change.
+        self.home = self.me = tuple(me)
         self.source, self.store, self.timeout_s = source, store, timeout_s
         self.S, self.wl, self.device, self.local_workers = job.stages, workload, device, local_workers
-        s = self.me[1]
-        self.module = workload.build_stage(cfg, s, self.S).to(device)
-        self.opt = workload.make_optimizer(cfg, self.module.parameters())
-        self.params = list(self.module.parameters())  # walking the module tree costs 0.1 ms
-        self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
-                                    1.0 / job.num_microbatches, workload.loss_fn,
-                                    precision=cfg.precision)
-        self.stepper = StageStepper(self.module, self.opt, cfg, s, self.S, store, log=self.log)
-        self.stepper.newer = lambda: self._next_plan(0)  # a settle() wait leaves for a newer plan
+        self.ckpt = (ckpt_dir, ckpt_every)
+        self._build(self.me[1])
         if resume_part is not None:  # this stage's DCP part of the checkpoint resumed from
             load_stage(self.module, self.opt, resume_part, lr=cfg.lr)
         self.inc = incarnation  # which process of this worker we are (membership)
@@ -88,10 +84,6 @@ class Agent:
         self.job_hash = job.identity_hash()
         self.world: Optional[World] = None
         self.writer = False  # this worker writes its stage's checkpoint parts
-        self.parts = PartWriter(ckpt_dir, ckpt_every, iterations, s, self.log)
-        # Micro-batches of the next iteration, loaded on a thread while this one computes
-        # (a loader's work off the critical path). Only the first and last stage load data.
-        self.batches = Batches(lambda it, g: workload.microbatch(cfg, it, g), s in (0, self.S - 1))
         # Iterations in which an injected fault may target us: at their mid-point we wait
         # for the coordinator's go-ahead, so the signal lands mid-iteration.
         self.fault_iterations = set(fault_iterations)
@@ -101,9 +93,40 @@ class Agent:
         self._lowered: tuple[int, list] = (-1, [])  # (plan version, its steps for us)
         self._losses: dict = {}  # the last stage's losses, from ALLREDUCE to OPT
 
+    def _build(self, s: int) -> None:
+        """Stage `s`'s module, optimizer and the parts that serve them (at start, and when
+        a plan moves this worker to another stage: its state then comes from a holder)."""
+        cfg, wl = self.cfg, self.wl
+        self.module = wl.build_stage(cfg, s, self.S).to(self.device)
+        self.opt = wl.make_optimizer(cfg, self.module.parameters())
+        self.params = list(self.module.parameters())  # walking the module tree costs 0.1 ms
+        self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
+                                    1.0 / self.job.num_microbatches, wl.loss_fn,
+                                    precision=cfg.precision)
+        self.stepper = StageStepper(self.module, self.opt, cfg, s, self.S, self.store,
+                                    log=self.log)
+        self.stepper.newer = lambda: self._next_plan(0)  # a settle() wait leaves for a newer plan
+        self.parts = PartWriter(self.ckpt[0], self.ckpt[1], self.iterations, s, self.log)
+        # Micro-batches of the next iteration, loaded on a thread while this one computes
+        # (a loader's work off the critical path). Only the first and last stage load data.
+        self.batches = Batches(lambda it, g: wl.microbatch(cfg, it, g), s in (0, self.S - 1))
+
+    def _move(self, slot: tuple[int, int], plan: Plan) -> None:
+        """Take the slot the plan's roles give us; a new stage is built empty (fresh)."""
+        if slot[1] != self.me[1]:
+            self.log(f"moving from stage {self.me[1]} to stage {slot[1]} (plan v{plan.version})")
+            self.stepper.settle()
+            self.batches.close()
+            self.parts.finish()
+            self._build(slot[1])
+            self.fresh = True  # the stage's state comes from a live holder, as on a rejoin
+            self._lowered = (-1, [])
+        self.me = slot
+
     def log(self, msg: str) -> None:
         stamp = time.strftime("%H:%M:%S") + f".{int(time.time() * 1000) % 1000:03d}"
-        print(f"{stamp} [worker {self.me[0]}:{self.me[1]}] {msg}", flush=True)
+        where = "" if self.me == self.home else f" in {self.me[0]}:{self.me[1]}"
+        print(f"{stamp} [worker {self.home[0]}:{self.home[1]}{where}] {msg}", flush=True)
 
     # ---- plans and fencing ------------------------------------------------------------
     def admit(self, plan: Plan) -> bool:
@@ -187,7 +210,7 @@ class Agent:
         """Membership (docs/executor.md): what this process does with `plan` (next_role),
         with its side effects: the log line, and asking once per version to be admitted."""
         self.version = self.source.version = plan.version
-        role, why = next_role(plan, self.me, self.inc, self.entered)
+        role, why = next_role(plan, self.home, self.inc, self.entered)
         if role is Role.STOP:
             self.log(f"training complete (plan v{plan.version})" if not plan.workers
                      else f"not in plan v{plan.version}: {why}: stopping")
@@ -202,7 +225,7 @@ class Agent:
     def _heartbeats(self) -> None:
         while True:
             try:
-                self.source.heartbeat(self.me[0], self.me[1], self.done + 1, self.inc,
+                self.source.heartbeat(self.home[0], self.home[1], self.done + 1, self.inc,
                                       self.last_compute)
             except Exception:  # the coordinator is gone: nothing left to train for
                 if self.leaving:  # unless we are done: it closed its store after our bye
@@ -216,11 +239,12 @@ class Agent:
         if self.world is not None:
             self.world.close()
             self.world = None
+        self._move(plan.slot_of(f"{self.home[0]}.{self.home[1]}"), plan)
         live = [w.key for w in plan.workers]
         self.world = World(self.store, plan.version, self.me, live, self.timeout_s,
                            self.device, self.local_workers, newer=lambda: self._next_plan(0),
                            missing=self._missing,
-                           incarnations={tuple(w): plan.incarnation(*w) for w in live})
+                           incarnations={w: plan.incarnation(*plan.filler(*w)) for w in live})
         self.world.on_idle = self.stepper.idle
         info = self.world.allgather_ints([self.done, int(self.fresh)])
         holders = [done for done, fresh in info.values() if not fresh]
@@ -255,7 +279,7 @@ class Agent:
         self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}, "
                  f"{backward}, {plan.solver.optimizer} optimizer) at iteration {r}")
         self.source.send("done", it=self.done, checksum=checksum(self.module), sync=True,
-                         at=time.time())
+                         at=time.time(), slot=list(self.me))
 
     def _run_plan(self, plan: Plan, wp: WorkerPlan) -> Optional[Plan]:
         """Iterations under `plan` until training ends; a newer plan is taken only at an
@@ -386,6 +410,7 @@ class Agent:
         n = sum(1 for a in self.plan_actions if a.op == "F")
         self.last_compute = (it, self.clock.per_microbatch(n, self.stepper.idle_cpu_s))
         self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
+                         slot=list(self.me),
                          checksum=checksum(self.module) if final else None)
         if self.writer and self.parts.due(it):
             self.parts.write(it, self.module, self.opt)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from planner.plan import Plan
+from planner.plan import Plan, home_id
 
 
 class Role(Enum):
@@ -15,11 +15,12 @@ class Role(Enum):
 
 def next_role(plan: Plan, me: tuple[int, int], incarnation: int,
               entered: bool) -> tuple[Role, str]:
-    """What process `incarnation` of worker `me` does with `plan`, and why. Pure."""
+    """What process `incarnation` of worker `me` (its home slot: the worker's identity,
+    whichever slot the plan's roles give it) does with `plan`, and why. Pure."""
     if not plan.workers:
         return Role.STOP, "training complete"
     named = plan.incarnation(*me)
-    listed = plan.worker(*me) is not None
+    listed = plan.slot_of(home_id(*me)) is not None
     if listed and named == incarnation:
         return Role.ENTER, "admitted"
     if listed and named > incarnation:

@@ -23,7 +23,11 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal, Optional, Union
 
+from planner.control.elastic import reassign
+from planner.control.roles import failed_of
 from planner.failures import NoPlanError, Worker
+from planner.job import JobSpec
+from planner.plan import Move, Role
 
 State = Literal["running", "halted", "finished"]
 Grid = tuple[tuple[int, ...], ...]
@@ -31,13 +35,17 @@ Grid = tuple[tuple[int, ...], ...]
 
 @dataclass(frozen=True)
 class Publish:
-    """Publish version `version` for `failed`, admitting `incarnations`. `same_plan`: the
-    failed set and speeds are those in force, so the plan in force may be re-stamped."""
+    """Publish version `version` for `failed` (the empty slots), admitting `incarnations`
+    (per worker, by home slot), with `roles` (None: identity) and the `moves` they ask for.
+    `same_plan`: the failed set and speeds are those in force, so the plan in force may
+    be re-stamped."""
     version: int
     failed: tuple[Worker, ...]
     incarnations: Grid
     cause: str
     same_plan: bool = False
+    roles: Optional[tuple[Role, ...]] = None
+    moves: tuple[Move, ...] = ()
 
     def incarnation_rows(self) -> list[list[int]]:
         return [list(row) for row in self.incarnations]
@@ -79,16 +87,27 @@ class Membership:
     speeds: Optional[Grid] = None  # the speeds the plan in force was made for (None: nominal)
     state: State = "running"
     reason: Optional[str] = None
+    # Elastic (planner/control/elastic.py): with a job, a worker may change stage when the
+    # live set changes; `failed` is then the dead workers (by home slot) and `roles` who
+    # fills which slot (None: identity). Without a job, a stage with nobody left halts.
+    job: Optional[JobSpec] = None
+    roles: Optional[tuple[Role, ...]] = None
+    snapshots: bool = False  # every stage's state also lives in peer memory
+    horizon: float = 0.0  # time units the moves are weighed over (roles.choose_roles)
 
     # ---- construction and lookups -----------------------------------------------------
     @classmethod
     def start(cls, replicas: int, stages: int, failed: Iterable[Worker] = (),
               incarnations: Optional[Iterable[Iterable[int]]] = None, version: int = -1,
-              state: State = "running", reason: Optional[str] = None) -> "Membership":
+              state: State = "running", reason: Optional[str] = None,
+              job: Optional[JobSpec] = None, roles: Optional[Iterable[Role]] = None,
+              snapshots: bool = False, horizon: float = 0.0) -> "Membership":
         grid = (tuple(tuple(row) for row in incarnations) if incarnations is not None
                 else tuple((1,) * stages for _ in range(replicas)))
         return cls(replicas, stages, grid, frozenset(tuple(w) for w in failed), version,
-                   state=state, reason=reason)
+                   state=state, reason=reason, job=job,
+                   roles=None if roles is None else tuple(roles), snapshots=snapshots,
+                   horizon=horizon)
 
     def incarnation(self, w: Worker) -> int:
         return self.incarnations[w[0]][w[1]]
@@ -100,6 +119,12 @@ class Membership:
     def in_grid(self, w: Worker) -> bool:
         return 0 <= w[0] < self.replicas and 0 <= w[1] < self.stages
 
+    def empty_slots(self) -> tuple[Worker, ...]:
+        """The slots no live worker fills: the failed set plans are made for."""
+        if self.roles is None:
+            return tuple(sorted(self.failed))
+        return tuple(failed_of(list(self.roles), self.replicas, self.stages))
+
     def dead_stage(self, failed: Iterable[Worker]) -> Optional[int]:
         count = [0] * self.stages
         for _, s in failed:
@@ -109,6 +134,8 @@ class Membership:
     # ---- transitions --------------------------------------------------------------------
     def first(self) -> tuple["Membership", Decision]:
         """The run's first version (every worker at the incarnation it has)."""
+        if self.job is not None and self.failed:  # workers down from the start
+            return self._reassigned(self.failed, (), self.incarnations, "start")
         return self._publish(self.failed, self.incarnations, "start")
 
     def fail(self, w: Worker, incarnation: Optional[int] = None,
@@ -125,6 +152,8 @@ class Membership:
             return self, Reject(f"{_name(w)} incarnation {incarnation} is superseded by "
                                 f"{have}; its failure is stale")
         failed = self.failed | {w}
+        if self.job is not None:
+            return self._reassigned(failed, (), self.incarnations, cause)
         dead = self.dead_stage(failed)
         if dead is not None:
             halted = replace(self, failed=failed, state="halted", reason=str(NoPlanError(dead)))
@@ -144,6 +173,8 @@ class Membership:
                 return self, Reject(f"{_name(w)} incarnation {k} is older than {have}")
             # without an incarnation: the next one, so plans still tell processes apart
             grid = self._with_incarnation(w, have + 1 if k is None else k)
+            if self.job is not None:
+                return self._reassigned(self.failed - {w}, (w,), grid, cause)
             return self._publish(self.failed - {w}, grid, cause)
         if k is None:
             return self, Reject(f"{_name(w)} is live; nothing to recover (a restarted "
@@ -202,7 +233,18 @@ class Membership:
         rows[w[0]][w[1]] = k
         return tuple(tuple(row) for row in rows)
 
-    def _publish(self, failed: frozenset, grid: Grid, cause: str,
-                 same_plan: bool = False) -> tuple["Membership", Publish]:
+    def _reassigned(self, failed: frozenset, fresh: tuple, grid: Grid,
+                    cause: str) -> tuple["Membership", Decision]:
+        """Elastic: the roles for the new live set (elastic.reassign), or a halt."""
+        out, why = reassign(self.job, failed, self.roles, fresh, self.horizon, self.snapshots)
+        if out is None:
+            halted = replace(self, failed=frozenset(failed), state="halted", reason=why)
+            return halted, Halt(why)
+        new = replace(self, roles=out.roles)
+        return new._publish(failed, grid, cause, moves=out.moves)
+
+    def _publish(self, failed: frozenset, grid: Grid, cause: str, same_plan: bool = False,
+                 moves: tuple = ()) -> tuple["Membership", Publish]:
         new = replace(self, failed=frozenset(failed), incarnations=grid, version=self.version + 1)
-        return new, Publish(new.version, tuple(sorted(new.failed)), grid, cause, same_plan)
+        return new, Publish(new.version, new.empty_slots(), grid, cause, same_plan,
+                            new.roles, tuple(moves))

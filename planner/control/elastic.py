@@ -1,0 +1,89 @@
+"""Elastic membership: the roles a membership change leaves the live workers in.
+
+A worker is known by its home slot (its id `R.S`, the slot it started in); its role says
+which slot it fills now. `reassign` is what membership.py asks when the live set changes:
+given the dead workers and the roles in force, it returns the roles (and moves) of the
+next version, or the reason no version exists. Pure, like roles.py it builds on.
+
+Policy (docs/design.md, "Roles"):
+- ReCycle's answer to a failure is re-routing: while every stage keeps a live worker and
+  no move pays for itself within the horizon, nobody changes stage and the plan is the
+  plain failed set (roles stay as they are, identity for a run that never moved).
+- A stage that lost every live worker takes a worker from the stage that misses it
+  least; its state comes from the stage's peer-memory snapshot (every live stage rolls
+  back to the snapshot's iteration). Without snapshots there is no copy: the run halts.
+- Fewer live workers than stages: no assignment serves every stage; the run halts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable, Optional
+
+from planner.control.roles import NoRolesError, choose_roles, failed_of
+from planner.job import JobSpec
+from planner.plan import Move, Role, home_id, home_of
+
+Worker = tuple[int, int]
+
+
+@dataclass(frozen=True)
+class Reassigned:
+    roles: Optional[tuple[Role, ...]]  # None: identity (worker R.S in slot (R, S))
+    moves: tuple[Move, ...]
+    failed: tuple[Worker, ...]  # the empty slots: the failed set the schedule is planned for
+
+
+def slots_of(replicas: int, stages: int, dead: Iterable[Worker],
+             roles: Optional[Iterable[Role]]) -> dict[str, Worker]:
+    """Live worker id -> the slot it fills now."""
+    dead = {tuple(w) for w in dead}
+    if roles is None:
+        return {home_id(r, s): (r, s) for r in range(replicas) for s in range(stages)
+                if (r, s) not in dead}
+    return {x.worker: (x.replica, x.stage) for x in roles if home_of(x.worker) not in dead}
+
+
+def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role]],
+             fresh: Iterable[Worker] = (), horizon: float = 0.0,
+             snapshots: bool = False) -> tuple[Optional[Reassigned], Optional[str]]:
+    """The roles after a change: `dead` workers gone, `fresh` ones (a new process with no
+    state) back. Returns (Reassigned, None) or (None, the reason no plan exists)."""
+    D, S = job.replicas, job.stages
+    dead = {tuple(w) for w in dead}
+    live: dict[str, Optional[Worker]] = slots_of(D, S, dead | set(map(tuple, fresh)), roles)
+    for w in fresh:
+        live[home_id(*w)] = None
+    try:
+        a = choose_roles(job, live, horizon)
+    except NoRolesError as exc:
+        return None, f"{exc}: the run pauses until workers come back"
+    lost = a.snapshot_stages
+    if lost and not snapshots:
+        return None, (f"stage {lost[0]} has no live replica and no snapshot in peer memory: "
+                      f"restore from checkpoint")
+    shifted = [m for m in a.moves if m.from_stage is not None or m.source == "snapshot"]
+    strays = [x for x in a.roles if live[x.worker] is None
+              and home_of(x.worker) != (x.replica, x.stage)]
+    if roles is None and not shifted and not strays:
+        # nobody changes stage: the plain failed set, as before roles existed
+        gone = sorted(w for w in dead if w not in set(map(tuple, fresh)))
+        return Reassigned(None, (), tuple(gone)), None
+    if roles is not None and not shifted and not strays:
+        kept = _kept(roles, dead, live, a.roles)
+        if kept is not None:
+            return Reassigned(kept, (), tuple(failed_of(list(kept), D, S))), None
+    return Reassigned(tuple(a.roles), tuple(a.moves), tuple(tuple(w) for w in a.failed)), None
+
+
+def _kept(roles, dead, live, chosen) -> Optional[tuple[Role, ...]]:
+    """The roles in force less the dead, with fresh workers back in the slots `chosen`
+    gives them, when that leaves every worker where it was (no re-slotting for nothing)."""
+    out = [x for x in roles if home_of(x.worker) not in dead and live.get(x.worker) is not None]
+    taken = {(x.replica, x.stage) for x in out}
+    for x in chosen:
+        if live[x.worker] is None:
+            if (x.replica, x.stage) in taken:
+                return None
+            out.append(x)
+            taken.add((x.replica, x.stage))
+    return tuple(sorted(out, key=lambda x: (x.replica, x.stage)))

@@ -1,0 +1,85 @@
+"""Elastic membership (planner/control/elastic.py through membership.py): a stage left
+short takes a worker, a stage left empty needs a snapshot, and every published version is
+a valid assignment of the live workers. Pure and fast."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.control.membership import Halt, Membership, Publish
+from planner.job import JobSpec
+from planner.plan import home_of
+
+
+def elastic(D, S, snapshots=False):
+    job = JobSpec.uniform(D, S, 2 * D)
+    m, d = Membership.start(D, S, job=job, snapshots=snapshots, horizon=1e9).first()
+    assert isinstance(d, Publish) and d.roles is None
+    return m
+
+
+def test_a_single_failure_is_plain_rerouting_with_no_roles():
+    m, d = elastic(3, 3).fail((1, 1))
+    assert d.roles is None and d.moves == () and d.failed == ((1, 1),)
+
+
+def test_a_short_stage_takes_a_worker_from_the_fullest_stage():
+    m = elastic(3, 3)
+    for w in [(0, 1), (0, 2)]:
+        m, d = m.fail(w)
+        assert d.roles is None
+    m, d = m.fail((1, 2))
+    assert [(x.from_stage, x.to_stage, x.source) for x in d.moves] == [(0, 2, "peer")]
+    assert sorted(sum(1 for r in d.roles if r.stage == s) for s in range(3)) == [2, 2, 2]
+    assert len(d.failed) == 3 and m.failed == {(0, 1), (0, 2), (1, 2)}
+
+
+def test_an_empty_stage_is_restored_from_a_snapshot_or_halts_without_one():
+    m = elastic(2, 2, snapshots=True)
+    m, _ = m.fail((0, 1))
+    m, d = m.fail((1, 1))
+    assert isinstance(d, Publish) and [(x.source, x.to_stage) for x in d.moves] == [("snapshot", 1)]
+    m = elastic(2, 2)
+    m, _ = m.fail((0, 1))
+    m, d = m.fail((1, 1))
+    assert isinstance(d, Halt) and "stage 1 has no live replica" in d.reason
+    assert m.state == "halted"
+
+
+def test_fewer_live_workers_than_stages_halts():
+    m = elastic(1, 3, snapshots=True)
+    m, d = m.fail((0, 1))
+    assert isinstance(d, Halt) and "cannot serve 3 stages" in d.reason
+
+
+def test_a_recovered_worker_takes_a_slot_and_its_incarnation_is_named():
+    m = elastic(3, 3)
+    for w in [(0, 1), (0, 2), (1, 2)]:
+        m, d = m.fail(w)
+    m, d = m.recover((0, 2), 2)
+    assert isinstance(d, Publish) and d.incarnations[0][2] == 2
+    assert "0.2" in {r.worker for r in d.roles}
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.integers(2, 3), st.integers(2, 3),
+       st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(0, 2)), max_size=10),
+       st.booleans())
+def test_every_version_is_a_valid_assignment_of_the_live_workers(D, S, steps, snapshots):
+    m = elastic(D, S, snapshots)
+    for kill, r, s in steps:
+        w = (r % D, s % S)
+        m2, d = m.fail(w) if kill else m.recover(w)
+        if isinstance(d, Halt):
+            assert m2.state == "halted"
+            break
+        if not isinstance(d, Publish):
+            assert m2 is m
+            continue
+        m = m2
+        roles = d.roles if d.roles is not None else [
+            type("R", (), {"worker": f"{a}.{b}", "replica": a, "stage": b})()
+            for a in range(D) for b in range(S) if (a, b) not in m.failed]
+        slots = [(x.replica, x.stage) for x in roles]
+        assert len(slots) == len(set(slots))  # one worker per slot
+        assert {home_of(x.worker) for x in roles} == set(m.live())  # every live worker, no dead
+        assert {x.stage for x in roles} == set(range(S))  # every stage served
+        assert set(d.failed) == {(a, b) for a in range(D) for b in range(S)} - set(slots)

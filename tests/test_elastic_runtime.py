@@ -1,0 +1,37 @@
+"""Workers that change stage at run time (docs/executor.md, "Moves"): real processes,
+real SIGKILLs; every run equals the one-process reference, the stages' partition never
+changes, only who runs each stage."""
+import pytest
+
+from executor.launch.run_record import failed_by_iteration
+from executor.launch.spec import Faults
+from tests.test_executor_runtime import assert_exact, logs, run
+
+pytestmark = pytest.mark.hard_timeout(120)
+
+
+def test_3x3_kills_leave_stage_2_one_worker_and_a_stage_0_worker_moves_to_it(tmp_path):
+    # after the kills stage 0 has three workers, stage 1 two, stage 2 one: the plan moves a
+    # stage-0 worker to stage 2, where it loads the state from the live holder 2:2
+    res = run(tmp_path, 3, 3, 5, faults=Faults(kills=[(0, 1, 1), (0, 2, 2), (1, 2, 2)]))
+    assert_exact(res, 3, 3, 5, tmp_path)
+    moved = [p for p in res.summary.plans if p.get("moves")]
+    assert moved, res.summary.plans
+    move = moved[-1]["moves"][0]
+    assert (move["from_stage"], move["to_stage"], move["source"]) == (0, 2, "peer"), moved
+    assert sum(1 for s in moved[-1]["roles"].values() if s[1] == 2) == 2
+    assert any("moves from stage 0 to stage 2" in e for e in res.events), res.events
+    assert f"worker {move['worker'].replace('.', ':')}" in logs(tmp_path)
+    assert "moving from stage 0 to stage 2" in logs(tmp_path)
+
+
+def test_two_moves_in_a_row_out_of_the_last_and_the_first_stage_stay_exact(tmp_path):
+    # two kills in stage 2 move a stage-1 worker to the last stage (it starts computing
+    # losses); then a kill in stage 1 moves a stage-0 worker there (it stops loading data)
+    res = run(tmp_path, 3, 3, 5, faults=Faults(kills=[(0, 2, 1), (1, 2, 1), (0, 1, 2)]))
+    assert_exact(res, 3, 3, 5, tmp_path)
+    moves = [(m["from_stage"], m["to_stage"]) for p in res.summary.plans
+             for m in p.get("moves", [])]
+    assert moves == [(1, 2), (0, 1)], res.summary.plans
+    assert res.summary.elastic == {"moves": 2, "joins": 0, "snapshot_restores": 0}
+    assert failed_by_iteration(res.summary.plans, 5)[-1] == [[1, 0], [1, 1], [1, 2]]
