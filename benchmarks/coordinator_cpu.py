@@ -15,7 +15,7 @@ from rich.console import Console
 
 from benchmarks.executor_bench import bench_config
 from executor.launch.launcher import Coordinator
-from executor.launch.spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec
 from executor.inputs.workload_name import check_workload
 from planner.job import JobSpec
 from planner.plan import Mode

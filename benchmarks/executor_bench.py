@@ -31,7 +31,7 @@ from benchmarks.executor_report import notes, write_report
 from benchmarks.pp_baseline import run_torch
 from executor.launch import processes
 from executor.launch.launcher import Coordinator
-from executor.launch.spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.inputs.workload_name import DEFAULT_MODEL, check_workload
 from executor.compute.profile import profile

@@ -16,7 +16,7 @@ from benchmarks.executor_bench import bench_config
 from executor import worker
 from executor.launch import processes
 from executor.launch.launcher import Coordinator
-from executor.launch.spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec
 from executor.runtime import agent
 from planner.job import JobSpec
 

@@ -31,7 +31,7 @@ from executor.compute.model import ModelConfig, layer_range
 from executor.compute.profile import profile, profile_layers
 from executor.inputs.workload_name import check_workload
 from executor.launch.launcher import train
-from executor.launch.spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec
 from executor.models.balance import balanced_boundaries, stage_costs
 from executor.models.families import architecture
 from planner.solvers.backends import solve

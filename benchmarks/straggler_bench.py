@@ -30,7 +30,7 @@ import torch
 from rich.console import Console
 
 from executor.launch.launcher import train
-from executor.launch.spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.compute.profile import profile
 from planner.solvers.backends import solve

@@ -19,7 +19,7 @@ from rich.console import Console
 from benchmarks.ab_table import write_ab
 from executor.compute.model import ModelConfig
 from executor.launch.launcher import Coordinator
-from executor.launch.spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec
 from executor.models.families import architecture
 from planner.job import JobSpec
 

@@ -18,7 +18,7 @@ from executor.compute.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
-from executor.launch.spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.runtime.comm import FWD, World, connect_store, host_store
 from executor.runtime.wire import ActivationSpec, ActivationSpecError
 from planner.job import JobSpec

@@ -4,7 +4,7 @@ changes, only who runs each stage."""
 import pytest
 
 from executor.launch.run_record import failed_by_iteration
-from executor.launch.spec import Faults
+from executor.inputs.launch_spec import Faults
 from tests.test_executor_runtime import assert_exact, logs, run
 
 pytestmark = pytest.mark.hard_timeout(120)

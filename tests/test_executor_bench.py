@@ -12,7 +12,7 @@ sys.path.insert(0, ROOT)  # benchmarks/ is not a package on the installed path
 
 from benchmarks.executor_bench import TimedCoordinator, bench_config, breakdown  # noqa: E402
 from benchmarks.timed_worker import TIMERS  # noqa: E402
-from executor.launch.spec import LaunchSpec  # noqa: E402
+from executor.inputs.launch_spec import LaunchSpec  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
 from benchmarks.bench_executor import app as bench_app  # noqa: E402
 

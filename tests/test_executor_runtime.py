@@ -21,7 +21,7 @@ from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store
 from executor.launch.faults import parse_event, parse_stall
 from executor.launch.launcher import train
-from executor.launch.spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.launch.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
@@ -144,7 +144,8 @@ def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
 
 def _config(job, timeout):
     from executor.inputs.worker_settings import WorkerSettings
-    return WorkerSettings(CFG, job, 1, "t", timeout=timeout,
+    from executor.compute.config import TrainingSettings
+    return WorkerSettings(CFG, TrainingSettings(), job, 1, "t", timeout=timeout,
                           local_workers=job.replicas * job.stages).to_json()
 
 

@@ -17,7 +17,7 @@ from executor.compute.model import ModelConfig  # noqa: E402
 from executor.compute.reference import compare, train_reference  # noqa: E402
 from executor.inputs.workload_name import check_workload, load_workload  # noqa: E402
 from executor.launch.launcher import train  # noqa: E402
-from executor.launch.spec import Faults, LaunchSpec  # noqa: E402
+from executor.inputs.launch_spec import Faults, LaunchSpec  # noqa: E402
 from executor.models.families import architecture  # noqa: E402
 from executor.models.hf import hf_config  # noqa: E402
 from executor.models.modules import seeded_build  # noqa: E402

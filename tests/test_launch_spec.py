@@ -1,11 +1,11 @@
-"""executor/launch/spec.py: a local run is one typed value, checked once when it is made;
+"""executor/inputs/launch_spec.py: a local run is one typed value, checked once when it is made;
 each field no run could carry out is one line naming its flag."""
 import dataclasses
 
 import pytest
 
 from executor.compute.config import ModelConfig
-from executor.launch.spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from planner.errors import UserError
 from planner.job import JobSpec
 
@@ -68,3 +68,25 @@ def test_faults_from_flags_and_their_rejoin_entries():
     with pytest.raises(ValueError, match="expected REPLICA:STAGE@ITERATION"):
         Faults.from_flags(kill=["0-1@1"])
     spec(faults=f)  # all of them fit a 2x2 grid of 4 iterations
+
+
+def test_the_model_and_its_training_settings_travel_apart_and_whole():
+    """ModelConfig holds the model only; TrainingSettings the optimizer, schedule, clip,
+    precision and data. The workers' settings carry both and read both back whole."""
+    import json
+
+    from executor.compute.config import TrainingSettings, split_flat
+    from executor.inputs.worker_settings import WorkerSettings
+    with pytest.raises(TypeError):
+        ModelConfig(lr=1e-2)  # no training field in the model's config
+    cfg = ModelConfig(vocab=32, d_model=16, boundaries=(1,))
+    tr = TrainingSettings(lr=1e-2, betas=(0.8, 0.9), precision="bf16", lr_schedule="cosine",
+                          warmup_iters=1, total_iters=5, min_lr_ratio=0.3, clip=0.5,
+                          data="/x.bin")
+    ws = WorkerSettings(cfg, tr, JOB, 5, "r1", kills=[[0, 1, 2]])
+    back = WorkerSettings.from_json(ws.to_json())
+    assert back == ws and back.training.betas == (0.8, 0.9) and back.model.boundaries == (1,)
+    assert set(json.loads(ws.to_json())["model"]) == set(cfg.to_dict())
+    model, training = split_flat({**cfg.to_dict(), **tr.to_dict(), "workload": "gpt"})
+    assert TrainingSettings.from_dict(training) == tr and model["workload"] == "gpt"
+    assert LaunchSpec(cfg, JOB, 5, training=tr).training is tr

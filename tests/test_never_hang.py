@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from executor.launch.run_record import failed_by_iteration
-from executor.launch.spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from test_executor_runtime import CFG, M, assert_exact, logs, run
 
 pytestmark = pytest.mark.hard_timeout(150)

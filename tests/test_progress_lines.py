@@ -37,7 +37,7 @@ def test_an_iteration_line_names_the_plan_it_trained_under_not_the_newest(tmp_pa
     death publishes v1 before the line is printed, which named v1 and its failed set."""
     from executor.compute.model import ModelConfig
     from executor.launch.launcher import Coordinator
-    from executor.launch.spec import LaunchSpec
+    from executor.inputs.launch_spec import LaunchSpec
     from planner.job import JobSpec
     console = Console(file=io.StringIO(), width=200)
     c = Coordinator(LaunchSpec(ModelConfig(), JobSpec.uniform(2, 2, 2), 3, run_dir=str(tmp_path),

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from executor.launch.spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from planner.speeds import SpeedDetector, quantize, with_speeds
 from planner.job import JobSpec
 from test_executor_runtime import assert_exact, run

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from executor.launch.launcher import train
-from executor.launch.spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
 from planner.job import JobSpec

@@ -2,7 +2,7 @@
 SIGKILL workers, additions start new ones, and the run equals the failure-free one."""
 import pytest
 
-from executor.launch.spec import Faults
+from executor.inputs.launch_spec import Faults
 from executor.launch.trace_replay import TraceReplay, load_window, window
 from planner.simulation.trace import NodeEvent, Placement, TraceError
 from tests.test_executor_runtime import assert_exact, run

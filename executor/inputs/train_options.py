@@ -88,17 +88,19 @@ TRAINING_FLAGS = {"lr": "--lr", "total_iters": "--iterations (the schedule's hor
                   "precision": "--precision"}
 
 
-def resume_changes(saved: dict, cfg) -> list[str]:
-    """What this resumed run trains differently from its checkpoint, one note each."""
-    mine = cfg.to_dict()
-    from executor.compute.model import ModelConfig  # checkpoints from before a field
-    theirs = {**ModelConfig().to_dict(), **saved}
+def resume_changes(saved: dict, training) -> list[str]:
+    """What this resumed run trains differently from its checkpoint (`saved`: the
+    manifest's training dict), one note each."""
+    mine = training.to_dict()
+    from executor.compute.config import TrainingSettings  # checkpoints from before a field
+    theirs = {**TrainingSettings().to_dict(), **saved}
     return [f"{flag} {mine[k]!r} (it trained with {theirs[k]!r})"
             for k, flag in TRAINING_FLAGS.items() if mine[k] != theirs[k]
-            and not (k == "total_iters" and cfg.lr_schedule == "constant")]  # unused then
+            and not (k == "total_iters" and training.lr_schedule == "constant")]  # unused then
 
 
-# `train --resume DIR`: each flag the checkpoint fixes -> its field in the manifest's model.
+# `train --resume DIR`: each flag the checkpoint fixes -> its field in the manifest's model
+# or training dict.
 RESUMED = {"model": "workload", "d_model": "d_model", "layers": "n_layers",
            "heads": "n_heads", "seq_len": "seq_len", "vocab": "vocab",
            "micro_batch_size": "micro_batch_size", "seed": "seed", "lr": "lr",
@@ -110,7 +112,7 @@ def resumed_defaults(man) -> dict:
     """`--resume DIR` alone continues the checkpoint's run: the value of every flag left
     out, from its manifest (flags given still win; read_checkpoint refuses those that
     contradict it). --iterations: the run's own, if it had iterations left."""
-    saved = {"workload": "gpt", **man.model}  # checkpoints from before --model: the GPT
+    saved = {"workload": "gpt", **man.model, **man.training}  # before --model: the GPT
     out = {"replicas": man.replicas, "stages": man.stages, "microbatches": man.microbatches}
     out.update({flag: saved[key] for flag, key in RESUMED.items()
                 if saved.get(key) not in (None, "")})

@@ -1,7 +1,8 @@
 """`train`: one process per (replica, stage) and the in-process coordinator.
 
-A run is one LaunchSpec (spec.py: the model, the job, faults, checkpoints, comm), made and
-validated by `recycle train`; the coordinator takes it whole.
+A run is one LaunchSpec (executor/inputs/launch_spec.py: the model, its training
+settings, the job, faults, checkpoints, comm), made and validated by `recycle train`; the
+coordinator takes it whole.
 
 The coordinator hosts the TCPStore (rendezvous.py), watches its workers and drives the
 run's membership (planner/control/membership.py decides; publishing.py plans and publishes, or
@@ -35,7 +36,7 @@ from executor.launch.publishing import Halted, Publishing
 from executor.launch.trace_faults import TraceFaults
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
-from executor.launch.spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.progress_lines import ProgressLines
 from executor.runtime.rendezvous import wkey
 from planner.failures import NoPlanError
@@ -53,11 +54,13 @@ ELASTIC_HORIZON = 1e9
 class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
     def __init__(self, spec: LaunchSpec, *, console: Optional[Console] = None,
                  service=None):
-        """`spec`: the run (executor/launch/spec.py, validated when made); `console`: where
-        progress goes (default stderr); `service`: a ServiceWatch whose plans to follow."""
+        """`spec`: the run (executor/inputs/launch_spec.py, validated when made);
+        `console`: where progress goes (default stderr); `service`: a ServiceWatch whose
+        plans to follow."""
         self.spec = spec
         cfg, job, iterations = spec.cfg, spec.job, spec.iterations
         self.cfg, self.job, self.iterations = cfg, job, iterations
+        self.training = spec.training
         self.mode = spec.mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
         self.solver, self.timeout, self.external = spec.solver, spec.timeout, spec.external
@@ -76,7 +79,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
         faults = spec.faults
         self.open_store(spec.store_port, WorkerSettings(
-            cfg, job, iterations, uuid.uuid4().hex[:8], workload=spec.model,
+            cfg, spec.training, job, iterations, uuid.uuid4().hex[:8], workload=spec.model,
             timeout=spec.timeout, ckpt_dir=self.ckpt_dir, ckpt_every=spec.checkpoint_every,
             resume=resume, device=spec.device,
             local_workers=None if spec.external else len(self.workers),

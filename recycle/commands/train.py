@@ -21,13 +21,12 @@ def register(app: typer.Typer) -> None:
     app.command("profile")(profile_cmd)
 
 
-def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model="gpt",
-           **training):
+def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model="gpt"):
     from executor.compute.model import ModelConfig
     from executor.models.families import architecture  # --model NAME[:FLAVOUR]'s shape
     arch = architecture(model, d_model=d_model, n_layers=layers, n_heads=heads,
                         seq_len=seq_len, vocab=vocab)
-    return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, lr=lr, **arch, **training)
+    return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, **arch)
 
 
 def _resumed(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
@@ -111,10 +110,11 @@ def train_cmd(
     from rich.console import Console
 
     from executor.checkpoint import read_checkpoint
+    from executor.compute.config import TrainingSettings
+    from executor.inputs.launch_spec import Faults, LaunchSpec
     from executor.inputs.train_options import check_model_options, check_training, grid_of
     from executor.inputs.train_options import resume_changes
     from executor.launch.launcher import train
-    from executor.launch.spec import Faults, LaunchSpec
     from planner.inputs.limits import load_spec
     from planner.job import JobSpec
 
@@ -133,10 +133,11 @@ def train_cmd(
         min_lr_ratio = check_training(precision=precision, lr_schedule=lr_schedule,
                                       warmup=warmup, min_lr_ratio=min_lr_ratio, clip=clip,
                                       iterations=iterations)
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model,
-                     precision=precision, lr_schedule=lr_schedule, warmup_iters=warmup,
-                     total_iters=iterations, min_lr_ratio=min_lr_ratio, clip=clip,
-                     data=os.path.abspath(data) if data else "")
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model)
+        training = TrainingSettings(lr=lr, precision=precision, lr_schedule=lr_schedule,
+                                    warmup_iters=warmup, total_iters=iterations,
+                                    min_lr_ratio=min_lr_ratio, clip=clip,
+                                    data=os.path.abspath(data) if data else "")
         if data:  # the model's vocab is the token file's (its header or sidecar)
             from executor.data.token_file import data_vocab
             cfg = dataclasses.replace(cfg, vocab=data_vocab(data, vocab_flag))
@@ -160,7 +161,8 @@ def train_cmd(
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
         # The run as one value, checked here once (before the model is loaded: cheap first)
         launch = LaunchSpec(
-            cfg, spec, iterations, faults=faults, detect_stragglers=detect_stragglers,
+            cfg, spec, iterations, faults=faults, training=training,
+            detect_stragglers=detect_stragglers,
             solver=solver, mode=Mode(split_backward=not no_split, staggered=not sync),
             timeout=timeout, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every, resume=resume, external=external,
@@ -176,14 +178,14 @@ def train_cmd(
             from executor.data.token_file import check_data, with_data
             check_data(data, cfg.vocab, cfg.micro_batch_size, cfg.seq_len,
                        spec.replicas * spec.microbatches)
-            workload = with_data(workload, cfg)
+            workload = with_data(workload, training.data)
         if reference or not external:  # this machine's memory holds the model's state
             from executor.models.footprint import check_fits
             check_fits(model, workload, cfg, spec.stages, replicas=replicas, device=device,
                        mode="reference" if reference else "workers")
         if resume:
-            where, man = read_checkpoint(resume, spec, cfg, iterations, model)
-            for note in resume_changes(man.model, cfg):
+            where, man = read_checkpoint(resume, spec, cfg, training, iterations, model)
+            for note in resume_changes(man.training, training):
                 console.print(f"resuming {where} with {note}")
     if reference:
         import torch
@@ -194,7 +196,7 @@ def train_cmd(
         # is near 0 (a GPT with vocab 8192 drifted 0.004 from its own workers on 2 cores)
         torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
         result = train_reference(cfg, replicas, microbatches, iterations, stages,
-                                 workload=workload)
+                                 training=training, workload=workload)
         for i, loss in enumerate(result.losses):
             console.print(f"iter {i:>4}  loss {loss:.5f}  (reference)")
         if summary:
@@ -239,6 +241,7 @@ def profile_cmd(
     `recycle plan` / `train --job`."""
     import json
 
+    from executor.compute.config import TrainingSettings
     from executor.compute.profile import profile
     from executor.runtime.comm import check_device
 
@@ -250,7 +253,7 @@ def profile_cmd(
             raise ValueError(f"--repeats must be at least 1, not {repeats}")
         if threads is not None and threads < 1:
             raise ValueError(f"--threads must be at least 1, not {threads}")
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model)
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model)
         from executor.models.balance import check_split
         check_split(split)
         from executor.inputs.workload_name import check_workload
@@ -262,6 +265,7 @@ def profile_cmd(
         if split == "balanced":  # per-layer costs first; cfg gets their boundaries
             from executor.compute.profile import profile_balanced as measure
         spec = measure(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
+                       training=TrainingSettings(lr=lr),  # the optimizer OPT times
                        workload=workload,
                        memory_budget=memory_budget, threads=threads, details=rows)
         with open(out, "w") as fh:

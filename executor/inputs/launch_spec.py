@@ -1,6 +1,6 @@
 """What a local training run is asked, as one typed value: `recycle train` builds it from
-its flags (recycle/commands/train.py), the coordinator (launcher.py) runs it, and nothing
-in between passes loose keyword lists. Validated once, here, when it is made: a field no
+its flags (recycle/commands/train.py), the coordinator (executor/launch/launcher.py) runs
+it, and nothing in between passes loose keyword lists. Validated once, here, when it is made: a field no
 run could carry out is a one-line ValueError (UserError) naming its flag.
 
 The live objects of a run (the console it prints to, the plan service it follows) are not
@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import Optional
 
-from executor.compute.config import ModelConfig
+from executor.compute.config import ModelConfig, TrainingSettings
 from executor.inputs.run_config import RunConfig
 from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
 from executor.launch.trace_replay import TraceReplay
@@ -59,11 +59,13 @@ class Faults:
 
 @dataclass(frozen=True)
 class LaunchSpec:
-    """One local run: the model, the job, and how to run, fail and checkpoint it."""
+    """One local run: the model, how it is trained, the job, and how to run, fail and
+    checkpoint it."""
     cfg: ModelConfig
     job: JobSpec
     iterations: int
     faults: Faults = Faults()
+    training: TrainingSettings = TrainingSettings()  # optimizer, schedule, clip, data
     detect_stragglers: bool = True  # measure speeds and re-plan (without a service)
     solver: str = "greedy"
     mode: Mode = Mode()  # split backward / staggered optimizer, as the planner's Mode
