@@ -23,6 +23,7 @@ from pydantic import ValidationError
 
 from planner.job import JobSpec
 from planner.speeds import MAX_SPEED, quantize
+from planner.errors import UserError
 
 Worker = tuple[int, int]
 Cells = dict[Worker, float]
@@ -48,7 +49,7 @@ def slow_count(spec: JobSpec) -> int:
     return 0 if spec.speed is None else sum(v < 1.0 for row in spec.speed for v in row)
 
 
-class SpeedError(ValueError):
+class SpeedError(UserError):
     """Speeds this job's spec cannot take (its horizon would exceed the bound)."""
 
 

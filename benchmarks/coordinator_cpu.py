@@ -15,6 +15,7 @@ from rich.console import Console
 
 from benchmarks.executor_bench import bench_config
 from executor.launch.launcher import Coordinator
+from executor.inputs.launch_spec import LaunchSpec
 from executor.inputs.workload_name import check_workload
 from planner.job import JobSpec
 from planner.plan import Mode
@@ -44,8 +45,9 @@ def measure(model: str, replicas: int, stages: int, microbatches: int, iteration
     cfg = bench_config(model)
     check_workload(model, cfg, stages)
     job = JobSpec.uniform(replicas, stages, microbatches)
-    coord = _Metered(cfg, job, iterations, warmup=warmup, model=model, ckpt_every=10 ** 9,
-                     mode=Mode(split_backward=False), console=Console(stderr=True, quiet=True))
+    spec = LaunchSpec(cfg, job, iterations, model=model, checkpoint_every=10 ** 9,
+                      mode=Mode(split_backward=False))
+    coord = _Metered(spec, warmup=warmup, console=Console(stderr=True, quiet=True))
     if coord.run().summary is None:
         raise SystemExit("training did not complete")
     (t0, c0), (t1, c1) = coord.marks[warmup], coord.marks[iterations - 1]

@@ -31,6 +31,7 @@ from benchmarks.executor_report import notes, write_report
 from benchmarks.pp_baseline import run_torch
 from executor.launch import processes
 from executor.launch.launcher import Coordinator
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.inputs.workload_name import DEFAULT_MODEL, check_workload
 from executor.compute.profile import profile
@@ -114,9 +115,10 @@ def run_ours(cfg: ModelConfig, job: JobSpec, failed, iters: int, warmup: int, so
              model: str = DEFAULT_MODEL, kills=()) -> dict:
     failed = [tuple(w) for w in failed]
     t0 = time.monotonic()
-    coord = TimedCoordinator(cfg, job, iters, failed_from_start=failed, solver=solver, mode=mode,
-                             timeout=30.0 if not kills else 4.0, ckpt_every=10 ** 9,
-                             deadline_s=timeout_s, model=model, kills=kills,
+    spec = LaunchSpec(cfg, job, iters, Faults(kills=kills), solver=solver, mode=mode,
+                      timeout=30.0 if not kills else 4.0, checkpoint_every=10 ** 9,
+                      deadline_s=timeout_s, model=model)
+    coord = TimedCoordinator(spec, failed_from_start=failed,
                              console=Console(stderr=True, quiet=True))
     res = coord.run()
     out = {"failed": [list(w) for w in failed], "wall_s": round(time.monotonic() - t0, 1),

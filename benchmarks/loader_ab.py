@@ -16,6 +16,7 @@ from benchmarks.executor_bench import bench_config
 from executor import worker
 from executor.launch import processes
 from executor.launch.launcher import Coordinator
+from executor.inputs.launch_spec import LaunchSpec
 from executor.runtime import agent
 from planner.job import JobSpec
 
@@ -38,9 +39,9 @@ def _run(loader: bool) -> tuple[float, float]:
     if not loader:
         processes.worker_child = child_inline
     try:
-        c = Coordinator(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS, solver="greedy",
-                        timeout=30.0, ckpt_every=10 ** 9, deadline_s=300,
-                        console=Console(stderr=True, quiet=True))
+        c = Coordinator(LaunchSpec(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS,
+                                   solver="greedy", timeout=30.0, checkpoint_every=10 ** 9,
+                                   deadline_s=300), console=Console(stderr=True, quiet=True))
         res = c.run()
     finally:
         processes.worker_child = saved

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from executor.compute.model import ModelConfig
+from executor.compute.config import ModelConfig, TrainingSettings
 from executor.inputs.workload_name import DEFAULT_MODEL, load_workload
 
 SCHEDULES = ("1f1b", "zbv", "izb")
@@ -75,7 +75,7 @@ def _worker(rank: int, S: int, port: int, cfg_d: dict, M: int, iters: int, warmu
         n_stages = S if kind == "1f1b" else 2 * S
         mods = [wl.build_stage(cfg, i, n_stages) for i in ids]
         stages = [PipelineStage(m, i, n_stages, torch.device("cpu")) for m, i in zip(mods, ids)]
-        opt = wl.make_optimizer(cfg, [p for m in mods for p in m.parameters()])
+        opt = wl.make_optimizer(TrainingSettings(), [p for m in mods for p in m.parameters()])
         if kind == "1f1b":
             sched = Schedule1F1B(stages[0], M, loss_fn=wl.loss_fn)
         elif kind == "zbv":

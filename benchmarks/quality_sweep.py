@@ -1,7 +1,7 @@
 """Plan quality sweep: period / lower bound of greedy (and optionally CP-SAT) per size.
 
 Jobs: JobSpec.uniform(D, S, M) for D in {2,4,8,16}, S in {4,8}, M in {8,16,32}, failed set
-planner.commands.bench.failure_set(D, S, k) for k in {0,1,2}. Prints one row per job, then the worst
+planner.bench.quality.failure_set(D, S, k) for k in {0,1,2}. Prints one row per job, then the worst
 and mean gap per back-end and the worst cases.
 Usage: PYTHONPATH=. python benchmarks/quality_sweep.py [--cpsat] [--time-limit 10]
        [--cpsat-max-actions 3500] [--D 2,4] [--S 8] [--M 8,16] [--k 0,1,2]
@@ -13,7 +13,7 @@ import itertools
 import time
 
 from planner.solvers.backends import SolveOptions, solve
-from planner.commands.bench import failure_set
+from planner.bench.quality import failure_set
 from planner.job import JobSpec
 from planner.validate import check
 

@@ -35,7 +35,8 @@ import time
 
 import torch
 
-from executor.compute.model import ModelConfig, build_stage, make_optimizer
+from executor.compute.config import ModelConfig, TrainingSettings
+from executor.compute.model import build_stage, make_optimizer
 from executor.runtime.stepper import StageStepper
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
@@ -44,7 +45,7 @@ OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 def _stage(d: int, layers: int):
     cfg = ModelConfig(vocab=256, seq_len=64, d_model=d, n_heads=max(1, d // 64), n_layers=layers)
     m = build_stage(cfg, 1, 3) if layers else None  # a middle stage: blocks only
-    opt = make_optimizer(cfg, m.parameters())
+    opt = make_optimizer(TrainingSettings(), m.parameters())
     for p in m.parameters():
         p.grad = torch.randn_like(p) * 1e-3
     opt.step()  # AdamW's state exists, as in every step after the first
@@ -75,7 +76,7 @@ def snapshot_rows(sizes, rounds: int) -> list[dict]:
     for d, layers in sizes:
         cfg, m, opt = _stage(d, layers * 3)  # 3 stages' worth: the middle one has `layers`
         n = sum(p.numel() for p in m.parameters())
-        st = StageStepper(m, opt, cfg, 1, 3)
+        st = StageStepper(m, opt, TrainingSettings(), 1, 3)
         old_kept = {}
 
         def old():  # the pre-issue-8 stepper's snapshot
@@ -126,9 +127,9 @@ def redo_rows(sizes, rounds: int) -> list[dict]:
     rows = []
     for d, layers in sizes:
         cfg, m, opt = _stage(d, layers * 3)
-        cfg = dataclasses.replace(cfg, clip=1e-9)  # the clip always applies
+        tr = TrainingSettings(clip=1e-9)  # the clip always applies
         store = dist.HashStore()
-        st = StageStepper(m, opt, cfg, 1, 2, store, log=lambda msg: None)
+        st = StageStepper(m, opt, tr, 1, 2, store, log=lambda msg: None)
         grads = [p.grad.clone() for p in m.parameters()]
         v = 0
 
@@ -141,10 +142,10 @@ def redo_rows(sizes, rounds: int) -> list[dict]:
             if redo:
                 st.board.publish(v, v, 0, 1.0)
             else:  # a norm that does not clip: settle keeps the step
-                st.cfg = dataclasses.replace(cfg, clip=1e9)
+                st.training = dataclasses.replace(tr, clip=1e9)
                 st.board.publish(v, v, 0, 0.0)
             st.settle()
-            st.cfg = cfg
+            st.training = tr
             st.forget_committed(v)
 
         plain, redo = [], []
@@ -164,19 +165,22 @@ def runtime_clip(iterations: int) -> dict:
     from rich.console import Console
     from executor.compute.reference import compare, train_reference
     from executor.launch.launcher import train
-    cfg = ModelConfig(vocab=32, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2,
-                      clip=1.25, lr_schedule="cosine", warmup_iters=2, total_iters=iterations,
-                      min_lr_ratio=0.2)
+    from executor.inputs.launch_spec import LaunchSpec
+    from planner.job import JobSpec
+    cfg = ModelConfig(vocab=32, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2)
+    tr = TrainingSettings(clip=1.25, lr_schedule="cosine", warmup_iters=2,
+                          total_iters=iterations, min_lr_ratio=0.2)
     run_dir = tempfile.mkdtemp(prefix="step-bench-")
     t0 = time.perf_counter()
-    res = train(cfg, 2, 2, 2, iterations, run_dir=run_dir, timeout=4.0, deadline_s=120,
-                console=Console(file=io.StringIO()))
+    spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), iterations, training=tr, run_dir=run_dir,
+                      timeout=4.0, deadline_s=120)
+    res = train(spec, console=Console(file=io.StringIO()))
     wall = time.perf_counter() - t0
     logs = "".join(open(f).read() for f in sorted(glob.glob(os.path.join(run_dir, "worker-*.log"))))
     redos = [float(x) for x in re.findall(r"clip: redid step \d+ .*?, ([\d.]+) ms", logs)]
     waits = [float(x) for x in re.findall(r"waited ([\d.]+) ms for the norms", logs)]
-    ref = train_reference(cfg, 2, 2, iterations, 2)
-    clipped = sum(n > cfg.clip for n in ref.grad_norms)
+    ref = train_reference(cfg, 2, 2, iterations, 2, training=tr)
+    clipped = sum(n > tr.clip for n in ref.grad_norms)
     row = dict(iterations=iterations, workers=4, clipped_iterations=clipped,
                redos=len(redos), redos_per_iteration=len(redos) / iterations,
                redo_ms_median=statistics.median(redos) if redos else 0.0,
@@ -207,10 +211,12 @@ def bf16_rows(seeds: int) -> list[dict]:
     plan = solve(JobSpec.uniform(2, 2, 2), [], solver="greedy")
     for seed in range(seeds):
         cfg = ModelConfig(vocab=8, seq_len=4, d_model=16, n_layers=2, micro_batch_size=2,
-                          precision="bf16", clip=0.5, total_iters=4, seed=seed)
-        fp = dataclasses.replace(cfg, precision="fp32")
-        ref, fref = (train_reference(c, 2, 2, 4, 2, workload=wl) for c in (cfg, fp))
-        run, frun = (run_plan_locally(c, plan, 4, {1: [[1, 0]]}, workload=wl) for c in (cfg, fp))
+                          seed=seed)
+        bf = TrainingSettings(precision="bf16", clip=0.5, total_iters=4)
+        fp = dataclasses.replace(bf, precision="fp32")
+        ref, fref = (train_reference(cfg, 2, 2, 4, 2, training=t, workload=wl) for t in (bf, fp))
+        run, frun = (run_plan_locally(cfg, plan, 4, {1: [[1, 0]]}, workload=wl, training=t)
+                     for t in (bf, fp))
         rows.append(dict(seed=seed, bf16_run_vs_bf16_ref=gap(run, ref),
                          fp32_run_vs_fp32_ref=gap(frun, fref), fp32_vs_bf16_ref=gap(fref, ref)))
         print(f"seed {seed}: " + "; ".join(f"{k} " + ", ".join(f"{a} {b:.1e}" for a, b in v.items())

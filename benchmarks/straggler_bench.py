@@ -30,11 +30,13 @@ import torch
 from rich.console import Console
 
 from executor.launch.launcher import train
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.compute.profile import profile
 from planner.solvers.backends import solve
 from planner.solvers.greedy import greedy_plan
 from planner.routing import speed_routes
+from planner.job import JobSpec
 from planner.speeds import with_speeds
 
 D, S, M = 2, 2, 4
@@ -44,8 +46,9 @@ GRID = [[1.0, 1.0], [1.0, 0.5]]
 
 def run_mode(cfg, mode: str, iterations: int, warmup: int) -> tuple[float, int, dict]:
     slows = [] if mode == "nominal" else [SLOW]
-    res = train(cfg, D, S, M, iterations, slows=slows, detect_stragglers=(mode == "replan"),
-                timeout=10.0, deadline_s=600, console=Console(file=io.StringIO()))
+    spec = LaunchSpec(cfg, JobSpec.uniform(D, S, M), iterations, Faults(slows=slows),
+                      detect_stragglers=(mode == "replan"), timeout=10.0, deadline_s=600)
+    res = train(spec, console=Console(file=io.StringIO()))
     ends = [res.iteration_end[i] for i in range(warmup - 1, iterations)]
     gaps = [b - a for a, b in zip(ends, ends[1:])]
     last = res.summary.plans[-1]

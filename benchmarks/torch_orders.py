@@ -1,5 +1,5 @@
 """torch.distributed.pipelining's own schedule orders as pipelining CSV, for the planner
-benchmark's "torch orders" rows (planner/commands/bench.py reads the files; planner/ has no torch).
+benchmark's "torch orders" rows (planner/bench/quality.py reads the files; planner/ has no torch).
 
   python benchmarks/torch_orders.py        # writes benchmarks/torch_orders/*.csv
 

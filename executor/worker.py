@@ -77,11 +77,12 @@ def main(argv=None, world_size: int | None = None) -> int:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
     try:  # the run's --model, importable here too (same code on every machine)
-        workload = with_data(load_workload(conf.workload), conf.model)
+        workload = with_data(load_workload(conf.workload), conf.training.data)
     except ValueError as exc:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
     agent = Agent(conf.model, me, job, conf.iterations, source, store, workload=workload,
+                  training=conf.training,
                   timeout_s=timeout, incarnation=incarnation, start_iteration=start,
                   resume_part=resume_part, ckpt_dir=conf.ckpt_dir, ckpt_every=conf.ckpt_every,
                   device=device, local_workers=local_workers_hint() or conf.local_workers,

@@ -15,17 +15,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Iterator, Optional
 
+from planner.errors import Unplannable, UserError
 from planner.job import JobSpec
 from planner.speeds import MAX_SPEED, quantize
 
 Worker = tuple[int, int]
 
 
-class FailedSetError(ValueError):
+class FailedSetError(UserError):
     """The failed set names a worker that does not exist."""
 
 
-class NoPlanError(RuntimeError):
+class NoPlanError(Unplannable):
     """Every replica of some stage has failed: no schedule exists."""
 
     def __init__(self, stage: int):

@@ -9,9 +9,10 @@ from planner.failures import FailedSetError, NoPlanError, normalize, dead_stage
 from planner.plan import Plan, WorkerPlan
 from planner.routing import check_routes
 from planner.job import JobSpec
+from planner.errors import UserError
 
 
-class InvalidPlan(ValueError):
+class InvalidPlan(UserError):
     pass
 
 

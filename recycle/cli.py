@@ -1,11 +1,13 @@
 """The `recycle` console command: one entry point over the planner, executor and service.
 
-Each part registers its own sub-commands; the parts import their heavy dependencies
-(torch, uvicorn) inside the commands, so `recycle plan` starts fast.
+The commands are typer code over the parts' plain functions (recycle/commands/, one module
+per part's commands); they import the parts' heavy dependencies (torch, uvicorn) inside the
+commands, so `recycle plan` starts fast.
 """
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 
@@ -17,22 +19,34 @@ bench = typer.Typer(help="Benchmarks that print and save their figures.", no_arg
 app.add_typer(bench, name="bench")
 
 
+# (command module, the part it drives): the commands live here, in recycle/commands/,
+# over the parts' plain functions; a part left out of a build takes its commands along.
+PARTS = (("recycle.commands.train", "executor"), ("recycle.commands.serve", "api"),
+         ("recycle.commands.node", "executor"), ("recycle.commands.data", "executor"),
+         ("recycle.demo", None), ("recycle.compare", "executor"),
+         ("recycle.chaos.cli", None))  # None: no one part (always there)
+
+
+def _part_missing(exc: ModuleNotFoundError, part) -> bool:
+    return part is not None and exc.name is not None and (
+        exc.name == part or exc.name.startswith(part + "."))
+
+
 def _register_parts() -> None:
-    """Each part adds its commands; a part missing from this build is simply left out."""
-    from planner.commands.cli import register as planner_commands
+    """Each part's commands are added; a part missing from this build is simply left out
+    (its package is absent, so its commands could only fail)."""
+    from recycle.commands.plan import register as planner_commands
     planner_commands(app, bench)
-    parts = (("executor.cli", app), ("api.cli", app),
-             ("executor.node.cli", app), ("executor.data.cli", app),
-             ("recycle.demo", app), ("recycle.compare", app),
-             ("recycle.chaos.cli", app))
-    for module, group in parts:
+    for module, part in PARTS:
+        if part is not None and importlib.util.find_spec(part) is None:
+            continue
         try:
             mod = importlib.import_module(module)
         except ModuleNotFoundError as exc:
-            if exc.name != module:
+            if not _part_missing(exc, part):
                 raise
             continue
-        mod.register(group)
+        mod.register(app)
 
 
 _register_parts()

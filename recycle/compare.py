@@ -8,7 +8,7 @@ import math
 
 import typer
 
-from planner.commands.cli_errors import user_errors
+from recycle.commands.errors import user_errors
 
 
 def register(app: typer.Typer) -> None:

@@ -100,7 +100,8 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
 
     from executor.launch.launcher import Coordinator
     from executor.launch.run_record import failed_by_iteration
-    from executor.compute.model import ModelConfig
+    from executor.inputs.launch_spec import Faults, LaunchSpec
+    from executor.compute.config import ModelConfig, TrainingSettings
     from executor.compute.reference import compare, train_reference
     from executor.data.prepare import prepare, stdlib_dir
     from executor.data.token_file import with_data
@@ -116,13 +117,13 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
     console.print(f"recycle data prepare: {data.token_file.tokens:,} byte tokens from "
                   f"{data.files} files of the standard library ({', '.join(TEXT)})")
     # warm-up then cosine, clipped by the global norm over both stages: exact as the rest
-    cfg = ModelConfig(**architecture(MODEL), micro_batch_size=4, lr=1e-2, lr_schedule="cosine",
-                      warmup_iters=2, total_iters=ITERATIONS, clip=1.0,
-                      data=data.token_file.path)
+    cfg = ModelConfig(**architecture(MODEL), micro_batch_size=4)
+    training = TrainingSettings(lr=1e-2, lr_schedule="cosine", warmup_iters=2,
+                                total_iters=ITERATIONS, clip=1.0, data=data.token_file.path)
     console.print(f"model {MODEL}: {cfg.n_layers} layers, d_model {cfg.d_model}, "
                   f"{cfg.n_heads} heads ({cfg.n_kv_heads} key/value), context {cfg.seq_len}; "
-                  f"lr {cfg.lr:g} with 2 warm-up iterations then cosine, clip at global "
-                  f"norm {cfg.clip:g}")
+                  f"lr {training.lr:g} with 2 warm-up iterations then cosine, clip at global "
+                  f"norm {training.clip:g}")
     admin = secrets.token_urlsafe(16)
     service, url = _start_service(tmp, admin)
     try:
@@ -138,9 +139,10 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
                       f"the service publishes the re-routed plan, and the worker is "
                       f"restarted when the run reaches iteration {REJOIN[2]}.")
         watch = ServiceWatch(url, job_id, token, timeout_s=30)
-        coord = Coordinator(cfg, watch.plan.job, ITERATIONS, service=watch, kills=[KILL],
-                            rejoins=[REJOIN], timeout=4.0, deadline_s=120,
-                            run_dir=os.path.join(tmp, "run"), console=console, model=MODEL)
+        run = LaunchSpec(cfg, watch.plan.job, ITERATIONS, faults=Faults(kills=[KILL],
+                         rejoins=[REJOIN]), training=training, timeout=4.0, deadline_s=120,
+                         run_dir=os.path.join(tmp, "run"), model=MODEL)
+        coord = Coordinator(run, console=console, service=watch)
         t0 = time.monotonic()
         res = coord.run()
         wall = time.monotonic() - t0
@@ -168,8 +170,8 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
     tokens = D * M * cfg.micro_batch_size * cfg.seq_len
     rows = version_rows(res.summary.plans, res.iteration_end, ITERATIONS, tokens)
     rerouted = show_versions(console, rows, failed_by_iteration(res.summary.plans, ITERATIONS))
-    ref = train_reference(cfg, D, M, ITERATIONS, S,
-                          workload=with_data(load_workload(MODEL), cfg))
+    ref = train_reference(cfg, D, M, ITERATIONS, S, training=training,
+                          workload=with_data(load_workload(MODEL), training.data))
     table = Table("iteration", "loss (SIGKILL + rejoin)", "loss (no failure)", "|diff|",
                   title=f"Losses, {wall:.1f} s of training")
     for i, (a, b) in enumerate(zip(res.summary.losses, ref.losses)):

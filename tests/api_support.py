@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from api.cli import Server
+from api.server import Server
 
 ROOT = Path(__file__).resolve().parents[1]
 ADMIN = "admin-secret"

@@ -18,19 +18,22 @@ from executor.compute.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.runtime.comm import FWD, World, connect_store, host_store
 from executor.runtime.wire import ActivationSpec, ActivationSpecError
+from planner.job import JobSpec
 
 CFG = ModelConfig(vocab=8, seq_len=6, d_model=8, n_heads=2, n_layers=2, micro_batch_size=2)
 M = 2
 WL = "tests.activation_workloads:"
 
 
-def _train(tmp_path, model: str, D: int, iterations: int, **kw):
+def _train(tmp_path, model: str, D: int, iterations: int, faults=Faults()):
     out = io.StringIO()
-    res = train(CFG, D, 2, M, iterations, summary_path=str(tmp_path / "summary.json"),
-                deadline_s=50, run_dir=str(tmp_path), timeout=4.0, model=model,
-                console=Console(file=out, width=200), **kw)
+    spec = LaunchSpec(CFG, JobSpec.uniform(D, 2, M), iterations, faults, deadline_s=50,
+                      summary_path=str(tmp_path / "summary.json"), run_dir=str(tmp_path),
+                      timeout=4.0, model=model)
+    res = train(spec, console=Console(file=out, width=200))
     res.output = out.getvalue()
     return res
 
@@ -65,7 +68,7 @@ def test_any_activation_killed_and_rejoined_is_exact(tmp_path, model):
     """odd: one float64 (b, T, 3d) tensor; tuple_: (bf16 hidden, int64 positions, bool
     mask). D=2, worker 1:1 SIGKILLed mid-iteration 1 and rejoined at 2: the re-routed
     micro-batches and the rejoined worker agree on the spec of every new plan version."""
-    res = _train(tmp_path, WL + model, 2, 4, kills=[(1, 1, 1)], rejoins=[(1, 1, 2)])
+    res = _train(tmp_path, WL + model, 2, 4, Faults(kills=[(1, 1, 1)], rejoins=[(1, 1, 2)]))
     assert res.summary is not None, f"halted: {res.halted}\n{res.output}"
     ref = train_reference(CFG, 2, M, 4, 2, workload=load_workload(WL + model))
     diffs = compare(res.summary, ref, 1e-5)

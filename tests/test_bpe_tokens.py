@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from executor.compute.model import ModelConfig
+from executor.compute.config import ModelConfig, TrainingSettings
 from executor.compute.reference import Summary, compare, train_reference
 from executor.data.prepare import stdlib_dir
 from executor.data.token_file import open_tokens, with_data
@@ -130,9 +130,10 @@ def test_llama_trains_on_bpe_tokens_killed_exact(bpe, tmp_path):
     assert r.exit_code == 0, r.output
     got = Summary.load(str(out))
     shape = {**architecture("llama:debug", seq_len=16), "vocab": 512}
-    cfg = ModelConfig(micro_batch_size=2, lr=1e-2, total_iters=6, data=str(bpe), **shape)
-    wl = with_data(FAMILIES["llama"].workload(), cfg)
-    ref = train_reference(cfg, 2, 2, 6, 2, workload=wl)
+    cfg = ModelConfig(micro_batch_size=2, **shape)
+    training = TrainingSettings(lr=1e-2, total_iters=6, data=str(bpe))
+    wl = with_data(FAMILIES["llama"].workload(), training.data)
+    ref = train_reference(cfg, 2, 2, 6, 2, training=training, workload=wl)
     assert not compare(got, ref, 1e-5), r.output
     assert abs(got.losses[0] - np.log(512)) < 0.5, got.losses  # a 512-way softmax at first
     assert min(got.losses[3:]) < got.losses[0] - 0.5, got.losses  # it learns (seeded: the same every run)

@@ -16,8 +16,10 @@ import torch
 from typer.testing import CliRunner
 
 from executor.compute.model import DEFAULT_WORKLOAD as WL
-from executor.compute.model import ModelConfig
+from executor.compute.config import TrainingSettings
 from executor.compute.reference import checksum, compare, train_reference
+from executor.inputs.launch_spec import Faults
+from planner.job import JobSpec
 from test_executor_runtime import CFG, M, TOL, assert_exact, logs, reference, run
 
 pytestmark = pytest.mark.hard_timeout(150)
@@ -58,12 +60,12 @@ def outside_load(part, tmp_path, name):
 def test_halt_writes_dcp_checkpoint_that_loads_outside_and_resumes_exactly(tmp_path):
     first = tmp_path / "first"
     first.mkdir()
-    res = run(first, 2, 2, 4, kills=[(0, 1, 1), (1, 1, 2)])
+    res = run(first, 2, 2, 4, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]))
     assert res.summary is None and "stage 1 has no live replica" in res.halted
     assert f"--resume {res.checkpoint}" in res.output
     man = json.load(open(os.path.join(res.checkpoint, "recycle.json")))
     k = man["iteration"]
-    assert man["format"] == "recycle.ckpt/v2" and 0 <= k <= 1 and len(man["losses"]) == k + 1
+    assert man["format"] == "recycle.ckpt/v3" and 0 <= k <= 1 and len(man["losses"]) == k + 1
     # Each stage part, read by torch alone, holds the parameters of the reference after k.
     ref = train_reference(CFG, 2, M, k + 1, 2)
     assert [sum(row) / len(row) for row in man["losses"]] == pytest.approx(ref.losses, abs=TOL)
@@ -82,7 +84,7 @@ def test_halt_writes_dcp_checkpoint_that_loads_outside_and_resumes_exactly(tmp_p
 def _reference_with_lr_switch(cfg, D, S, iterations, switch_at, lr):
     """The reference loop with the learning rate changed before iteration `switch_at`."""
     mods = [WL.build_stage(cfg, s, S) for s in range(S)]
-    opts = [WL.make_optimizer(cfg, m.parameters()) for m in mods]
+    opts = [WL.make_optimizer(TrainingSettings(), m.parameters()) for m in mods]
     n = D * M
     for it in range(iterations):
         if it == switch_at:
@@ -104,7 +106,7 @@ def _reference_with_lr_switch(cfg, D, S, iterations, switch_at, lr):
 def periodic(tmp_path_factory):
     """4 iterations with --checkpoint-every 2: checkpoints of iterations 1 and 3."""
     d = tmp_path_factory.mktemp("periodic")
-    res = run(d, 2, 2, 4, ckpt_every=2)
+    res = run(d, 2, 2, 4, checkpoint_every=2)
     assert_exact(res, 2, 2, 4, d)
     return d / "checkpoints"
 
@@ -115,12 +117,14 @@ def test_periodic_checkpoints_and_resume_honours_lr(periodic, tmp_path):
     for n in names:
         assert sorted(os.listdir(periodic / n)) == ["recycle.json", "stage0", "stage1"]
     # Continue from iteration 1's checkpoint with another --lr: it is honoured.
-    cfg = ModelConfig(**{**CFG.to_dict(), "betas": CFG.betas, "lr": 1e-2})
     from executor.launch.launcher import train
+    from executor.inputs.launch_spec import LaunchSpec
     from rich.console import Console
     import io
-    res = train(cfg, 2, 2, M, 4, resume=str(periodic / "iter000001"), run_dir=str(tmp_path),
-                deadline_s=50, timeout=4.0, console=Console(file=io.StringIO()))
+    spec = LaunchSpec(CFG, JobSpec.uniform(2, 2, M), 4, training=TrainingSettings(lr=1e-2),
+                      resume=str(periodic / "iter000001"), run_dir=str(tmp_path),
+                      deadline_s=50, timeout=4.0)
+    res = train(spec, console=Console(file=io.StringIO()))
     assert res.summary is not None, logs(tmp_path)
     want = _reference_with_lr_switch(CFG, 2, 2, 4, 2, 1e-2)
     assert res.summary.param_checksums == pytest.approx(want, rel=TOL, abs=TOL)
@@ -166,3 +170,45 @@ def test_bad_resume_and_device_input_is_one_line_exit_2(periodic, tmp_path, case
     assert code == 2, err
     lines = [ln for ln in err.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], err
+
+
+def _as_flat_v2(directory) -> dict:
+    """Rewrite a manifest as checkpoints were written before the training settings left
+    ModelConfig: format v2, one flat `model` dict holding both, no `training`."""
+    path = os.path.join(directory, "recycle.json")
+    with open(path) as fh:
+        d = json.load(fh)
+    d["model"] = {**d.pop("training"), **d["model"]}
+    d["format"] = "recycle.ckpt/v2"
+    with open(path, "w") as fh:
+        json.dump(d, fh)
+    return d
+
+
+def test_a_manifest_from_before_the_split_still_loads_and_resumes(periodic, tmp_path):
+    """A v2 checkpoint (model and training settings in one dict) loads as the two dicts
+    and resumes exactly; its training settings are still checked (weight decay) and still
+    fill the flags left out of `--resume DIR` (the lr)."""
+    import shutil
+
+    from executor.checkpoint import Manifest, read_checkpoint
+    from executor.inputs.train_options import resumed_defaults
+    old = tmp_path / "old"
+    shutil.copytree(periodic, old)
+    flat = _as_flat_v2(old / "iter000001")
+    assert "lr" in flat["model"] and "training" not in flat
+    man = Manifest.load(str(old / "iter000001"))
+    assert man.training == TrainingSettings().to_dict() and "lr" not in man.model
+    assert man.model == {**CFG.to_dict(), "workload": "gpt"}
+    job = JobSpec.uniform(2, 2, M)
+    ck = str(old / "iter000001")
+    read_checkpoint(ck, job, CFG, TrainingSettings(lr=1e-2), 4)  # the lr: resumable
+    with pytest.raises(ValueError, match="weight_decay=0.01, this run asks 0.1"):
+        read_checkpoint(ck, job, CFG, TrainingSettings(weight_decay=0.1), 4)
+    assert resumed_defaults(man)["lr"] == TrainingSettings().lr
+    (tmp_path / "run").mkdir()
+    res = run(tmp_path / "run", 2, 2, 4, resume=ck)
+    assert_exact(res, 2, 2, 4, tmp_path / "run")
+    written = json.loads((tmp_path / "run" / "checkpoints" / "iter000003" / "recycle.json")
+                         .read_text())  # a new checkpoint of the resumed run: both dicts
+    assert written["format"] == "recycle.ckpt/v3" and written["training"]["lr"] == 3e-3

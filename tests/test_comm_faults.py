@@ -149,9 +149,10 @@ def test_cuda_training_with_a_kill_matches_the_reference(tmp_path):
     """On a GPU machine: the workers compute on CUDA (NCCL where each local worker has its
     own GPU, gloo with CPU copies where they share one), a SIGKILL mid-iteration, and the
     result still equals the CPU reference (CUDA kernels round differently: 1e-4)."""
+    from executor.inputs.launch_spec import Faults
     from test_executor_runtime import CFG, M, logs, run
     from executor.compute.reference import compare, train_reference
-    res = run(tmp_path, 2, 2, 3, kills=[(1, 1, 1)], device="cuda")
+    res = run(tmp_path, 2, 2, 3, faults=Faults(kills=[(1, 1, 1)]), device="cuda")
     assert res.summary is not None, f"{res.halted}\n{res.output}\n{logs(tmp_path)}"
     assert not compare(res.summary, train_reference(CFG, 2, M, 3, 2), 1e-4)
     assert "on cuda:" in logs(tmp_path) and "on cpu" not in logs(tmp_path)

@@ -21,6 +21,7 @@ from rich.console import Console
 from api_support import ProcServer, admin_headers
 from executor.launch.launcher import Coordinator
 from executor.launch.run_record import failed_by_iteration
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
 from executor.sources.service_source import ServiceWatch
@@ -46,12 +47,12 @@ def register(url: str) -> tuple[str, str]:
     return r.json()["id"], r.json()["token"]
 
 
-def coordinator(tmp_path, url, jid, token, iterations, timeout=4.0, **kw):
+def coordinator(tmp_path, url, jid, token, iterations, timeout=4.0, faults=Faults()):
     watch = ServiceWatch(url, jid, token, timeout_s=30)
     out = io.StringIO()
-    coord = Coordinator(CFG, watch.plan.job, iterations, service=watch, timeout=timeout,
-                        deadline_s=50, run_dir=str(tmp_path),
-                        console=Console(file=out, width=200), **kw)
+    spec = LaunchSpec(CFG, watch.plan.job, iterations, faults, timeout=timeout, deadline_s=50,
+                      run_dir=str(tmp_path))
+    coord = Coordinator(spec, console=Console(file=out, width=200), service=watch)
     coord.output = out
     return coord
 
@@ -78,8 +79,8 @@ def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
     srv = ProcServer(tmp_path / "service.db", *SERVE).start()
     try:
         jid, token = register(srv.url)
-        coord = coordinator(tmp_path, srv.url, jid, token, 5, kills=[(1, 0, 1)],
-                            rejoins=[(1, 0, 3)])
+        coord = coordinator(tmp_path, srv.url, jid, token, 5, faults=Faults(
+                            kills=[(1, 0, 1)], rejoins=[(1, 0, 3)]))
         res = coord.run()
         assert_exact(res, coord, 5, tmp_path)
         h = history(srv.url, jid)
@@ -158,7 +159,7 @@ def test_stalled_worker_resynced_by_the_service(tmp_path):
     try:
         jid, token = register(srv.url)
         coord = coordinator(tmp_path, srv.url, jid, token, 5, timeout=2.0,
-                            stalls=[(0, 1, 1, 3.0)])
+                            faults=Faults(stalls=[(0, 1, 1, 3.0)]))
         res = coord.run()
         assert_exact(res, coord, 5, tmp_path)
         h = history(srv.url, jid)
@@ -179,7 +180,7 @@ def test_stall_past_heartbeat_timeout_fences_then_rejoins(tmp_path):
     try:
         jid, token = register(srv.url)
         coord = coordinator(tmp_path, srv.url, jid, token, 5, timeout=2.0,
-                            stalls=[(0, 1, 1, 5.0)], rejoins=[(0, 1, 3)])
+                            faults=Faults(stalls=[(0, 1, 1, 5.0)], rejoins=[(0, 1, 3)]))
         res = coord.run()
         assert_exact(res, coord, 5, tmp_path)
         h = history(srv.url, jid)
@@ -218,7 +219,7 @@ def test_kill_and_rejoin_at_the_default_heartbeat_timeout(tmp_path):
     try:
         jid, token = register(srv.url)
         coord = coordinator(tmp_path, srv.url, jid, token, 6, timeout=2.0,
-                            kills=[(0, 1, 1)], rejoins=[(0, 1, 3)])
+                            faults=Faults(kills=[(0, 1, 1)], rejoins=[(0, 1, 3)]))
         res = coord.run()
         assert_exact(res, coord, 6, tmp_path)
         assert history(srv.url, jid)["plans"][-1]["incarnations"] == [[1, 2], [1, 1]]

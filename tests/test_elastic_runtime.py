@@ -4,6 +4,7 @@ changes, only who runs each stage."""
 import pytest
 
 from executor.launch.run_record import failed_by_iteration
+from executor.inputs.launch_spec import Faults
 from tests.test_executor_runtime import assert_exact, logs, run
 
 pytestmark = pytest.mark.hard_timeout(120)
@@ -12,7 +13,7 @@ pytestmark = pytest.mark.hard_timeout(120)
 def test_3x3_kills_leave_stage_2_one_worker_and_a_stage_0_worker_moves_to_it(tmp_path):
     # after the kills stage 0 has three workers, stage 1 two, stage 2 one: the plan moves a
     # stage-0 worker to stage 2, where it loads the state from the live holder 2:2
-    res = run(tmp_path, 3, 3, 5, kills=[(0, 1, 1), (0, 2, 2), (1, 2, 2)])
+    res = run(tmp_path, 3, 3, 5, faults=Faults(kills=[(0, 1, 1), (0, 2, 2), (1, 2, 2)]))
     assert_exact(res, 3, 3, 5, tmp_path)
     moved = [p for p in res.summary.plans if p.get("moves")]
     assert moved, res.summary.plans
@@ -27,7 +28,7 @@ def test_3x3_kills_leave_stage_2_one_worker_and_a_stage_0_worker_moves_to_it(tmp
 def test_two_moves_in_a_row_out_of_the_last_and_the_first_stage_stay_exact(tmp_path):
     # two kills in stage 2 move a stage-1 worker to the last stage (it starts computing
     # losses); then a kill in stage 1 moves a stage-0 worker there (it stops loading data)
-    res = run(tmp_path, 3, 3, 5, kills=[(0, 2, 1), (1, 2, 1), (0, 1, 2)])
+    res = run(tmp_path, 3, 3, 5, faults=Faults(kills=[(0, 2, 1), (1, 2, 1), (0, 1, 2)]))
     assert_exact(res, 3, 3, 5, tmp_path)
     moves = [(m["from_stage"], m["to_stage"]) for p in res.summary.plans
              for m in p.get("moves", [])]
@@ -39,7 +40,7 @@ def test_two_moves_in_a_row_out_of_the_last_and_the_first_stage_stay_exact(tmp_p
 def test_2x2_loses_both_workers_of_stage_1_and_finishes_from_peer_memory(tmp_path):
     # no rejoin: a stage-0 worker moves to stage 1 and loads the snapshot it or its peer
     # holds; the whole job rolls back to the snapshot's iteration, in memory, and re-trains
-    res = run(tmp_path, 2, 2, 8, kills=[(0, 1, 3), (1, 1, 5)], snapshot_every=2)
+    res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 1, 3), (1, 1, 5)]), snapshot_every=2)
     assert_exact(res, 2, 2, 8, tmp_path)
     assert res.summary.elastic["snapshot_restores"] == 1, res.summary.plans
     log = logs(tmp_path)
@@ -48,6 +49,6 @@ def test_2x2_loses_both_workers_of_stage_1_and_finishes_from_peer_memory(tmp_pat
 
 
 def test_losing_a_stage_without_snapshots_still_halts_with_the_reason(tmp_path):
-    res = run(tmp_path, 2, 2, 6, kills=[(0, 1, 1), (1, 1, 2)])
+    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]))
     assert res.summary is None and "stage 1 has no live replica" in res.halted
     assert "no snapshot in peer memory" in res.halted

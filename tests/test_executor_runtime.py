@@ -21,6 +21,7 @@ from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store
 from executor.launch.faults import parse_event, parse_stall
 from executor.launch.launcher import train
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.launch.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
@@ -39,13 +40,15 @@ def reference(D, S, iterations):
     return train_reference(CFG, D, M, iterations, S)
 
 
-def run(tmp_path, D, S, iterations, **kw):
+def run(tmp_path, D, S, iterations, **fields):
+    """Train a LaunchSpec of CFG on a DxSxM grid (`fields`: its other fields)."""
     out = io.StringIO()
     t0 = time.monotonic()
-    kw.setdefault("timeout", 4.0)
-    res = train(CFG, D, S, M, iterations, summary_path=str(tmp_path / "summary.json"),
-                deadline_s=50, run_dir=str(tmp_path),
-                console=Console(file=out, width=200), **kw)
+    fields.setdefault("timeout", 4.0)
+    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), iterations, deadline_s=50,
+                      summary_path=str(tmp_path / "summary.json"), run_dir=str(tmp_path),
+                      **fields)
+    res = train(spec, console=Console(file=out, width=200))
     res.output, res.wall = out.getvalue(), time.monotonic() - t0
     return res
 
@@ -69,7 +72,7 @@ def test_no_failure_matches_reference(tmp_path, D, S):
 
 
 def test_one_worker_sigkilled_mid_iteration(tmp_path):
-    res = run(tmp_path, 2, 2, 3, kills=[(0, 1, 1)])
+    res = run(tmp_path, 2, 2, 3, faults=Faults(kills=[(0, 1, 1)]))
     assert_exact(res, 2, 2, 3, tmp_path)
     assert any("SIGKILL worker 0:1 mid-iteration 1" in e for e in res.events)
     assert any("worker 0:1 failed (process exited with code -9)" in e for e in res.events)
@@ -78,7 +81,7 @@ def test_one_worker_sigkilled_mid_iteration(tmp_path):
 def test_fused_backward_synchronous_plans_with_a_kill(tmp_path):
     """`recycle train --no-split --sync`: plans of B actions, same exactness."""
     from planner.plan import Mode
-    res = run(tmp_path, 2, 2, 3, kills=[(1, 0, 1)], mode=Mode(split_backward=False, staggered=False))
+    res = run(tmp_path, 2, 2, 3, faults=Faults(kills=[(1, 0, 1)]), mode=Mode(split_backward=False, staggered=False))
     assert_exact(res, 2, 2, 3, tmp_path)
     assert "fused B, synchronous optimizer) at iteration 1" in logs(tmp_path)
 
@@ -86,13 +89,13 @@ def test_fused_backward_synchronous_plans_with_a_kill(tmp_path):
 @pytest.mark.parametrize("kills", [[(0, 1, 1), (1, 1, 2)], [(0, 0, 1), (2, 1, 1)]],
                          ids=["same-stage", "different-stages"])
 def test_two_workers_killed_3x2(tmp_path, kills):
-    res = run(tmp_path, 3, 2, 3, kills=kills)
+    res = run(tmp_path, 3, 2, 3, faults=Faults(kills=kills))
     assert_exact(res, 3, 2, 3, tmp_path)
     assert sum("failed (process exited" in e for e in res.events) == 2
 
 
 def test_kill_then_rejoin_loads_state_from_peer(tmp_path):
-    res = run(tmp_path, 2, 2, 4, kills=[(1, 0, 1)], rejoins=[(1, 0, 2)])
+    res = run(tmp_path, 2, 2, 4, faults=Faults(kills=[(1, 0, 1)], rejoins=[(1, 0, 2)]))
     assert_exact(res, 2, 2, 4, tmp_path)
     assert any("worker 1:0 is back" in e for e in res.events)
     assert "loaded stage 0 state from worker (0, 0)" in logs(tmp_path)
@@ -102,7 +105,8 @@ def test_rejoin_keeps_the_worker_out_until_its_iteration(tmp_path):
     """--kill 0:1@2 --rejoin 0:1@5: the death is a failure plan at once, iterations 2..4
     train re-routed (0:1's micro-batches on 1:1), and the worker is back for 5 on, every
     time (it used to be restarted at once and re-routed 0 to 3 iterations by timing)."""
-    res = run(tmp_path, 2, 2, 7, kills=[(0, 1, 2)], rejoins=[(0, 1, 5)], timeout=3.0)
+    res = run(tmp_path, 2, 2, 7, faults=Faults(kills=[(0, 1, 2)], rejoins=[(0, 1, 5)]),
+              timeout=3.0)
     assert_exact(res, 2, 2, 7, tmp_path)
     failed = failed_by_iteration(res.summary.plans, 7)
     assert failed == [[]] * 2 + [[[0, 1]]] * 3 + [[]] * 2, res.summary.plans
@@ -115,7 +119,8 @@ def test_rejoin_keeps_the_worker_out_until_its_iteration(tmp_path):
 def test_restart_brings_the_worker_back_as_soon_as_it_is_up(tmp_path):
     """--restart: the death is still a failure plan first; the new process starts at once
     and is admitted before the iteration named (which waits for it)."""
-    res = run(tmp_path, 2, 2, 6, kills=[(0, 1, 1)], rejoins=[(0, 1, 4, True)], timeout=3.0)
+    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1)], restarts=[(0, 1, 4)]),
+              timeout=3.0)
     assert_exact(res, 2, 2, 6, tmp_path)
     failed = failed_by_iteration(res.summary.plans, 6)
     assert failed[0] == [] and failed[4:] == [[], []], res.summary.plans  # back by 4
@@ -128,7 +133,7 @@ def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
     """SIGSTOP, later SIGCONT: nobody dies. Its peers time out and report it; the
     coordinator re-publishes after one comm timeout (the longer stall also outlives a
     re-published world that waits for it); the late worker catches up with the newest plan."""
-    res = run(tmp_path, 2, 2, 4, stalls=[(0, 1, 1, seconds)], timeout=2.0)
+    res = run(tmp_path, 2, 2, 4, faults=Faults(stalls=[(0, 1, 1, seconds)]), timeout=2.0)
     assert_exact(res, 2, 2, 4, tmp_path)
     assert any("SIGSTOP worker 0:1 mid-iteration 1" in e for e in res.events)
     assert any("SIGCONT worker 0:1" in e for e in res.events)
@@ -139,7 +144,8 @@ def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
 
 def _config(job, timeout):
     from executor.inputs.worker_settings import WorkerSettings
-    return WorkerSettings(CFG, job, 1, "t", timeout=timeout,
+    from executor.compute.config import TrainingSettings
+    return WorkerSettings(CFG, TrainingSettings(), job, 1, "t", timeout=timeout,
                           local_workers=job.replicas * job.stages).to_json()
 
 

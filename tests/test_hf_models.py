@@ -17,10 +17,12 @@ from executor.compute.model import ModelConfig  # noqa: E402
 from executor.compute.reference import compare, train_reference  # noqa: E402
 from executor.inputs.workload_name import check_workload, load_workload  # noqa: E402
 from executor.launch.launcher import train  # noqa: E402
+from executor.inputs.launch_spec import Faults, LaunchSpec  # noqa: E402
 from executor.models.families import architecture  # noqa: E402
 from executor.models.hf import hf_config  # noqa: E402
 from executor.models.modules import seeded_build  # noqa: E402
 from executor.runtime.tied import Tie, ties_of  # noqa: E402
+from planner.job import JobSpec  # noqa: E402
 
 pytestmark = pytest.mark.hard_timeout(150)
 GPT2 = "hf:gpt2?n_layer=2&n_embd=16&n_head=2&vocab_size=32&n_positions=16"
@@ -90,9 +92,10 @@ def test_cli_refuses_a_bad_hf_name_in_one_line(tmp_path):
 def test_sigkill_and_rejoin_2x2_equal_reference(tmp_path, name, dead):
     cfg = cfg_of(name)
     out = io.StringIO()
-    res = train(cfg, 2, 2, 2, 4, kills=[(*dead, 1)], rejoins=[(*dead, 2)], deadline_s=100,
-                run_dir=str(tmp_path), console=Console(file=out, width=200), timeout=4.0,
-                model=name)
+    spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 4,
+                      Faults(kills=[(*dead, 1)], rejoins=[(*dead, 2)]), deadline_s=100,
+                      run_dir=str(tmp_path), timeout=4.0, model=name)
+    res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     assert "SIGKILL worker" in out.getvalue() and "is back" in out.getvalue()
     ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(name))

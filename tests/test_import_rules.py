@@ -105,3 +105,13 @@ def test_the_product_never_imports_benchmarks_and_parts_keep_their_rules():
         for name in tops & FORBIDDEN.get(mod.split(".")[0], set()):
             bad.append(f"{mod} imports {name}")
     assert bad == []
+
+
+def test_only_the_cli_package_imports_the_cli_libraries():
+    """typer (and click under it) in recycle/ only: planner/, executor/ and api/ expose
+    plain functions, and raise planner/errors.py's typed errors for the CLI to report."""
+    _, raw = _graph()
+    bad = sorted(f"{mod} imports {name}" for mod, names in raw.items()
+                 if mod.split(".")[0] != "recycle"
+                 for name in {n.split(".")[0] for n in names} & {"typer", "click"})
+    assert bad == []

@@ -212,7 +212,7 @@ def test_greedy_is_no_worse_than_torch_zb1p_under_tight_memory():
 
 
 def test_planner_bench_torch_rows():
-    from planner.commands.bench import TORCH_CASES, _torch_lines, torch_order_rows
+    from planner.bench.quality import TORCH_CASES, _torch_lines, torch_order_rows
     rows = torch_order_rows(None)
     assert len(rows) == len(TORCH_CASES)
     for r in rows:

@@ -146,7 +146,7 @@ def test_committed_torch_orders_are_torchs_and_greedy_is_no_worse():
     (S=8, M=16, 10 slots: 567 against 565, see docs/planner.md)."""
     import importlib.util
 
-    from planner.commands.bench import TORCH_CASES
+    from planner.bench.quality import TORCH_CASES
     from planner.interop.csv_import import import_csv
     from planner.validate import validate
 

@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from executor.launch.run_record import failed_by_iteration
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from test_executor_runtime import CFG, M, assert_exact, logs, run
 
 pytestmark = pytest.mark.hard_timeout(150)
@@ -26,7 +27,8 @@ RECYCLE = [sys.executable, "-m", "recycle.cli"]
 def test_repeated_rejoins_each_consume_one_entry(tmp_path):
     """Cause 1: kill, rejoin, kill again, rejoin again: one restart per death, both kills
     land, and training is exact."""
-    res = run(tmp_path, 2, 2, 10, kills=[(0, 1, 2), (0, 1, 6)], rejoins=[(0, 1, 4), (0, 1, 8)])
+    res = run(tmp_path, 2, 2, 10, faults=Faults(kills=[(0, 1, 2), (0, 1, 6)],
+                                               rejoins=[(0, 1, 4), (0, 1, 8)]))
     assert_exact(res, 2, 2, 10, tmp_path)
     kills = [e for e in res.events if e.startswith("SIGKILL worker 0:1")]
     restarts = [e for e in res.events if e.startswith("restarting worker 0:1")]
@@ -41,7 +43,8 @@ def test_repeated_rejoins_each_consume_one_entry(tmp_path):
 def test_killed_in_its_own_rejoin_iteration_does_not_stall(tmp_path):
     """Cause 4: the hold for the rejoin at 4 is released once it is met; the second death
     in iteration 4 must not re-arm it (it stalled for 10 x --timeout)."""
-    res = run(tmp_path, 2, 2, 6, kills=[(0, 1, 2), (0, 1, 4)], rejoins=[(0, 1, 4)], timeout=3.0)
+    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 2), (0, 1, 4)], rejoins=[(0, 1, 4)]),
+              timeout=3.0)
     assert_exact(res, 2, 2, 6, tmp_path)
     text = res.output + logs(tmp_path)
     assert "did not come in time" not in text and "not admitted within" not in text, text
@@ -180,7 +183,7 @@ def test_store_listens_on_loopback_only(tmp_path):
     """Cause 8: the coordinator's unauthenticated store must not listen on every interface."""
     from executor.launch.launcher import Coordinator
     from planner.job import JobSpec
-    coord = Coordinator(CFG, JobSpec.uniform(2, 2, M), 2, run_dir=str(tmp_path))
+    coord = Coordinator(LaunchSpec(CFG, JobSpec.uniform(2, 2, M), 2, run_dir=str(tmp_path)))
     port = coord.store.port
     with open("/proc/net/tcp") as fh:
         rows = [line.split() for line in fh.readlines()[1:]]
@@ -206,7 +209,8 @@ def test_store_holds_no_service_token(tmp_path):
         jid, token = r.json()["id"], r.json()["token"]
         watch = ServiceWatch(srv.url, jid, token)
         try:
-            coord = Coordinator(CFG, watch.plan.job, 2, service=watch, run_dir=str(tmp_path))
+            coord = Coordinator(LaunchSpec(CFG, watch.plan.job, 2, run_dir=str(tmp_path)),
+                                service=watch)
             config = coord.store.get("config").decode()
             assert token not in config and json.loads(config)["service"]["job_id"] == jid
         finally:

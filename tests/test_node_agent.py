@@ -20,6 +20,7 @@ from rich.console import Console
 
 from api_support import ROOT, ProcServer, admin_headers, free_port
 from executor.launch.launcher import Coordinator
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.reference import compare
 from executor.sources.service_source import ServiceWatch
 from test_e2e_service import CFG, D, M, S, reference, register
@@ -83,9 +84,9 @@ def test_agents_start_workers_report_a_sigkill_at_once_and_training_stays_exact(
         watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
         port = free_port()
         out = io.StringIO()
-        coord = Coordinator(CFG, watch.plan.job, ITERATIONS, slows=SLOW, service=watch, timeout=4.0, deadline_s=90,
-                            run_dir=str(tmp_path), console=Console(file=out, width=200),
-                            external=True, store_port=port)
+        spec = LaunchSpec(CFG, watch.plan.job, ITERATIONS, Faults(slows=SLOW), timeout=4.0,
+                          deadline_s=90, run_dir=str(tmp_path), external=True, store_port=port)
+        coord = Coordinator(spec, console=Console(file=out, width=200), service=watch)
         result = {}
         runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
                                   daemon=True)

@@ -7,7 +7,7 @@ import warnings
 
 import torch
 
-from executor.compute.model import ModelConfig
+from executor.compute.config import TrainingSettings
 from executor.optim.clip import scale_, stage_sq_norm
 from executor.optim.schedule import IterationLR, lr_at
 
@@ -18,9 +18,9 @@ def _opt(lr=0.123):
 
 
 def test_iteration_lr_is_lr_at_in_any_order_and_warns_nothing():
-    cfg = dataclasses.replace(ModelConfig(), lr=2e-3, lr_schedule="cosine", warmup_iters=3,
+    cfg = dataclasses.replace(TrainingSettings(), lr=2e-3, lr_schedule="cosine", warmup_iters=3,
                               total_iters=12, min_lr_ratio=0.1)
-    _, opt = _opt()  # built with another lr: the schedule's base is cfg.lr
+    _, opt = _opt()  # built with another lr: the schedule's base is training.lr
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sched = IterationLR(opt, cfg)

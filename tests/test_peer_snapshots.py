@@ -8,7 +8,6 @@ holder SIGKILLed in the middle of a fetch, or one that hangs, is an error within
 fetch's timeout, never a hang; a dead holder never takes the sender down.
 """
 import copy
-import dataclasses
 import multiprocessing
 import os
 import signal
@@ -19,6 +18,7 @@ import time
 import pytest
 import torch
 
+from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
 from executor.compute.reference import checksum, train_reference
 from executor.inputs.worker_settings import WorkerSettings
@@ -66,11 +66,11 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
     """With a clip the late stage steps optimistically and may redo its step when the
     global norm is in: the snapshot must be of the final step (the agent settles first)."""
     from executor.worker import child
-    cfg = dataclasses.replace(CFG, clip=clip)
+    training = TrainingSettings(clip=clip)
     timeout = 10.0
     store = connect_store("127.0.0.1", 0, timeout_s=timeout, is_master=True)
     job = JobSpec.uniform(2, 2, M)
-    store.set("config", WorkerSettings(cfg, job, ITERS, "t", timeout=timeout, local_workers=4,
+    store.set("config", WorkerSettings(CFG, training, job, ITERS, "t", timeout=timeout, local_workers=4,
                                        snapshot_every=K).to_json())
     plan = solve(job, []).model_copy(update={"version": 0})
     publish_plan(store, plan)
@@ -111,7 +111,7 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
             if it in want:
                 ref[it] = [copy.deepcopy({"model": m.state_dict(), "optim": o.state_dict()})
                            for m, o in zip(modules, opts)]
-        train_reference(cfg, 2, M, ITERS, 2, after_step=keep)
+        train_reference(CFG, 2, M, ITERS, 2, training=training, after_step=keep)
         for s in (0, 1):
             for it in want:
                 got_it, state = fetch(store, holders[s], s, it, timeout_s=5)

@@ -7,7 +7,7 @@ import pytest
 pytest.importorskip("torchft")
 
 from benchmarks.peers.runs import Setup, figures, recycle_run, torchft_run  # noqa: E402
-from executor.compute.model import ModelConfig  # noqa: E402
+from executor.compute.config import ModelConfig, TrainingSettings, split_flat  # noqa: E402
 from executor.compute.reference import train_reference  # noqa: E402
 from executor.data.prepare import prepare, stdlib_dir  # noqa: E402
 from executor.data.token_file import with_data  # noqa: E402
@@ -23,8 +23,11 @@ def test_torchft_drops_the_failed_share_recycle_keeps_it_exact(tmp_path):
     data = prepare([os.path.join(stdlib_dir(), "json")], str(tmp_path / "t.bin")).token_file.path
     clean = Setup(D, M, N, MODEL, data, -1, 5.0)
     kill = Setup(D, M, N, MODEL, data, KILL, 5.0)
-    cfg = ModelConfig(**MODEL, total_iters=N, data=data)
-    ref = train_reference(cfg, D, M, N, 1, workload=with_data(DEFAULT_WORKLOAD, cfg))
+    shape, settings = split_flat(MODEL)
+    cfg = ModelConfig(**shape)
+    training = TrainingSettings(**settings, total_iters=N, data=data)
+    ref = train_reference(cfg, D, M, N, 1, training=training,
+                          workload=with_data(DEFAULT_WORKLOAD, training.data))
     runs = {}
     for name, fn, st in (("ft", torchft_run, clean), ("ft_kill", torchft_run, kill),
                          ("rc_kill", recycle_run, kill)):

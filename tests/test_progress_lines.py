@@ -37,10 +37,11 @@ def test_an_iteration_line_names_the_plan_it_trained_under_not_the_newest(tmp_pa
     death publishes v1 before the line is printed, which named v1 and its failed set."""
     from executor.compute.model import ModelConfig
     from executor.launch.launcher import Coordinator
+    from executor.inputs.launch_spec import LaunchSpec
     from planner.job import JobSpec
     console = Console(file=io.StringIO(), width=200)
-    c = Coordinator(ModelConfig(), JobSpec.uniform(2, 2, 2), 3, console=console, run_dir=str(tmp_path),
-                    detect_stragglers=False)
+    c = Coordinator(LaunchSpec(ModelConfig(), JobSpec.uniform(2, 2, 2), 3, run_dir=str(tmp_path),
+                               detect_stragglers=False), console=console)
     try:
         c.publish()
         assert c.version == 0

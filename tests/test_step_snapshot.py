@@ -7,11 +7,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from executor.compute.model import ModelConfig
+from executor.compute.config import TrainingSettings
 from executor.optim.clip import NormBoard, coefficient, global_norm, scale_, stage_sq_norm
 from executor.runtime.stepper import StageStepper
 
-CFG = ModelConfig()
+CFG = TrainingSettings()  # the stepper reads the schedule and the clip
 
 
 @pytest.fixture(autouse=True)

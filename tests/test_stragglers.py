@@ -11,6 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from planner.speeds import SpeedDetector, quantize, with_speeds
 from planner.job import JobSpec
 from test_executor_runtime import assert_exact, run
@@ -80,8 +81,8 @@ def test_the_coordinator_does_not_replan_on_a_loaded_machine(tmp_path):
     assert sum(_replans(SpeedDetector(2, 2), [(d, s, ms / 1e3) for _, d, s, ms in run_])
                for run_ in runs) >= 6  # what the coordinator's detector used to do
     for run_ in runs:
-        c = Coordinator(ModelConfig(), JobSpec.uniform(2, 2, 4), 1000, run_dir=str(tmp_path),
-                        console=Console(file=io.StringIO()))
+        c = Coordinator(LaunchSpec(ModelConfig(), JobSpec.uniform(2, 2, 4), 1000,
+                                   run_dir=str(tmp_path)), console=Console(file=io.StringIO()))
         try:
             c.publish()
             for it, d, s, ms in run_:  # the done messages, each followed by a tick
@@ -155,7 +156,8 @@ def test_slow_worker_sheds_microbatches_and_training_stays_exact(tmp_path):
     # No checkpoint every iteration (the tests' default): its background writes on 2 shared
     # cores add 25% to every worker's compute time and spikes to the writers' (measured with
     # the detector's own reports): the detector is tested on compute, not on that noise.
-    res = run(tmp_path, 3, 2, 22, slows=[(1, 1, 2, 0.5), (1, 1, 10, 1.0)], ckpt_every=100)
+    res = run(tmp_path, 3, 2, 22, faults=Faults(slows=[(1, 1, 2, 0.5), (1, 1, 10, 1.0)]),
+              checkpoint_every=100)
     assert_exact(res, 3, 2, 22, tmp_path)
     plans = res.summary.plans
     slow = [p for p in plans if p["speeds"] and p["speeds"][1][1] <= 0.6]
@@ -208,8 +210,9 @@ def test_slow_worker_through_the_service(tmp_path):
                        json=JobSpec.uniform(3, 2, 2).model_dump(mode="json"))
         jid, token = r.json()["id"], r.json()["token"]
         watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
-        coord = Coordinator(SCFG, watch.plan.job, 80, service=watch, timeout=4.0, deadline_s=80,
-                            run_dir=str(tmp_path), slows=[(1, 1, 1, 0.5)])
+        coord = Coordinator(LaunchSpec(SCFG, watch.plan.job, 80,
+                                       Faults(slows=[(1, 1, 1, 0.5)]), timeout=4.0,
+                                       deadline_s=80, run_dir=str(tmp_path)), service=watch)
         res = coord.run()
         assert res.summary is not None and not compare(res.summary, train_reference(
             SCFG, 3, 2, 80, 2), 1e-5), coord.events

@@ -9,8 +9,10 @@ import pytest
 from rich.console import Console
 
 from executor.launch.launcher import train
+from executor.inputs.launch_spec import LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
+from planner.job import JobSpec
 from planner.plan import Mode
 
 pytestmark = pytest.mark.hard_timeout(120)
@@ -27,9 +29,10 @@ def _times(tmp_path, what):
 
 def test_sync_flag_puts_a_barrier_between_iterations(tmp_path):
     D, S, M, iterations = 2, 2, 2, 3
-    res = train(CFG, D, S, M, iterations, summary_path=str(tmp_path / "s.json"),
-                deadline_s=50, run_dir=str(tmp_path), timeout=4.0,
-                console=Console(file=io.StringIO()), mode=Mode(staggered=False))
+    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), iterations, deadline_s=50, timeout=4.0,
+                      summary_path=str(tmp_path / "s.json"), run_dir=str(tmp_path),
+                      mode=Mode(staggered=False))
+    res = train(spec, console=Console(file=io.StringIO()))
     assert res.summary is not None, res.halted
     assert not compare(res.summary, train_reference(CFG, D, M, iterations, S), 1e-5)
     entered, stepped = _times(tmp_path, "entered"), _times(tmp_path, "stepped")

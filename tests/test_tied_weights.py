@@ -15,10 +15,11 @@ from rich.console import Console
 
 from examples.tied_lm import AlbertLM, TiedLM, pieces, workload
 from executor.compute.local import run_plan_locally
-from executor.compute.model import ModelConfig
+from executor.compute.config import ModelConfig, TrainingSettings
 from executor.compute.reference import compare, train_reference
 from executor.inputs.workload_name import check_workload, load_workload
 from executor.launch.launcher import train
+from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.models.modules import module_workload
 from executor.runtime.tied import Tie, ties_of
 from planner.job import JobSpec
@@ -56,10 +57,10 @@ def test_copies_sum_like_one_shared_weight():
 @pytest.mark.parametrize("clip", [0.0, 0.05])
 @pytest.mark.parametrize("dead", [(1, 1), (0, 0)], ids=["mirror-stage", "owner-stage"])
 def test_in_process_runner_with_a_failure_equals_reference(clip, dead):
-    cfg = dataclasses.replace(CFG, clip=clip)
-    ref = train_reference(cfg, 2, 2, 4, 2, workload=workload())
+    tr = TrainingSettings(clip=clip)
+    ref = train_reference(CFG, 2, 2, 4, 2, training=tr, workload=workload())
     plan = solve(JobSpec.uniform(2, 2, 2), [], solver="greedy")
-    got = run_plan_locally(cfg, plan, 4, {1: [list(dead)]}, workload=workload())
+    got = run_plan_locally(CFG, plan, 4, {1: [list(dead)]}, workload=workload(), training=tr)
     assert not compare(got, ref, TOL)
     assert torch.equal(got.state[0]["emb.weight"], got.state[1]["head.weight"])
 
@@ -101,11 +102,12 @@ def test_albert_reuse_within_and_across_stages():
     assert not compare(run_plan_locally(cfg, plan, 3, {1: [[0, 1]]}, workload=wl), two, TOL)
 
 
-def _run(tmp_path, cfg, kills, rejoins, model=NAME, **kw):
+def _run(tmp_path, cfg, kills, rejoins, model=NAME, mode=Mode(), training=TrainingSettings()):
     out = io.StringIO()
-    res = train(cfg, 2, 2, 2, 4, kills=kills, rejoins=rejoins, deadline_s=90,
-                run_dir=str(tmp_path), console=Console(file=out, width=200), timeout=4.0,
-                model=model, **kw)
+    spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 4, Faults(kills=kills, rejoins=rejoins),
+                      training=training, deadline_s=90, run_dir=str(tmp_path), timeout=4.0,
+                      model=model, mode=mode)
+    res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     return res, out.getvalue()
 
@@ -113,10 +115,10 @@ def _run(tmp_path, cfg, kills, rejoins, model=NAME, **kw):
 @pytest.mark.parametrize("dead,clip", [((1, 1), 0.0), ((0, 0), 0.05)],
                          ids=["kill-mirror", "kill-owner-clipped"])
 def test_processes_sigkill_and_rejoin_on_a_tied_stage_equal_reference(tmp_path, dead, clip):
-    cfg = dataclasses.replace(CFG, clip=clip)
-    res, out = _run(tmp_path, cfg, [(*dead, 1)], [(*dead, 2)])
+    tr = TrainingSettings(clip=clip)
+    res, out = _run(tmp_path, CFG, [(*dead, 1)], [(*dead, 2)], training=tr)
     assert "SIGKILL worker" in out and "is back" in out
-    ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(NAME))
+    ref = train_reference(CFG, 2, 2, 4, 2, training=tr, workload=load_workload(NAME))
     diffs = compare(res.summary, ref, TOL)
     assert not diffs, "\n".join(diffs) + "\n" + out
 

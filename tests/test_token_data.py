@@ -1,11 +1,13 @@
 """`recycle data prepare` + `recycle train --data FILE`: real text, byte-level tokens,
 micro-batches that depend on (iteration, g) only, exact under a SIGKILL."""
+import dataclasses
 import os
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
+from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
 from executor.compute.reference import Summary, compare, train_reference
 from executor.data.prepare import stdlib_dir
@@ -87,12 +89,14 @@ def test_train_on_real_text_killed_is_exact_and_learns(tmp_path, corpus):
                                  "--run-dir", str(tmp_path), "--summary", str(out)])
     assert r.exit_code == 0, r.output
     got = Summary.load(str(out))
-    cfg = ModelConfig(vocab=256, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2,
-                      lr=1e-2, total_iters=6, data=str(corpus))
-    ref = train_reference(cfg, 2, 2, 6, 2, workload=with_data(DEFAULT_WORKLOAD, cfg))
+    cfg = ModelConfig(vocab=256, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2)
+    training = TrainingSettings(lr=1e-2, total_iters=6, data=str(corpus))
+    ref = train_reference(cfg, 2, 2, 6, 2, training=training,
+                          workload=with_data(DEFAULT_WORKLOAD, training.data))
     assert not compare(got, ref, 1e-5), r.output
     assert got.losses[-1] < got.losses[0] - 0.5, got.losses  # it learns the text
-    synthetic = train_reference(ModelConfig(**{**cfg.to_dict(), "data": ""}), 2, 2, 6, 2)
+    synthetic = train_reference(cfg, 2, 2, 6, 2,
+                                training=dataclasses.replace(training, data=""))
     assert compare(got, synthetic)  # and it was the text it learned, not the Markov data
 
 

@@ -2,6 +2,7 @@
 SIGKILL workers, additions start new ones, and the run equals the failure-free one."""
 import pytest
 
+from executor.inputs.launch_spec import Faults
 from executor.launch.trace_replay import TraceReplay, load_window, window
 from planner.simulation.trace import NodeEvent, Placement, TraceError
 from tests.test_executor_runtime import assert_exact, run
@@ -39,7 +40,7 @@ def test_a_node_removed_and_a_spare_added_kill_and_restart_workers_exactly(tmp_p
     # the trace's clock starts once every worker is in: the removal lands 0.15 s later and
     # the addition 0.3 s later, well inside a 40-iteration run (about 1 s at the least)
     replay = TraceReplay(tr, time_scale=10.0)
-    res = run(tmp_path, 3, 2, 40, trace=replay)
+    res = run(tmp_path, 3, 2, 40, faults=Faults(trace=replay))
     assert_exact(res, 3, 2, 40, tmp_path)
     assert (replay.kills, replay.restarts) == (1, 1), res.events
     el = res.summary.elastic

@@ -17,7 +17,7 @@ import torch
 from typer.testing import CliRunner
 
 from executor.compute.local import LocalRunner, run_plan_locally
-from executor.compute.model import ModelConfig
+from executor.compute.config import ModelConfig, TrainingSettings
 from executor.compute.reference import Summary, compare, train_reference
 from executor.inputs.workload_name import load_workload
 from executor.models.families import architecture
@@ -42,10 +42,12 @@ TRAINING = ["--lr-schedule", "cosine", "--warmup", "2", "--min-lr-ratio", "0.2"]
 ITERS = 6
 
 
-def cfg_for(clip: float = CLIP, **kw) -> ModelConfig:
-    return ModelConfig(vocab=32, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2,
-                       clip=clip, lr_schedule="cosine", warmup_iters=2, total_iters=ITERS,
-                       min_lr_ratio=0.2, **kw)
+CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2)
+
+
+def training_for(clip: float = CLIP) -> TrainingSettings:
+    return TrainingSettings(clip=clip, lr_schedule="cosine", warmup_iters=2,
+                            total_iters=ITERS, min_lr_ratio=0.2)
 
 
 @pytest.fixture(autouse=True)
@@ -66,7 +68,8 @@ def one_line_exit_2(r, says):
 
 # ---- learning-rate schedule ---------------------------------------------------------------
 def test_lr_schedule_values_at_known_iterations():
-    c = ModelConfig(lr=1.0, lr_schedule="cosine", warmup_iters=4, total_iters=14, min_lr_ratio=0.1)
+    c = TrainingSettings(lr=1.0, lr_schedule="cosine", warmup_iters=4, total_iters=14,
+                         min_lr_ratio=0.1)
     assert [lr_at(c, i) for i in range(4)] == [0.25, 0.5, 0.75, 1.0]  # linear warm-up
     assert lr_at(c, 4) == 1.0  # cosine starts at the peak
     assert lr_at(c, 9) == pytest.approx(0.55)  # half-way: (1 + 0.1) / 2
@@ -92,10 +95,11 @@ def test_clip_and_cosine_exact_with_kill_and_rejoin(tmp_path, model):
     logs = "".join(open(f).read() for f in sorted(glob.glob(str(tmp_path / "worker-*.log"))))
     assert r.exit_code == 0, r.output + logs
     got = Summary.load(str(out))
-    cfg = cfg_for(clip)
+    cfg = CFG
     if model == "llama:debug":
         cfg = ModelConfig(**{**cfg.to_dict(), **architecture(model, seq_len=8)})
-    ref = train_reference(cfg, 2, 2, ITERS, 2, workload=load_workload(model))
+    ref = train_reference(cfg, 2, 2, ITERS, 2, training=training_for(clip),
+                          workload=load_workload(model))
     assert not compare(got, ref, 1e-5), "\n".join(compare(got, ref, 1e-5))
     # the clip really applied in some iterations and not in others ...
     clipped = [n > clip for n in ref.grad_norms]
@@ -124,11 +128,11 @@ def test_clip_and_cosine_exact_with_kill_and_rejoin(tmp_path, model):
 def test_local_runner_clips_like_the_reference_with_and_without_redo():
     """The in-process runner steps through the same StageStepper: the last stage steps
     first (optimistic, redone when clipped), stage 0 last (every norm in: exact)."""
-    cfg = cfg_for()
+    tr = training_for()
     plan = solve(JobSpec.uniform(2, 2, 2), [], solver="greedy")
-    runner = LocalRunner(cfg, plan)
+    runner = LocalRunner(CFG, plan, training=tr)
     got = runner.summary([runner.iteration(i) for i in range(ITERS)])
-    ref = train_reference(cfg, 2, 2, ITERS, 2)
+    ref = train_reference(CFG, 2, 2, ITERS, 2, training=tr)
     assert not compare(got, ref, 1e-5)
     clipped = sum(n > CLIP for n in ref.grad_norms)
     last = [w.stepper.stats for k, w in runner.workers.items() if k[1] == 1]
@@ -138,7 +142,8 @@ def test_local_runner_clips_like_the_reference_with_and_without_redo():
     assert 0 < coefficient(max(ref.grad_norms), CLIP) < 1
     # without clipping, or without the schedule, training differs: both features act
     for off in ({"clip": 0.0}, {"lr_schedule": "constant"}):
-        assert compare(got, train_reference(dataclasses.replace(cfg, **off), 2, 2, ITERS, 2), 1e-5)
+        assert compare(got, train_reference(CFG, 2, 2, ITERS, 2,
+                                            training=dataclasses.replace(tr, **off)), 1e-5)
 
 
 # ---- bf16 ----------------------------------------------------------------------------------
@@ -156,13 +161,14 @@ BF16_TOL = 1e-4
 
 def test_bf16_plan_with_a_failure_matches_bf16_reference():
     wl = load_workload("examples.mlp_workload:workload")  # plain torch.nn layers
-    cfg = ModelConfig(vocab=8, seq_len=4, d_model=16, n_layers=2, micro_batch_size=2,
-                      precision="bf16", clip=0.5, total_iters=4)
+    cfg = ModelConfig(vocab=8, seq_len=4, d_model=16, n_layers=2, micro_batch_size=2)
+    bf16 = TrainingSettings(precision="bf16", clip=0.5, total_iters=4)
     plan = solve(JobSpec.uniform(2, 2, 2), [], solver="greedy")
-    got = run_plan_locally(cfg, plan, 4, {1: [[1, 0]]}, workload=wl)
-    ref = train_reference(cfg, 2, 2, 4, 2, workload=wl)
+    got = run_plan_locally(cfg, plan, 4, {1: [[1, 0]]}, workload=wl, training=bf16)
+    ref = train_reference(cfg, 2, 2, 4, 2, training=bf16, workload=wl)
     assert not compare(got, ref, BF16_TOL), compare(got, ref, BF16_TOL)
-    fp32 = train_reference(dataclasses.replace(cfg, precision="fp32"), 2, 2, 4, 2, workload=wl)
+    fp32 = train_reference(cfg, 2, 2, 4, 2, training=dataclasses.replace(bf16, precision="fp32"),
+                           workload=wl)
     assert compare(fp32, ref, BF16_TOL)  # bf16 really ran: fp32 is beyond the tolerance
     assert all(t.dtype == torch.float32 for s in got.state for t in s.values())  # fp32 masters
 
@@ -178,12 +184,12 @@ def test_bf16_llama_across_processes_with_kill_and_rejoin_matches_bf16_reference
                                  "--timeout", "4", "--run-dir", str(tmp_path),
                                  "--summary", str(out)])
     assert r.exit_code == 0, r.output
-    cfg = ModelConfig(**architecture("llama:debug", seq_len=8), micro_batch_size=2,
-                      precision="bf16", total_iters=4)
-    ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload("llama:debug"))
+    cfg = ModelConfig(**architecture("llama:debug", seq_len=8), micro_batch_size=2)
+    bf16 = TrainingSettings(precision="bf16", total_iters=4)
+    ref = train_reference(cfg, 2, 2, 4, 2, training=bf16, workload=load_workload("llama:debug"))
     got = Summary.load(str(out))
     assert not compare(got, ref, BF16_TOL), compare(got, ref, BF16_TOL)
-    fp32 = train_reference(dataclasses.replace(cfg, precision="fp32"), 2, 2, 4, 2,
+    fp32 = train_reference(cfg, 2, 2, 4, 2, training=dataclasses.replace(bf16, precision="fp32"),
                            workload=load_workload("llama:debug"))
     assert compare(got, fp32, BF16_TOL)  # it really ran in bf16
 

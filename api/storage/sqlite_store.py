@@ -13,6 +13,8 @@ import time
 from contextlib import contextmanager
 from typing import Any, Iterator, Optional
 
+from planner.errors import UserError
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
   id TEXT PRIMARY KEY,
@@ -70,7 +72,7 @@ CREATE TABLE IF NOT EXISTS armed (
 """
 
 
-class DamagedDatabase(ValueError):
+class DamagedDatabase(UserError):
     """A database file the service must not start on; the message is one line."""
 
 

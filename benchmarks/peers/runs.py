@@ -29,7 +29,7 @@ class Setup:
     replicas: int
     microbatches: int
     iterations: int
-    model: dict  # ModelConfig fields (the project's GPT; vocab from the token file)
+    model: dict  # ModelConfig fields and the lr (the project's GPT; vocab from the token file)
     data: str
     kill_at: int  # -1: no failure; else replica 1 is SIGKILLed mid-iteration kill_at
     timeout: float

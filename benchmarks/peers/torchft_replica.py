@@ -28,7 +28,8 @@ def main() -> None:
     ap.add_argument("--replica", type=int, required=True)
     ap.add_argument("--microbatches", type=int, required=True)
     ap.add_argument("--iterations", type=int, required=True)
-    ap.add_argument("--config", required=True, help="ModelConfig JSON")
+    ap.add_argument("--config", required=True, help="ModelConfig and TrainingSettings fields "
+                    "as one JSON object")
     ap.add_argument("--lighthouse", required=True)
     ap.add_argument("--log", required=True)
     ap.add_argument("--kill-at", type=int, default=-1)
@@ -40,11 +41,13 @@ def main() -> None:
     from torchft import Manager, ProcessGroupGloo
     from torchft.optim import OptimizerWrapper
 
-    from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
+    from executor.compute.config import ModelConfig, TrainingSettings, split_flat
+    from executor.compute.model import DEFAULT_WORKLOAD
     from executor.data.token_file import with_data
 
-    cfg = ModelConfig(**json.loads(a.config))
-    wl = with_data(DEFAULT_WORKLOAD, cfg)
+    model, settings = split_flat(json.loads(a.config))
+    cfg, training = ModelConfig.from_dict(model), TrainingSettings.from_dict(settings)
+    wl = with_data(DEFAULT_WORKLOAD, training.data)
     module = wl.build_stage(cfg, 0, 1)  # S=1: the whole model, seeded alike in every replica
     log = open(a.log, "a", buffering=1)
 
@@ -64,7 +67,7 @@ def main() -> None:
                       timeout=timeout, quorum_timeout=timedelta(seconds=60),
                       init_sync=False)  # identical seeded init in every replica
     params = list(module.parameters())
-    opt = OptimizerWrapper(manager, wl.make_optimizer(cfg, module.parameters()))
+    opt = OptimizerWrapper(manager, wl.make_optimizer(training, module.parameters()))
     M = a.microbatches
     log.write(json.dumps({"ready": time.time(), "replica": a.replica}) + "\n")
     while manager.current_step() < a.iterations:

@@ -1,29 +1,37 @@
 """The manifest of a checkpoint (recycle.json) and the checks `--resume` makes on it.
 
-Resuming must continue the same training: the grid (D, S, M) and every model field that
-shapes parameters or data must match, else exit 2 with the field named. The training
-settings applied afresh at every step are the exception (RESUMABLE): the learning rate
-and its schedule (the rate is a pure function of the iteration, set before each step),
-the schedule's horizon total_iters (a longer run), clipping and precision. A resume may
-change them; the CLI says which differ.
+Resuming must continue the same training: the grid (D, S, M), every model field and the
+training settings that shape the optimizer's state or the data (weight decay, betas, the
+token file) must match, else exit 2 with the field named. The training settings applied
+afresh at every step are the exception (RESUMABLE): the learning rate and its schedule
+(the rate is a pure function of the iteration, set before each step), the schedule's
+horizon total_iters (a longer run), clipping and precision. A resume may change them; the
+CLI says which differ.
+
+The manifest keeps the model (ModelConfig and the --model name) and the TrainingSettings
+apart, as two dicts. Checkpoints written before they were split (format v2) hold one flat
+dict; they load as the same two (config.split_flat).
 """
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-FORMAT = "recycle.ckpt/v2"
+from planner.errors import UserError
+
+FORMAT = "recycle.ckpt/v3"
+FLAT_FORMAT = "recycle.ckpt/v2"  # one dict of model and training fields together
 MANIFEST = "recycle.json"
-# Model fields that may differ on resume (honoured); any other difference is refused.
+# Training settings that may differ on resume (honoured); any other difference is refused.
 RESUMABLE = {"lr", "total_iters", "lr_schedule", "warmup_iters", "min_lr_ratio", "clip",
              "precision"}
 FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "weight_decay": "weight decay",
          "betas": "Adam betas", "workload": "--model"}
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     """A checkpoint that cannot be resumed from here: one line, the reason."""
 
 
@@ -37,6 +45,7 @@ class Manifest:
     losses: list  # per iteration 0..iteration: the D*M micro-batch losses
     format: str = FORMAT
     job: Optional[dict] = None  # the run's JobSpec (JSON), so `--resume DIR` alone can plan
+    training: dict = field(default_factory=dict)  # the run's TrainingSettings (to_dict)
 
     def save(self, directory: str) -> None:
         tmp = os.path.join(directory, MANIFEST + ".tmp")
@@ -52,8 +61,12 @@ class Manifest:
                 d = json.load(fh)
         except (OSError, ValueError) as exc:
             raise CheckpointError(f"cannot read {path}: {str(exc).splitlines()[0][:160]}") from None
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
+        if not isinstance(d, dict) or d.get("format") not in (FORMAT, FLAT_FORMAT):
             raise CheckpointError(f"{directory} is not a recycle checkpoint ({FORMAT})")
+        if d["format"] == FLAT_FORMAT and isinstance(d.get("model"), dict):
+            from executor.compute.config import split_flat
+            d["model"], d["training"] = split_flat(d["model"])
+            d["format"] = FORMAT  # read as the two dicts it is now made of
         try:
             return cls(**d)
         except TypeError as exc:
@@ -99,11 +112,12 @@ def resolve(path: str) -> str:
     return found
 
 
-def read_checkpoint(path: str, job, cfg, iterations: int,
+def read_checkpoint(path: str, job, cfg, training, iterations: int,
                     model: str = "gpt") -> tuple[str, Manifest]:
     """(checkpoint directory, manifest) that this run can resume from, or CheckpointError.
-    `job` is the run's JobSpec, `cfg` its ModelConfig, `model` its --model name (kept in
-    the manifest's model dict as "workload"; checkpoints from before it hold the GPT)."""
+    `job` is the run's JobSpec, `cfg` its ModelConfig, `training` its TrainingSettings,
+    `model` its --model name (kept in the manifest's model dict as "workload"; checkpoints
+    from before it hold the GPT)."""
     directory = resolve(path)
     man = Manifest.load(directory)
     grid = (job.replicas, job.stages, job.microbatches)
@@ -111,9 +125,10 @@ def read_checkpoint(path: str, job, cfg, iterations: int,
         raise CheckpointError(
             f"checkpoint {directory} is for a {man.replicas}x{man.stages}x{man.microbatches} "
             f"grid (-d x -s x -m), this run is {grid[0]}x{grid[1]}x{grid[2]}")
-    mine = dict(cfg.to_dict(), workload=model)
-    from executor.compute.model import ModelConfig  # fields added since: their defaults
-    theirs = {**ModelConfig().to_dict(), "workload": "gpt", **man.model}
+    from executor.compute.config import ModelConfig, TrainingSettings  # fields added since:
+    mine = {**training.to_dict(), **cfg.to_dict(), "workload": model}  # their defaults
+    theirs = {**TrainingSettings().to_dict(), **man.training,
+              **ModelConfig().to_dict(), "workload": "gpt", **man.model}
     for key in sorted(set(mine) | set(theirs)):
         if key in RESUMABLE or mine.get(key) == theirs.get(key):
             continue

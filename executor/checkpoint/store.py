@@ -17,9 +17,11 @@ from executor.checkpoint.manifest import (MANIFEST, Manifest, complete_iteration
 
 class CheckpointStore:
     def __init__(self, root: str, grid: tuple[int, int, int], model: dict, keep: int = 2,
-                 job: Optional[dict] = None):
+                 job: Optional[dict] = None, training: Optional[dict] = None):
+        """`model`: the ModelConfig's dict and the --model name; `training`: the
+        TrainingSettings' dict (the manifest keeps both)."""
         self.root, self.grid, self.model, self.keep = root, grid, model, max(1, keep)
-        self.job = job
+        self.job, self.training = job, training or {}
         os.makedirs(root, exist_ok=True)
 
     def collect(self, losses_upto: Callable[[int], Optional[list]]) -> Optional[int]:
@@ -41,7 +43,8 @@ class CheckpointStore:
             i = int(name[4:])
             losses = losses_upto(i)
             if losses is not None:
-                Manifest(D, S, M, self.model, i, losses, job=self.job).save(d)
+                Manifest(D, S, M, self.model, i, losses, job=self.job,
+                         training=self.training).save(d)
         done = complete_iterations(self.root)
         if done:
             self._prune(done)

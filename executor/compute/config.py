@@ -1,8 +1,15 @@
-"""A model's configuration (shape, seed, and, for now, its training settings): plain data
-every part reads (the compute, the data loaders, the checkpoint manifest)."""
+"""A model's configuration, and how it is trained, as two plain values every part reads.
+
+ModelConfig is the model: its shape, seed, micro-batch size, stage boundaries and the
+architecture extras; everything that decides which parameters exist and what data a
+micro-batch holds. TrainingSettings is how those parameters are trained: the optimizer,
+the learning-rate schedule, clipping, precision and the token file read. The two travel
+side by side (WorkerSettings, the checkpoint manifest, LaunchSpec, the reference run), each
+serialised whole.
+"""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 
 @dataclass(frozen=True)
@@ -14,15 +21,36 @@ class ModelConfig:
     n_layers: int = 4
     micro_batch_size: int = 4
     seed: int = 0
-    lr: float = 3e-3
-    weight_decay: float = 0.01
-    betas: tuple[float, float] = (0.9, 0.95)
     # Architecture extras (families that use them; 0 = the family's default).
     n_kv_heads: int = 0  # grouped-query attention: key/value heads (0: n_heads)
     ffn_hidden: int = 0  # MLP hidden width (0: the family's rule)
     # Stage boundaries: first layer of stages 1..S-1 (empty: by layer count, layer_range).
     boundaries: tuple[int, ...] = ()
-    # Training (executor/runtime/stepper.py, executor/compute/reference.py).
+
+    def __post_init__(self):
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["boundaries"] = list(self.boundaries)
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "ModelConfig":
+        d = dict(d)
+        if "boundaries" in d:
+            d["boundaries"] = tuple(d["boundaries"])
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Optimizer, schedule, clipping, precision and data of a run (executor/runtime/
+    stepper.py, executor/compute/reference.py, executor/optim/)."""
+    lr: float = 3e-3
+    weight_decay: float = 0.01
+    betas: tuple[float, float] = (0.9, 0.95)
     precision: str = "fp32"  # fp32 or bf16 (autocast; fp32 master weights and gradients)
     lr_schedule: str = "constant"  # constant or cosine (after warmup_iters of linear warm-up)
     warmup_iters: int = 0
@@ -31,20 +59,24 @@ class ModelConfig:
     clip: float = 0.0  # clip gradients to this global norm over the whole model (0: off)
     data: str = ""  # token file (`recycle data prepare`); empty: the workload's own data
 
-    def __post_init__(self):
-        if self.d_model % self.n_heads:
-            raise ValueError(f"d_model={self.d_model} must be a multiple of n_heads={self.n_heads}")
-
     def to_dict(self) -> dict:
         d = asdict(self)
         d["betas"] = list(self.betas)
-        d["boundaries"] = list(self.boundaries)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict) -> "ModelConfig":
+    def from_dict(cls, d: dict) -> "TrainingSettings":
         d = dict(d)
-        for key in ("betas", "boundaries"):
-            if key in d:
-                d[key] = tuple(d[key])
+        if "betas" in d:
+            d["betas"] = tuple(d["betas"])
         return cls(**d)
+
+
+TRAINING_FIELDS = frozenset(f.name for f in fields(TrainingSettings))
+
+
+def split_flat(d: dict) -> tuple[dict, dict]:
+    """A dict of the one config that once held both (checkpoints, configs written before the
+    split) as (model fields, training fields); other keys stay with the model's."""
+    return ({k: v for k, v in d.items() if k not in TRAINING_FIELDS},
+            {k: v for k, v in d.items() if k in TRAINING_FIELDS})

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.reference import Summary, checksum, snapshot
 from executor.compute.stage import StageCompute
@@ -80,8 +81,9 @@ def _mode(plan: Plan) -> Mode:
 
 
 class LocalRunner:
-    def __init__(self, cfg: ModelConfig, plan: Plan, workload: Workload = DEFAULT_WORKLOAD):
-        self.cfg, self.wl, self.plan = cfg, workload, plan
+    def __init__(self, cfg: ModelConfig, plan: Plan, workload: Workload = DEFAULT_WORKLOAD,
+                 training: TrainingSettings = TrainingSettings()):
+        self.cfg, self.wl, self.plan, self.training = cfg, workload, plan, training
         job = plan.job
         self.S, self.n = job.stages, job.replicas * job.microbatches
         self.store = dist.HashStore()  # where the stages' gradient norms meet (clipping)
@@ -100,9 +102,9 @@ class LocalRunner:
     def _new_worker(self, stage: int) -> _Worker:
         module = self.wl.build_stage(self.cfg, stage, self.S)
         compute = StageCompute(module, stage == 0, stage == self.S - 1, 1.0 / self.n,
-                               loss_fn=self.wl.loss_fn, precision=self.cfg.precision)
-        opt = self.wl.make_optimizer(self.cfg, module.parameters())
-        stepper = StageStepper(module, opt, self.cfg, stage, self.S, self.store,
+                               loss_fn=self.wl.loss_fn, precision=self.training.precision)
+        opt = self.wl.make_optimizer(self.training, module.parameters())
+        stepper = StageStepper(module, opt, self.training, stage, self.S, self.store,
                                log=lambda msg: None)
         return _Worker(module, compute, opt, stepper)
 
@@ -241,8 +243,9 @@ class LocalRunner:
 
 def run_plan_locally(cfg: ModelConfig, plan: Plan, iterations: int,
                      failures_by_iteration: Optional[Mapping[int, Event]] = None, *,
-                     workload: Workload = DEFAULT_WORKLOAD) -> Summary:
-    runner = LocalRunner(cfg, plan, workload)
+                     workload: Workload = DEFAULT_WORKLOAD,
+                     training: TrainingSettings = TrainingSettings()) -> Summary:
+    runner = LocalRunner(cfg, plan, workload, training)
     events = dict(failures_by_iteration or {})
     losses = []
     for it in range(iterations):

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from executor.compute import data
-from executor.compute.config import ModelConfig
+from executor.compute.config import ModelConfig, TrainingSettings
 from executor.compute.layers import Embedding, LayerNorm, Linear, normal_
 
 
@@ -124,10 +124,10 @@ def lm_loss(logits: Tensor, targets: Tensor) -> Tensor:
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def make_optimizer(cfg: ModelConfig, params: Iterable[Tensor]) -> torch.optim.Optimizer:
+def make_optimizer(training: TrainingSettings, params: Iterable[Tensor]) -> torch.optim.Optimizer:
     # foreach=False: the same per-tensor kernels on every worker and in the reference.
-    return torch.optim.AdamW(list(params), lr=cfg.lr, betas=cfg.betas,
-                             weight_decay=cfg.weight_decay, foreach=False)
+    return torch.optim.AdamW(list(params), lr=training.lr, betas=training.betas,
+                             weight_decay=training.weight_decay, foreach=False)
 
 
 class StageFactory(Protocol):
@@ -141,12 +141,13 @@ class Workload:
     build_stage(cfg, stage, stages) must be deterministic (every replica builds the same
     parameters); loss_fn(last_stage_output, targets) returns the unscaled mean loss of a
     micro-batch; microbatch(cfg, iteration, g) -> (first-stage input, targets) must depend
-    only on its arguments. Any module's weight gradients are deferred to `W`
+    only on its arguments; make_optimizer(training, params) builds a stage's optimizer from
+    the run's TrainingSettings (lr, betas, weight decay; the schedule sets the rate later). Any module's weight gradients are deferred to `W`
     (executor/compute/split_backward.py); activations may be a Tensor or a tuple of them."""
     build_stage: StageFactory = build_stage
     loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss
     microbatch: Callable[[ModelConfig, int, int], tuple[Tensor, Tensor]] = data.microbatch
-    make_optimizer: Callable[[ModelConfig, Iterable[Tensor]], torch.optim.Optimizer] = make_optimizer
+    make_optimizer: Callable[[TrainingSettings, Iterable[Tensor]], torch.optim.Optimizer] = make_optimizer
     # The first stage takes LongTensor[b, seq_len] token ids and loss_fn next-token targets
     # of the same shape: `recycle train --data FILE` may then feed it a token file.
     reads_tokens: bool = False

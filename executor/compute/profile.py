@@ -28,6 +28,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import StageCompute
 from planner.job import Cost, JobSpec, Memory, P2P
@@ -117,7 +118,8 @@ def _leaves(x):
 
 def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "cpu",
                   repeats: int = 5, workload: Workload = DEFAULT_WORKLOAD,
-                  inputs: Optional[Tensor] = None) -> dict:
+                  inputs: Optional[Tensor] = None,
+                  training: TrainingSettings = TrainingSettings()) -> dict:
     """Timings (us) of F, I, W, the fused B, a native full backward and the AdamW step of
     one micro-batch on `stage`, plus its activation, output and parameter bytes. inputs:
     the stage's input activation (default: the earlier stages run on micro-batch 0)."""
@@ -132,7 +134,7 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     module = wl.build_stage(cfg, stage, stages).to(dev)
     first, last = stage == 0, stage == stages - 1
     comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn)
-    opt = wl.make_optimizer(cfg, module.parameters())
+    opt = wl.make_optimizer(training, module.parameters())
     params = {id(p) for p in module.parameters()}
     grad = None
     if not last:
@@ -200,7 +202,8 @@ def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
             device: str = "cpu", repeats: int = 5, *, memory_budget: Optional[int] = None,
             intra_gbps: float = 50.0, cross_gbps: float = 12.5, latency_us: float = 5.0,
             workload: Workload = DEFAULT_WORKLOAD, details: Optional[list] = None,
-            threads: Optional[int] = None) -> JobSpec:
+            threads: Optional[int] = None,
+            training: TrainingSettings = TrainingSettings()) -> JobSpec:
     """A JobSpec with measured durations (us) and memory (bytes). memory_budget: bytes per
     worker (default: the GPU's memory on CUDA, this machine's memory / (replicas x stages)
     on CPU); capacity is the budget less parameters, gradients and AdamW's two moments
@@ -212,8 +215,8 @@ def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        rows = [measure_stage(cfg, s, stages, device=device, repeats=repeats, workload=workload)
-                for s in range(stages)]
+        rows = [measure_stage(cfg, s, stages, device=device, repeats=repeats, workload=workload,
+                              training=training) for s in range(stages)]
     finally:
         torch.set_num_threads(before)
     if details is not None:

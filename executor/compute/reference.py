@@ -22,6 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor, nn
 
+from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import autocast, boundary_cast
 from executor.optim.clip import coefficient, global_norm, scale_, stage_sq_norm
@@ -110,7 +111,8 @@ def compare(a: Summary, b: Summary, tol: float = 1e-5) -> list[str]:
 
 
 def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iterations: int,
-                    stages: int, *, workload: Workload = DEFAULT_WORKLOAD,
+                    stages: int, *, training: TrainingSettings = TrainingSettings(),
+                    workload: Workload = DEFAULT_WORKLOAD,
                     after_step: Optional[Callable[[int, list, list], None]] = None) -> Summary:
     """`after_step(it, modules, optimizers)`: called once iteration `it` has stepped (to
     read the whole state at an iteration: tests of snapshots)."""
@@ -118,8 +120,8 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
     modules = [wl.build_stage(cfg, s, stages) for s in range(stages)]
     ties = sorted({t for m in modules for t in ties_of(m)}, key=lambda t: t.holders)
     check_tie_table(ties, modules)
-    opts = [wl.make_optimizer(cfg, m.parameters()) for m in modules]
-    lrs = [IterationLR(opt, cfg) for opt in opts]
+    opts = [wl.make_optimizer(training, m.parameters()) for m in modules]
+    lrs = [IterationLR(opt, training) for opt in opts]
     n = replicas * microbatches
     scale = 1.0 / n
     losses, norms = [], []
@@ -129,13 +131,13 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
             x, targets = wl.microbatch(cfg, it, g)
             for s, m in enumerate(modules):
                 first = x[0] if isinstance(x, tuple) else x
-                with autocast(cfg.precision, first.device):
+                with autocast(training.precision, first.device):
                     x = m(*x) if isinstance(x, tuple) else m(x)
                     if s == stages - 1:
                         x = wl.loss_fn(x, targets)
                     else:  # what the stage sends, as the workers send it
                         out = boundary_cast([x] if isinstance(x, Tensor) else list(x),
-                                            cfg.precision)
+                                            training.precision)
                         x = out[0] if isinstance(x, Tensor) else tuple(out)
             loss = x
             (loss * scale).backward()
@@ -144,7 +146,7 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
         sum_into_owners(modules, ties)
         grads = [[p.grad for p in m.parameters()] for m in modules]
         norms.append(global_norm([stage_sq_norm(gs) for gs in grads]))
-        c = coefficient(norms[-1], cfg.clip) if cfg.clip > 0 else 1.0
+        c = coefficient(norms[-1], training.clip) if training.clip > 0 else 1.0
         for opt, lr, gs in zip(opts, lrs, grads):
             if c < 1.0:
                 scale_(gs, c)

@@ -187,14 +187,15 @@ def check_data(path: str, vocab: int, micro_batch_size: int, seq_len: int,
     return tf
 
 
-def with_data(workload, cfg):
-    """The workload reading its micro-batches from cfg.data (unchanged when it is empty)."""
-    if not cfg.data:
+def with_data(workload, data: str):
+    """The workload reading its micro-batches from the token file `data` (TrainingSettings'
+    data; unchanged when it is empty)."""
+    if not data:
         return workload
     if not workload.reads_tokens:
         raise ValueError("--data feeds token ids, but this --model does not declare "
                          "reads_tokens=True (its first stage takes other inputs)")
-    tf = open_tokens(cfg.data)
+    tf = open_tokens(data)
     def microbatch(c, iteration: int, g: int):
         return microbatch_from(tf, c.seed, c.micro_batch_size, c.seq_len, iteration, g)
     return replace(workload, microbatch=microbatch)

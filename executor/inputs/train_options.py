@@ -7,7 +7,8 @@ from __future__ import annotations
 import math
 from typing import Optional
 
-from planner.inputs.paths import check_directory, check_writable
+from planner.errors import UserError
+
 
 DEFAULT_GRID = (2, 2, 4)
 # Worker processes `train` starts on this machine (each is a torch process of a few hundred
@@ -15,31 +16,18 @@ DEFAULT_GRID = (2, 2, 4)
 MAX_LOCAL_WORKERS = 64
 
 
-def check_train_options(*, solver: str, store_port: int, run_dir: Optional[str],
-                        summary: Optional[str], checkpoint: Optional[str], d_model: int,
-                        layers: int, heads: int, seq_len: int, micro_batch_size: int,
-                        vocab: int, lr: float) -> None:
-    from planner.solvers.backends import BACKENDS
-    if solver not in BACKENDS:
-        raise ValueError(f"unknown solver {solver!r}; choose one of {', '.join(BACKENDS)}")
-    if not 0 <= store_port <= 65535:
-        raise ValueError(f"--store-port must be a port number 0..65535 (0: any free), "
-                         f"not {store_port}")
+def check_model_options(*, d_model: int, layers: int, heads: int, seq_len: int,
+                        micro_batch_size: int, vocab: int, lr: float) -> None:
+    """The model's shape and --lr (the run's own settings are LaunchSpec's to check)."""
     for flag, value in (("--d-model", d_model), ("--layers", layers), ("--heads", heads),
                         ("--seq-len", seq_len), ("--micro-batch-size", micro_batch_size),
                         ("--vocab", vocab)):
         if value < 1:
-            raise ValueError(f"{flag} must be at least 1, not {value}")
+            raise UserError(f"{flag} must be at least 1, not {value}")
     if d_model % heads:
-        raise ValueError(f"--d-model {d_model} must be a multiple of --heads {heads}")
+        raise UserError(f"--d-model {d_model} must be a multiple of --heads {heads}")
     if not (math.isfinite(lr) and lr >= 0):
-        raise ValueError(f"--lr must be a finite number >= 0, not {lr:g}")
-    if run_dir:
-        check_directory(run_dir, "--run-dir")
-    if summary:
-        check_writable(summary, "--summary")
-    if checkpoint:
-        check_writable(checkpoint, "--checkpoint")
+        raise UserError(f"--lr must be a finite number >= 0, not {lr:g}")
 
 
 def grid_of(spec, job_path: Optional[str], replicas: Optional[int], stages: Optional[int],
@@ -51,14 +39,14 @@ def grid_of(spec, job_path: Optional[str], replicas: Optional[int], stages: Opti
     have = (spec.replicas, spec.stages, spec.microbatches)
     for flag, a, h in zip(("-d", "-s", "-m"), asked, have):
         if a is not None and a != h:
-            raise ValueError(f"--job {job_path} is a {have[0]}x{have[1]}x{have[2]} grid "
+            raise UserError(f"--job {job_path} is a {have[0]}x{have[1]}x{have[2]} grid "
                              f"(DxSxM), but {flag} {a} asks otherwise; leave {flag} out")
     return have
 
 
 def check_local_workers(replicas: int, stages: int) -> None:
     if replicas * stages > MAX_LOCAL_WORKERS:
-        raise ValueError(f"{replicas}x{stages} = {replicas * stages} worker processes on this "
+        raise UserError(f"{replicas}x{stages} = {replicas * stages} worker processes on this "
                          f"machine is over {MAX_LOCAL_WORKERS}; run them under torchrun "
                          f"with --external")
 
@@ -72,22 +60,22 @@ def check_training(*, precision: str, lr_schedule: str, warmup: int,
     "Training features"). Returns the cosine floor to use (--min-lr-ratio or 0.1)."""
     from executor.optim.schedule import SCHEDULES
     if precision not in PRECISIONS:
-        raise ValueError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
+        raise UserError(f"--precision must be one of {', '.join(PRECISIONS)}, not {precision!r}")
     if lr_schedule not in SCHEDULES:
-        raise ValueError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, "
+        raise UserError(f"--lr-schedule must be one of {', '.join(SCHEDULES)}, "
                          f"not {lr_schedule!r}")
     if warmup < 0:
-        raise ValueError(f"--warmup must be 0 or more iterations, not {warmup}")
+        raise UserError(f"--warmup must be 0 or more iterations, not {warmup}")
     if not (math.isfinite(clip) and clip >= 0):
-        raise ValueError(f"--clip must be a finite norm >= 0 (0: off), not {clip:g}")
+        raise UserError(f"--clip must be a finite norm >= 0 (0: off), not {clip:g}")
     if min_lr_ratio is not None:
         if lr_schedule != "cosine":
-            raise ValueError("--min-lr-ratio sets the floor of --lr-schedule cosine; "
+            raise UserError("--min-lr-ratio sets the floor of --lr-schedule cosine; "
                              f"it does nothing with {lr_schedule!r}")
         if not 0 <= min_lr_ratio <= 1:  # NaN fails both comparisons
-            raise ValueError(f"--min-lr-ratio must be within [0, 1], not {min_lr_ratio:g}")
+            raise UserError(f"--min-lr-ratio must be within [0, 1], not {min_lr_ratio:g}")
     if lr_schedule == "cosine" and warmup >= iterations:
-        raise ValueError(f"--warmup {warmup} leaves no iteration for the cosine decay of "
+        raise UserError(f"--warmup {warmup} leaves no iteration for the cosine decay of "
                          f"--iterations {iterations}: use fewer warm-up iterations")
     return 0.1 if min_lr_ratio is None else float(min_lr_ratio)
 
@@ -100,17 +88,19 @@ TRAINING_FLAGS = {"lr": "--lr", "total_iters": "--iterations (the schedule's hor
                   "precision": "--precision"}
 
 
-def resume_changes(saved: dict, cfg) -> list[str]:
-    """What this resumed run trains differently from its checkpoint, one note each."""
-    mine = cfg.to_dict()
-    from executor.compute.model import ModelConfig  # checkpoints from before a field
-    theirs = {**ModelConfig().to_dict(), **saved}
+def resume_changes(saved: dict, training) -> list[str]:
+    """What this resumed run trains differently from its checkpoint (`saved`: the
+    manifest's training dict), one note each."""
+    mine = training.to_dict()
+    from executor.compute.config import TrainingSettings  # checkpoints from before a field
+    theirs = {**TrainingSettings().to_dict(), **saved}
     return [f"{flag} {mine[k]!r} (it trained with {theirs[k]!r})"
             for k, flag in TRAINING_FLAGS.items() if mine[k] != theirs[k]
-            and not (k == "total_iters" and cfg.lr_schedule == "constant")]  # unused then
+            and not (k == "total_iters" and training.lr_schedule == "constant")]  # unused then
 
 
-# `train --resume DIR`: each flag the checkpoint fixes -> its field in the manifest's model.
+# `train --resume DIR`: each flag the checkpoint fixes -> its field in the manifest's model
+# or training dict.
 RESUMED = {"model": "workload", "d_model": "d_model", "layers": "n_layers",
            "heads": "n_heads", "seq_len": "seq_len", "vocab": "vocab",
            "micro_batch_size": "micro_batch_size", "seed": "seed", "lr": "lr",
@@ -122,7 +112,7 @@ def resumed_defaults(man) -> dict:
     """`--resume DIR` alone continues the checkpoint's run: the value of every flag left
     out, from its manifest (flags given still win; read_checkpoint refuses those that
     contradict it). --iterations: the run's own, if it had iterations left."""
-    saved = {"workload": "gpt", **man.model}  # checkpoints from before --model: the GPT
+    saved = {"workload": "gpt", **man.model, **man.training}  # before --model: the GPT
     out = {"replicas": man.replicas, "stages": man.stages, "microbatches": man.microbatches}
     out.update({flag: saved[key] for flag, key in RESUMED.items()
                 if saved.get(key) not in (None, "")})

@@ -8,13 +8,14 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
-from executor.compute.config import ModelConfig
+from executor.compute.config import ModelConfig, TrainingSettings
 from planner.job import JobSpec
 
 
 @dataclass(frozen=True)
 class WorkerSettings:
     model: ModelConfig
+    training: TrainingSettings  # optimizer, schedule, clipping, precision, data
     job: JobSpec
     iterations: int
     run_id: str
@@ -32,12 +33,14 @@ class WorkerSettings:
     service: Optional[dict] = None  # url and job id of the plan service (no token)
 
     def to_json(self) -> str:
-        d = {k: v for k, v in asdict(self).items() if k not in ("model", "job")}
-        d.update(model=self.model.to_dict(), job=self.job.model_dump(mode="json"))
+        d = {k: v for k, v in asdict(self).items() if k not in ("model", "training", "job")}
+        d.update(model=self.model.to_dict(), training=self.training.to_dict(),
+                 job=self.job.model_dump(mode="json"))
         return json.dumps(d)
 
     @classmethod
     def from_json(cls, text) -> "WorkerSettings":
         d = json.loads(text)
         return cls(**{**d, "model": ModelConfig.from_dict(d["model"]),
+                      "training": TrainingSettings.from_dict(d["training"]),
                       "job": JobSpec.model_validate(d["job"])})

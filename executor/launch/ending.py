@@ -34,14 +34,15 @@ class RunEnd:
                          resume: Optional[str]) -> Optional[str]:
         """Where checkpoints go, and, resuming, the checkpoint's losses and first
         iteration; returns the checkpoint resumed from (absolute) or None."""
-        job, cfg = self.job, self.cfg
+        job, cfg, training = self.job, self.cfg, self.training
         self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
                                            dict(cfg.to_dict(), workload=model),
-                                           job=job.model_dump(mode="json"))
+                                           job=job.model_dump(mode="json"),
+                                           training=training.to_dict())
         self.start, losses = 0, {}
         if resume:
-            resume, man = read_checkpoint(resume, job, cfg, self.iterations, model)
+            resume, man = read_checkpoint(resume, job, cfg, training, self.iterations, model)
             resume = os.path.abspath(resume)
             self.start = man.iteration + 1
             losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}

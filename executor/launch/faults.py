@@ -16,6 +16,8 @@ import signal
 import time
 from typing import Callable
 
+from planner.errors import UserError
+
 Worker = tuple[int, int]
 
 
@@ -23,7 +25,7 @@ def parse_event(text: str) -> tuple[int, int, int]:
     """`R:S@ITER` as typed on the command line."""
     m = re.fullmatch(r"(\d+):(\d+)@(\d+)", text.strip())
     if not m:
-        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION, e.g. 1:0@2")
+        raise UserError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION, e.g. 1:0@2")
     return int(m[1]), int(m[2]), int(m[3])
 
 
@@ -31,7 +33,7 @@ def parse_stall(text: str) -> tuple[int, int, int, float]:
     """`R:S@ITER:SECONDS` as typed on the command line."""
     m = re.fullmatch(r"(\d+):(\d+)@(\d+):(\d+(?:\.\d*)?)", text.strip())
     if not m:
-        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION:SECONDS, "
+        raise UserError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION:SECONDS, "
                          "e.g. 0:1@1:3.5")
     return int(m[1]), int(m[2]), int(m[3]), float(m[4])
 
@@ -40,11 +42,11 @@ def parse_slow(text: str) -> tuple[int, int, int, float]:
     """`R:S@ITER:FACTOR` as typed on the command line (FACTOR 1 ends the slowness)."""
     m = re.fullmatch(r"(\d+):(\d+)@(\d+):(\d+(?:\.\d*)?|\.\d+)", text.strip())
     if not m:
-        raise ValueError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION:FACTOR, "
+        raise UserError(f"cannot read {text!r}: expected REPLICA:STAGE@ITERATION:FACTOR, "
                          "e.g. 1:1@2:0.5")
     factor = float(m[4])
     if not 0 < factor <= 1:
-        raise ValueError(f"--slow {text}: FACTOR must be in (0, 1] (1 ends the slowness; "
+        raise UserError(f"--slow {text}: FACTOR must be in (0, 1] (1 ends the slowness; "
                          "a worker cannot be made faster)")
     return int(m[1]), int(m[2]), int(m[3]), factor
 
@@ -64,10 +66,10 @@ def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=
         for k in items:
             r, s, it = k[0], k[1], k[2]
             if not (r < replicas and s < stages):
-                raise ValueError(f"{flag} {r}:{s}@{it}: no worker {r}:{s} in a "
+                raise UserError(f"{flag} {r}:{s}@{it}: no worker {r}:{s} in a "
                                  f"{replicas}x{stages} grid")
             if it >= iterations:
-                raise ValueError(f"{flag} {r}:{s}@{it}: training has iterations "
+                raise UserError(f"{flag} {r}:{s}@{it}: training has iterations "
                                  f"0..{iterations - 1}")
     # A rejoin serves one death (earliest entry first): each needs its own --kill or
     # --stall (a stalled worker may be declared failed) of that worker at or before it.
@@ -75,7 +77,7 @@ def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=
     for r, s, it, flag in sorted((*k[:3], flag_of(k)) for k in rejoins if not external):
         cause = next((d for d in deaths if d[1] == (r, s) and d[0] <= it), None)
         if cause is None:
-            raise ValueError(f"{flag} {r}:{s}@{it}: no --kill or --stall of worker {r}:{s} "
+            raise UserError(f"{flag} {r}:{s}@{it}: no --kill or --stall of worker {r}:{s} "
                              f"at or before iteration {it} for it to come back from")
         deaths.remove(cause)
 

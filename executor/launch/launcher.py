@@ -1,5 +1,9 @@
 """`train`: one process per (replica, stage) and the in-process coordinator.
 
+A run is one LaunchSpec (executor/inputs/launch_spec.py: the model, its training
+settings, the job, faults, checkpoints, comm), made and validated by `recycle train`; the
+coordinator takes it whole.
+
 The coordinator hosts the TCPStore (rendezvous.py), watches its workers and drives the
 run's membership (planner/control/membership.py decides; publishing.py plans and publishes, or
 follows the plan service with --service). Deaths are seen, fastest first, as a process
@@ -17,12 +21,11 @@ import os
 import tempfile
 import time
 import uuid
-from typing import Optional, Sequence
+from typing import Optional
 
 from rich.console import Console
 
 from executor.launch.faults import Injector
-from executor.compute.model import ModelConfig
 from executor.inputs.run_config import save_config
 from executor.inputs.worker_settings import WorkerSettings
 from executor.launch.admission import Admission
@@ -33,49 +36,52 @@ from executor.launch.publishing import Halted, Publishing
 from executor.launch.trace_faults import TraceFaults
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
+from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.progress_lines import ProgressLines
 from executor.runtime.rendezvous import set_counter, wkey
 from planner.failures import NoPlanError
-from planner.job import JobSpec
 from planner.control.elastic import LOCAL_HORIZON
 from planner.control.membership import Membership
 from planner.speeds import SpeedDetector
-from planner.plan import Mode
 
 Worker = tuple[int, int]
 
 
 class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
-    def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
-                 stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
-                 run_dir=None, checkpoint_dir=None,
-                 resume=None, external=False, store_port=0, console=None, ckpt_every=1,
-                 deadline_s=None, service=None, mode: Mode = Mode(), device="auto",
-                 model: str = "gpt", run_config=None, trace=None, snapshot_every: int = 0):
+    def __init__(self, spec: LaunchSpec, *, console: Optional[Console] = None,
+                 service=None):
+        """`spec`: the run (executor/inputs/launch_spec.py, validated when made);
+        `console`: where progress goes (default stderr); `service`: a ServiceWatch whose
+        plans to follow."""
+        self.spec = spec
+        cfg, job, iterations = spec.cfg, spec.job, spec.iterations
         self.cfg, self.job, self.iterations = cfg, job, iterations
-        self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
+        self.training = spec.training
+        self.mode = spec.mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
-        self.solver, self.timeout, self.external = solver, timeout, external
+        self.solver, self.timeout, self.external = spec.solver, spec.timeout, spec.external
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.identity_hash() != job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
-        self.run_dir = run_dir or tempfile.mkdtemp(prefix="recycle-run-")
+        self.run_dir = spec.run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
         os.makedirs(self.run_dir, exist_ok=True)
-        if run_config is not None:  # RUN_DIR/run.toml: `recycle train --config` repeats it
-            save_config(run_config, self.run_dir)
+        if spec.run_config is not None:  # RUN_DIR/run.toml: `recycle train --config` repeats it
+            save_config(spec.run_config, self.run_dir)
         self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
-        self.deadline = time.monotonic() + deadline_s if deadline_s else None
-        resume = self.open_checkpoints(checkpoint_dir, model, resume)
+        self.deadline = time.monotonic() + spec.deadline_s if spec.deadline_s else None
+        resume = self.open_checkpoints(spec.checkpoint_dir, spec.model, spec.resume)
         self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
-        self.open_store(store_port, WorkerSettings(
-            cfg, job, iterations, uuid.uuid4().hex[:8], workload=model, timeout=timeout,
-            ckpt_dir=self.ckpt_dir, ckpt_every=ckpt_every, resume=resume, device=device,
-            snapshot_every=snapshot_every,
-            local_workers=None if external else len(self.workers),
-            kills=[list(k) for k in kills], stalls=[list(k) for k in stalls],
-            slows=[list(k) for k in slows],
+        faults = spec.faults
+        self.open_store(spec.store_port, WorkerSettings(
+            cfg, spec.training, job, iterations, uuid.uuid4().hex[:8], workload=spec.model,
+            timeout=spec.timeout, ckpt_dir=self.ckpt_dir, ckpt_every=spec.checkpoint_every,
+            resume=resume, device=spec.device,
+            local_workers=None if spec.external else len(self.workers),
+            kills=[list(k) for k in faults.kills], stalls=[list(k) for k in faults.stalls],
+            snapshot_every=spec.snapshot_every,
+            slows=[list(k) for k in faults.slows],
             service=service.worker_config() if service else None))
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.reaped: set[int] = set()  # pids whose exit has been handled
@@ -88,15 +94,15 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         # carried out (local) or followed (with a service, whose plans say it).
         # Elastic: a worker changes stage when the live set leaves a stage short (moves are
         # weighed over the run's length; planner/control/elastic.py).
-        self.trace = trace  # a failure trace replayed on the processes (trace_replay.py)
+        trace = self.trace = faults.trace  # a failure trace replayed (trace_replay.py)
         self.members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=job,
-            snapshots=snapshot_every > 0, horizon=LOCAL_HORIZON).with_speeds(job.speed)
+            snapshots=spec.snapshot_every > 0, horizon=LOCAL_HORIZON).with_speeds(job.speed)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
-        self.rejoins = RejoinBook(rejoins, external,
-                                  4 * timeout + (60.0 if service is not None else 5.0))
+        self.rejoins = RejoinBook(faults.rejoin_entries, spec.external,
+                                  4 * spec.timeout + (60.0 if service is not None else 5.0))
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
         self.byes: set[Worker] = set()  # external workers that said they are leaving
@@ -107,12 +113,13 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                                    self.start, iterations - 1)
         self.iteration_end: dict[int, float] = {}
         self.events: list[str] = []
-        self.faults = Injector(kills, stalls, self.event)
+        self.faults = Injector(faults.kills, faults.stalls, self.event)
         # Stragglers (planner/speeds.py): the detector fed by the workers' compute times,
         # which re-plans (Membership.measured) when they change.
         # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
         # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
-        self.detector = SpeedDetector(self.D, self.S, persist=2) if detect_stragglers else None
+        self.detector = (SpeedDetector(self.D, self.S, persist=2) if spec.detect_stragglers
+                         else None)
 
     def event(self, msg: str) -> None:
         self.events.append(msg)
@@ -267,16 +274,11 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
 
 
 
-def train(cfg: ModelConfig, replicas: int, stages: int, microbatches: int, iterations: int,
-          kills: Sequence[tuple[int, int, int]] = (), rejoins: Sequence[tuple[int, int, int]] = (),
-          summary_path: Optional[str] = None, *, job: Optional[JobSpec] = None,
-          **options) -> TrainResult:
-    """Train `iterations` iterations on a replicas x stages grid of worker processes
-    (options: see Coordinator). Writes the summary JSON when training completes."""
-    job = job or JobSpec.uniform(replicas, stages, microbatches)
-    if (job.replicas, job.stages, job.microbatches) != (replicas, stages, microbatches):
-        raise ValueError("job spec grid does not match --replicas/--stages/--microbatches")
-    result = Coordinator(cfg, job, iterations, kills=kills, rejoins=rejoins, **options).run()
-    if result.summary is not None and summary_path:
-        result.summary.save(summary_path)
+def train(spec: LaunchSpec, *, console: Optional[Console] = None,
+          service=None) -> TrainResult:
+    """Run `spec` on a grid of worker processes (Coordinator); writes spec.summary_path
+    when training completes."""
+    result = Coordinator(spec, console=console, service=service).run()
+    if result.summary is not None and spec.summary_path:
+        result.summary.save(spec.summary_path)
     return result

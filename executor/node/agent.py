@@ -32,6 +32,7 @@ from typing import Callable, Optional
 import httpx
 
 from executor.node.local import LocalChannel
+from planner.errors import UserError
 
 log = logging.getLogger("recycle.agent")
 Worker = tuple[int, int]
@@ -47,7 +48,7 @@ def worker_share(share: dict, worker: Worker) -> dict:
     return {**entry, **common, "routes": {str(g): share["routes"][str(g)] for g in mine}}
 
 
-class AgentError(Exception):
+class AgentError(UserError):
     """A reason the agent cannot serve its node, in one line (the CLI exits 2)."""
 
 

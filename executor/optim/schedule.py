@@ -29,42 +29,42 @@ from torch.optim.lr_scheduler import LambdaLR
 SCHEDULES = ("constant", "cosine")
 
 
-def lr_factor(cfg, it: int) -> float:
-    """The rate of iteration `it` as a multiple of cfg.lr, under cfg's lr_schedule,
-    warmup_iters, total_iters and min_lr_ratio."""
-    warmup = cfg.warmup_iters
+def lr_factor(training, it: int) -> float:
+    """The rate of iteration `it` as a multiple of training.lr, under the TrainingSettings'
+    lr_schedule, warmup_iters, total_iters and min_lr_ratio."""
+    warmup = training.warmup_iters
     if it < warmup:
         return (it + 1) / warmup
-    if cfg.lr_schedule == "constant":
+    if training.lr_schedule == "constant":
         return 1.0
-    if cfg.lr_schedule != "cosine":
-        raise ValueError(f"unknown learning-rate schedule {cfg.lr_schedule!r}; "
+    if training.lr_schedule != "cosine":
+        raise ValueError(f"unknown learning-rate schedule {training.lr_schedule!r}; "
                          f"choose one of {', '.join(SCHEDULES)}")
-    total = cfg.total_iters
+    total = training.total_iters
     if total <= warmup:
         raise ValueError(f"a cosine schedule needs total_iters ({total}) above "
                          f"warmup_iters ({warmup})")
-    floor = cfg.min_lr_ratio
+    floor = training.min_lr_ratio
     if it >= total:
         return floor
     t = (it - warmup) / (total - warmup)
     return floor + (1.0 - floor) * 0.5 * (1.0 + math.cos(math.pi * t))
 
 
-def lr_at(cfg, it: int) -> float:
-    """Learning rate of iteration `it` (what IterationLR sets for cfg.lr as base)."""
-    return cfg.lr * lr_factor(cfg, it)
+def lr_at(training, it: int) -> float:
+    """Learning rate of iteration `it` (what IterationLR sets for training.lr as base)."""
+    return training.lr * lr_factor(training, it)
 
 
 class IterationLR(LambdaLR):
     """LambdaLR on lr_factor, positioned by iteration number instead of counted steps
-    (module docstring). Every param group's base rate is cfg.lr."""
+    (module docstring). Every param group's base rate is training.lr."""
 
-    def __init__(self, opt: torch.optim.Optimizer, cfg):
+    def __init__(self, opt: torch.optim.Optimizer, training):
         for group in opt.param_groups:  # the base LambdaLR multiplies, whatever the
-            group["initial_lr"] = cfg.lr  # optimizer was built with
-        self.cfg = cfg
-        super().__init__(opt, lambda it: lr_factor(cfg, it), last_epoch=-1)
+            group["initial_lr"] = training.lr  # optimizer was built with
+        self.training = training
+        super().__init__(opt, lambda it: lr_factor(training, it), last_epoch=-1)
 
     def at(self, it: int) -> float:
         """Set iteration `it`'s rate on the optimizer; returns it."""

@@ -37,6 +37,7 @@ from executor.checkpoint import load_stage
 from executor.checkpoint.part_writer import PartWriter
 from executor.runtime.batches import Batches
 from executor.runtime.comm import CommError, Superseded, World
+from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.sources.plan_source import TrainingHalted
 from executor.compute.reference import checksum
@@ -66,8 +67,9 @@ class Agent:
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
                  workload: Workload = DEFAULT_WORKLOAD, fault_iterations=(), slows=(),
-                 snapshot_every: int = 0):
+                 snapshot_every: int = 0, training: TrainingSettings = TrainingSettings()):
         self.cfg, self.job, self.iterations = cfg, job, iterations
+        self.training = training  # optimizer, schedule, clip, precision (compute/config.py)
         # `home` is who this worker is (its first slot, id "R.S": heartbeats, messages,
         # incarnations); `me` is the slot it fills now, which a plan's roles may change.
         self.home = self.me = tuple(me)
@@ -76,7 +78,7 @@ class Agent:
         self.ckpt = (ckpt_dir, ckpt_every)
         self._build(self.me[1])
         if resume_part is not None:  # this stage's DCP part of the checkpoint resumed from
-            load_stage(self.module, self.opt, resume_part, lr=cfg.lr)
+            load_stage(self.module, self.opt, resume_part, lr=training.lr)
         self.inc = incarnation  # which process of this worker we are (membership)
         self.fresh = incarnation > 1  # restarted: its state must come from a live peer
         self.entered = False  # has been admitted to some plan version
@@ -107,12 +109,12 @@ class Agent:
         a plan moves this worker to another stage: its state then comes from a holder)."""
         cfg, wl = self.cfg, self.wl
         self.module = wl.build_stage(cfg, s, self.S).to(self.device)
-        self.opt = wl.make_optimizer(cfg, self.module.parameters())
+        self.opt = wl.make_optimizer(self.training, self.module.parameters())
         self.params = list(self.module.parameters())  # walking the module tree costs 0.1 ms
         self.compute = StageCompute(self.module, s == 0, s == self.S - 1,
                                     1.0 / self.job.num_microbatches, wl.loss_fn,
-                                    precision=cfg.precision)
-        self.stepper = StageStepper(self.module, self.opt, cfg, s, self.S, self.store,
+                                    precision=self.training.precision)
+        self.stepper = StageStepper(self.module, self.opt, self.training, s, self.S, self.store,
                                     log=self.log)
         self.stepper.newer = lambda: self._next_plan(0)  # a settle() wait leaves for a newer plan
         self.parts = PartWriter(self.ckpt[0], self.ckpt[1], self.iterations, s, self.log)

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from executor.runtime.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
+from planner.errors import UserError
 
 Worker = tuple[int, int]
 FWD, BWD = 0, 1
@@ -73,9 +74,9 @@ def host_store(bind_host: str, port: int, timeout_s: float) -> dist.TCPStore:
 def check_device(want: str = "auto") -> str:
     """'auto', 'cpu' or 'cuda' as asked; ValueError (one line) for a device not here."""
     if want not in ("auto", "cpu", "cuda"):
-        raise ValueError(f"--device must be auto, cpu or cuda, not {want!r}")
+        raise UserError(f"--device must be auto, cpu or cuda, not {want!r}")
     if want == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device on this machine "
+        raise UserError("--device cuda: no CUDA device on this machine "
                          f"(torch {torch.__version__}, torch.cuda.is_available() is False)")
     return want
 

@@ -5,7 +5,7 @@ the stepper keeps what a later rollback to "before step it" needs (optim/snapsho
 pre-allocated slots, one foreach copy), sets the iteration's learning rate (a pure
 function of `it`, optim/schedule.py) and steps.
 
-Clipping by the global norm (cfg.clip > 0, optim/clip.py) needs every stage's gradient
+Clipping by the global norm (training.clip > 0, optim/clip.py) needs every stage's gradient
 norm, and the staggered optimizer steps each stage as soon as its own all-reduce is done.
 So each stage publishes its squared norm for (plan version, iteration) and then:
   * if every stage's norm is already in the store (a stage that steps late, typically
@@ -73,15 +73,16 @@ class _Pending:
 
 
 class StageStepper:
-    def __init__(self, module: nn.Module, opt: torch.optim.Optimizer, cfg, stage: int,
+    def __init__(self, module: nn.Module, opt: torch.optim.Optimizer, training, stage: int,
                  stages: int, store=None, *, log: Optional[Callable[[str], None]] = None):
-        self.module, self.opt, self.cfg = module, opt, cfg
+        """`training`: the run's TrainingSettings (its schedule and clip)."""
+        self.module, self.opt, self.training = module, opt, training
         self.stage, self.stages, self.store = stage, stages, store
         self.params = [p for group in opt.param_groups for p in group["params"]]
         self.snapshots = StageSnapshots(module, opt)
-        self.lr = IterationLR(opt, cfg)  # the rate is set by iteration number: optim/schedule.py
+        self.lr = IterationLR(opt, training)  # set by iteration number: optim/schedule.py
         self.board: Optional[NormBoard] = None
-        if cfg.clip > 0:
+        if training.clip > 0:
             if store is None:
                 raise ValueError("clipping by the global norm needs the run's store")
             self.board = NormBoard(store, stages)
@@ -125,7 +126,7 @@ class StageStepper:
                 final = False
             else:
                 self.stats.exact += 1
-                c = coefficient(global_norm(sums), self.cfg.clip)
+                c = coefficient(global_norm(sums), self.training.clip)
                 if c < 1.0:
                     scale_(grads, c)
         self.opt.step()
@@ -168,7 +169,7 @@ class StageStepper:
             raise RuntimeError(f"the gradients of step {pend.it} changed in place before "
                                "settle(): the stepper's contract (module docstring)")
         norm = global_norm(sums)
-        c = coefficient(norm, self.cfg.clip)
+        c = coefficient(norm, self.training.clip)
         if c < 1.0:
             self.snapshots.redo_from(pend.it)
             scale_(pend.grads, c)
@@ -183,7 +184,7 @@ class StageStepper:
             self.stats.redos += 1
             self.stats.redo_s += dt
             self.log(f"clip: redid step {pend.it} (plan v{pend.version}): global norm "
-                     f"{norm:.6g} > {self.cfg.clip:g}, x{c:.6g}, {dt * 1e3:.2f} ms "
+                     f"{norm:.6g} > {self.training.clip:g}, x{c:.6g}, {dt * 1e3:.2f} ms "
                      f"(waited {(t1 - t0) * 1e3:.2f} ms for the norms)")
         self.tied.send_values(pend.version, pend.it)
         self.tied.receive_values(self._waiter(pend.version, f"tied weights of step {pend.it}"))

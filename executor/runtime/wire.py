@@ -21,11 +21,13 @@ from typing import Optional, Union
 import torch
 from torch import Tensor
 
+from planner.errors import UserError
+
 Activation = Union[Tensor, tuple]
 _ALIGN = 16
 
 
-class ActivationSpecError(ValueError):
+class ActivationSpecError(UserError):
     """A stage's output does not match the spec agreed for its boundary: the user's model
     is wrong, not the run, so training halts with this one line instead of re-planning."""
 

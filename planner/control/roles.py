@@ -19,13 +19,14 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from planner.bounds import span_bound
+from planner.errors import Unplannable
 from planner.job import JobSpec
 from planner.plan import Move, Role
 
 Worker = tuple[int, int]
 
 
-class NoRolesError(RuntimeError):
+class NoRolesError(Unplannable):
     """Fewer live workers than stages: no assignment serves every stage."""
 
 

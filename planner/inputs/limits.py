@@ -15,13 +15,15 @@ from __future__ import annotations
 
 import os
 
+from planner.errors import UserError
+
 MAX_PLAN_CELLS = 131072   # replicas * stages * microbatches
 MAX_PLAN_WORKERS = 16384  # replicas * stages
 MAX_SPEC_BYTES = 4 << 20  # a spec at the limits with speeds is about 1 MB
 MAX_PLAN_BYTES = 64 << 20  # a plan at the limits is about 25 MB
 
 
-class TooLarge(ValueError):
+class TooLarge(UserError):
     """A job, or a file, over the planning limits; the message is one line."""
 
 

@@ -22,12 +22,13 @@ from collections import deque
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.solvers.timeline import Mode, add_opt, finish_plan
+from planner.errors import UserError
 
 _CELL = re.compile(r"(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)")
 COMPUTE = ("F", "I", "W", "B")
 
 
-class CsvImportError(ValueError):
+class CsvImportError(UserError):
     """The CSV cannot be read as a plan of this spec (one line: why)."""
 
 

@@ -25,9 +25,10 @@ from typing import Optional
 
 from planner.lowering import WORK, lower
 from planner.plan import Plan
+from planner.errors import UserError
 
 
-class ExportError(ValueError):
+class ExportError(UserError):
     """The plan cannot be said in the CSV format (one line: why)."""
 
 

@@ -24,6 +24,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Iterable, Optional
 
+from planner.errors import UserError
+
 Worker = tuple[int, int]
 
 # A trace is read and simulated in memory: past this many events the answer would take
@@ -33,7 +35,7 @@ MAX_EVENTS = 200_000
 MAX_HOURS = 87_600.0
 
 
-class TraceError(ValueError):
+class TraceError(UserError):
     """A trace that cannot be read or does not fit the grid: one line for the user."""
 
 

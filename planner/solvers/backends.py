@@ -12,6 +12,7 @@ from planner.failures import Canonical, Worker, canonicalize, check_plannable, n
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan, make_action
 from planner.plan import Mode
+from planner.errors import UserError
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,7 @@ BACKENDS: dict[str, Callable[[JobSpec, list[Worker], Mode, SolveOptions], Plan]]
 }
 
 
-class UnknownBackend(ValueError):
+class UnknownBackend(UserError):
     pass
 
 

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from planner.commands.cli_errors import user_errors
+from recycle.commands.errors import user_errors
 
 
 def register(app: typer.Typer) -> None:

@@ -216,7 +216,7 @@ def _write(out, rows, sweep, n_big, t_big, time_limit, quick, wall, torch_rows=(
              f"Made by `{cmd}` on {platform.node() or 'this machine'} "
              f"({platform.processor() or platform.machine()}), {wall:.0f} s in all.",
              "Jobs: `JobSpec.uniform(D, S, M)` (F=10, I=10, W=8, OPT=5, p2p intra 1 / cross 2, "
-             "activation 4 of capacity 40). Failed sets: `planner.commands.bench.failure_set`. "
+             "activation 4 of capacity 40). Failed sets: `planner.bench.quality.failure_set`. "
              "`bound` is the lower bound of the staggered period; each ratio is period / bound "
              "(1f1b's period is its makespan, synchronous optimizer). "
              "`kept` = period(no failure) / period(k failures) of the same variant.", "",

@@ -5,8 +5,9 @@ from typing import Optional
 
 import typer
 
-from planner.commands.cli_errors import EXIT_BAD_INPUT, user_errors
+from planner.errors import EXIT_BAD_INPUT
 from planner.job import JobSpec
+from recycle.commands.errors import user_errors
 
 
 def _read(path: str) -> str:
@@ -28,7 +29,7 @@ def _imported(path: str, spec: str, sync: bool):
 
 
 def _report(plan, errs) -> None:
-    from planner.commands.output import console
+    from recycle.commands.output import console
 
     if errs:
         for e in errs:

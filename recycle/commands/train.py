@@ -11,8 +11,9 @@ from typing import List, Optional
 import typer
 from click.core import ParameterSource
 
-from planner.commands.cli_errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN, user_errors
+from planner.errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN
 from planner.plan import Mode
+from recycle.commands.errors import user_errors
 
 
 def register(app: typer.Typer) -> None:
@@ -20,13 +21,12 @@ def register(app: typer.Typer) -> None:
     app.command("profile")(profile_cmd)
 
 
-def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model="gpt",
-           **training):
+def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model="gpt"):
     from executor.compute.model import ModelConfig
     from executor.models.families import architecture  # --model NAME[:FLAVOUR]'s shape
     arch = architecture(model, d_model=d_model, n_layers=layers, n_heads=heads,
                         seq_len=seq_len, vocab=vocab)
-    return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, lr=lr, **arch, **training)
+    return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, **arch)
 
 
 def _resumed(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
@@ -111,11 +111,12 @@ def train_cmd(
     from rich.console import Console
 
     from executor.checkpoint import read_checkpoint
-    from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
+    from executor.compute.config import TrainingSettings
+    from executor.inputs.launch_spec import Faults, LaunchSpec
+    from executor.inputs.train_options import check_model_options, check_training, grid_of
+    from executor.inputs.train_options import resume_changes
     from executor.launch.launcher import train
-    from executor.inputs.train_options import check_local_workers, check_train_options, grid_of
-    from executor.inputs.train_options import check_training, resume_changes
-    from planner.inputs.limits import check_plannable, load_spec
+    from planner.inputs.limits import load_spec
     from planner.job import JobSpec
 
     console = Console(stderr=True)
@@ -124,33 +125,24 @@ def train_cmd(
             ctx.get_parameter_source("min_lr_ratio") == ParameterSource.DEFAULT_MAP):
         min_lr_ratio = None  # the checkpoint's cosine floor; this run asks another schedule
     with user_errors("train options"):
-        if iterations < 1:
-            raise ValueError(f"--iterations must be at least 1, not {iterations}")
-        if not timeout > 0:
-            raise ValueError(f"--timeout must be positive, not {timeout:g}")
         vocab_flag = vocab  # None unless given: then --data's token file sizes the vocab
         from executor.models.families import flag_values  # as --model NAME[:FLAVOUR] fixes them
         d_model, layers, heads, seq_len, vocab = flag_values(model, d_model, layers, heads,
                                                              seq_len, vocab)
-        check_train_options(solver=solver, store_port=store_port, run_dir=run_dir,
-                            summary=summary, checkpoint=None, d_model=d_model,
-                            layers=layers, heads=heads, seq_len=seq_len,
+        check_model_options(d_model=d_model, layers=layers, heads=heads, seq_len=seq_len,
                             micro_batch_size=micro_batch_size, vocab=vocab, lr=lr)
         min_lr_ratio = check_training(precision=precision, lr_schedule=lr_schedule,
                                       warmup=warmup, min_lr_ratio=min_lr_ratio, clip=clip,
                                       iterations=iterations)
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model,
-                     precision=precision, lr_schedule=lr_schedule, warmup_iters=warmup,
-                     total_iters=iterations, min_lr_ratio=min_lr_ratio, clip=clip,
-                     data=os.path.abspath(data) if data else "")
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model)
+        training = TrainingSettings(lr=lr, precision=precision, lr_schedule=lr_schedule,
+                                    warmup_iters=warmup, total_iters=iterations,
+                                    min_lr_ratio=min_lr_ratio, clip=clip,
+                                    data=os.path.abspath(data) if data else "")
         if data:  # the model's vocab is the token file's (its header or sidecar)
             from executor.data.token_file import data_vocab
             cfg = dataclasses.replace(cfg, vocab=data_vocab(data, vocab_flag))
-        kills = [parse_event(k) for k in kill]
-        rejoins = ([(*parse_event(r), False) for r in rejoin]
-                   + [(*parse_event(r), True) for r in restart])  # (r, s, it, asap)
-        stalls = [parse_stall(s) for s in stall]
-        slows = [parse_slow(s) for s in slow]
+        faults = Faults.from_flags(kill, rejoin, restart, stall, slow)
         spec = load_spec(job) if job else None
         saved_grid = resumed and (resumed.replicas, resumed.stages, resumed.microbatches)
         if resumed and resumed.job and not job and (replicas, stages, microbatches) == saved_grid:
@@ -168,23 +160,15 @@ def train_cmd(
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
-        check_plannable(replicas, stages, microbatches)
-        if not external:  # the workers are this machine's processes
-            check_local_workers(replicas, stages)
-        check_faults(replicas, stages, iterations, kills, rejoins, stalls, slows, external)
-        if not external:  # torchrun'd workers check their own hosts
-            from executor.runtime.comm import check_device
-            check_device(device)
-        if checkpoint_every < 1:
-            raise ValueError(f"--checkpoint-every must be at least 1, not {checkpoint_every}")
-        if snapshot_every < 0:
-            raise ValueError(f"--snapshot-every must be 0 (off) or more iterations, not {snapshot_every}")
-        if checkpoint_dir:  # checked now, not after training has started
-            if os.path.exists(checkpoint_dir) and not os.path.isdir(checkpoint_dir):
-                raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not a directory")
-            os.makedirs(checkpoint_dir, exist_ok=True)
-            if not os.access(checkpoint_dir, os.W_OK | os.X_OK):
-                raise ValueError(f"--checkpoint-dir {checkpoint_dir} is not writable")
+        # The run as one value, checked here once (before the model is loaded: cheap first)
+        launch = LaunchSpec(
+            cfg, spec, iterations, faults=faults, training=training,
+            detect_stragglers=detect_stragglers,
+            solver=solver, mode=Mode(split_backward=not no_split, staggered=not sync),
+            timeout=timeout, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
+            checkpoint_every=checkpoint_every, resume=resume, external=external,
+            store_port=store_port, device=device, model=model, summary_path=summary,
+            snapshot_every=snapshot_every)
         from executor.models.balance import split_config
         cfg = split_config(cfg, split, spec, job, service)
         if resumed and split is None and not job and spec.stages == resumed.stages:
@@ -196,14 +180,14 @@ def train_cmd(
             from executor.data.token_file import check_data, with_data
             check_data(data, cfg.vocab, cfg.micro_batch_size, cfg.seq_len,
                        spec.replicas * spec.microbatches)
-            workload = with_data(workload, cfg)
+            workload = with_data(workload, training.data)
         if reference or not external:  # this machine's memory holds the model's state
             from executor.models.footprint import check_fits
             check_fits(model, workload, cfg, spec.stages, replicas=replicas, device=device,
                        mode="reference" if reference else "workers")
         if resume:
-            where, man = read_checkpoint(resume, spec, cfg, iterations, model)
-            for note in resume_changes(man.model, cfg):
+            where, man = read_checkpoint(resume, spec, cfg, training, iterations, model)
+            for note in resume_changes(man.training, training):
                 console.print(f"resuming {where} with {note}")
     if reference:
         import torch
@@ -214,7 +198,7 @@ def train_cmd(
         # is near 0 (a GPT with vocab 8192 drifted 0.004 from its own workers on 2 cores)
         torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
         result = train_reference(cfg, replicas, microbatches, iterations, stages,
-                                 workload=workload)
+                                 training=training, workload=workload)
         for i, loss in enumerate(result.losses):
             console.print(f"iter {i:>4}  loss {loss:.5f}  (reference)")
         if summary:
@@ -226,14 +210,9 @@ def train_cmd(
                                        "d_model": d_model, "layers": layers, "heads": heads,
                                        "vocab": vocab, "min_lr_ratio":  # the floor of a cosine only
                                        min_lr_ratio if lr_schedule == "cosine" else None})
-    result = train(cfg, replicas, stages, microbatches, iterations, kills, rejoins, summary,
-                   run_config=run_config,
-                   job=spec, solver=solver, timeout=timeout, resume=resume,
-                   checkpoint_dir=checkpoint_dir, ckpt_every=checkpoint_every, run_dir=run_dir, external=external,
-                   store_port=store_port, console=console, service=watch, stalls=stalls,
-                   slows=slows, detect_stragglers=detect_stragglers, device=device, model=model,
-                   snapshot_every=snapshot_every,
-                   mode=Mode(split_backward=not no_split, staggered=not sync))
+    # the model as split and sized above, and the flag tree for RUN_DIR/run.toml
+    launch = dataclasses.replace(launch, cfg=cfg, run_config=run_config)
+    result = train(launch, console=console, service=watch)
     if result.model_exception:  # the model's code raised: a bug to fix, not a failure
         raise typer.Exit(EXIT_MODEL_ERROR)
     if result.halted:  # a model that breaks its own activation spec is bad input
@@ -264,6 +243,7 @@ def profile_cmd(
     `recycle plan` / `train --job`."""
     import json
 
+    from executor.compute.config import TrainingSettings
     from executor.compute.profile import profile
     from executor.runtime.comm import check_device
 
@@ -275,7 +255,7 @@ def profile_cmd(
             raise ValueError(f"--repeats must be at least 1, not {repeats}")
         if threads is not None and threads < 1:
             raise ValueError(f"--threads must be at least 1, not {threads}")
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, lr, model)
+        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model)
         from executor.models.balance import check_split
         check_split(split)
         from executor.inputs.workload_name import check_workload
@@ -287,6 +267,7 @@ def profile_cmd(
         if split == "balanced":  # per-layer costs first; cfg gets their boundaries
             from executor.compute.profile import profile_balanced as measure
         spec = measure(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
+                       training=TrainingSettings(lr=lr),  # the optimizer OPT times
                        workload=workload,
                        memory_budget=memory_budget, threads=threads, details=rows)
         with open(out, "w") as fh:

@@ -10,8 +10,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from planner.commands.cli_errors import user_errors
 from planner.inputs.limits import check_plannable, load_spec
+from recycle.commands.errors import user_errors
 
 console = Console()
 

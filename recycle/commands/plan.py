@@ -7,14 +7,14 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from planner.commands.cli_errors import EXIT_NO_PLAN, user_errors
-from planner.commands.output import console
+from planner.control.roles import NoRolesError
+from planner.errors import EXIT_NO_PLAN
 from planner.failures import NoPlanError, parse_worker
 from planner.inputs.limits import load_plan, load_spec
 from planner.inputs.paths import check_writable
-from planner.plan import Plan
-from planner.plan import Mode
-from planner.control.roles import NoRolesError
+from planner.plan import Mode, Plan
+from recycle.commands.errors import user_errors
+from recycle.commands.output import console
 
 
 
@@ -22,9 +22,9 @@ def register(app: typer.Typer, bench: typer.Typer) -> None:
     app.command("plan")(plan_cmd)
     app.command("precompute")(precompute_cmd)
     app.command("validate")(validate_cmd)
-    from planner.interop.commands import import_csv_cmd
+    from recycle.commands.interop import import_csv_cmd
     app.command("import-csv")(import_csv_cmd)
-    from planner.simulation.cli import register as register_simulation
+    from recycle.commands.simulate import register as register_simulation
     register_simulation(app)
     bench.command("planner")(bench_planner_cmd)
 
@@ -194,7 +194,7 @@ def precompute_cmd(
 def validate_cmd(path: str = typer.Argument(..., help="plan JSON, or a pipelining CSV with --spec"),
                  spec: Optional[str] = typer.Option(None, "--spec", help="job spec of a CSV")):
     """Check a plan against every constraint and replay its metrics."""
-    from planner.interop.commands import validate_if_csv
+    from recycle.commands.interop import validate_if_csv
     from planner.validate import metric_errors, replay_metrics, validate
 
     if validate_if_csv(path, spec):
@@ -227,11 +227,11 @@ def bench_planner_cmd(
         if out:  # checked first: the benchmark runs for minutes before it writes
             check_writable(out, "--out")
     if speeds:
-        from planner.commands.bench_speeds import run_speeds_bench
+        from planner.bench.speeds import run_speeds_bench
         run_speeds_bench(out or "benchmarks/results/planner_speeds.md", time_limit, cpsat,
                          console=console)
         return
-    from planner.commands.bench import run_planner_bench
+    from planner.bench.quality import run_planner_bench
 
     run_planner_bench(out or "benchmarks/results/planner.md", quick=quick,
                       time_limit=time_limit, cpsat_max_actions=cpsat_max_actions,

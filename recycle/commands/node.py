@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from planner.commands.cli_errors import die
+from recycle.commands.errors import die
 
 
 def register(app: typer.Typer) -> None:

@@ -1,0 +1,131 @@
+"""What a local training run is asked, as one typed value: `recycle train` builds it from
+its flags (recycle/commands/train.py), the coordinator (executor/launch/launcher.py) runs
+it, and nothing in between passes loose keyword lists. Validated once, here, when it is made: a field no
+run could carry out is a one-line ValueError (UserError) naming its flag.
+
+The live objects of a run (the console it prints to, the plan service it follows) are not
+settings: Coordinator(spec, console=..., service=...) takes them beside it.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional
+
+from executor.compute.config import ModelConfig, TrainingSettings
+from executor.inputs.run_config import RunConfig
+from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
+from executor.launch.trace_replay import TraceReplay
+from planner.errors import UserError
+from planner.job import JobSpec
+from planner.plan import Mode
+
+Event = tuple[int, int, int]  # (replica, stage, iteration)
+Timed = tuple[int, int, int, float]  # (replica, stage, iteration, seconds or factor)
+
+
+def _tuples(items) -> tuple:
+    return tuple(tuple(k) for k in items)
+
+
+@dataclass(frozen=True)
+class Faults:
+    """The faults injected into a run (executor/launch/faults.py carries them out)."""
+    kills: tuple[Event, ...] = ()  # --kill: SIGKILL mid-iteration
+    rejoins: tuple[Event, ...] = ()  # --rejoin: back once the run reaches the iteration
+    restarts: tuple[Event, ...] = ()  # --restart: back as soon as its death is planned
+    stalls: tuple[Timed, ...] = ()  # --stall: SIGSTOP, SIGCONT the seconds later
+    slows: tuple[Timed, ...] = ()  # --slow: compute at the factor of its speed
+    # A failure trace's window replayed on the processes (trace_replay.py): node removals
+    # SIGKILL workers, additions restart them. It keeps its own progress (counts) as it goes.
+    trace: Optional[TraceReplay] = None
+
+    def __post_init__(self):  # lists (JSON, tests) become the tuples the fields declare
+        for name in ("kills", "rejoins", "restarts", "stalls", "slows"):
+            object.__setattr__(self, name, _tuples(getattr(self, name)))
+
+    @classmethod
+    def from_flags(cls, kill=(), rejoin=(), restart=(), stall=(), slow=()) -> "Faults":
+        """The faults as typed on the command line (R:S@ITER[:X]); ValueError, one line."""
+        return cls(kills=[parse_event(k) for k in kill], rejoins=[parse_event(r) for r in rejoin],
+                   restarts=[parse_event(r) for r in restart],
+                   stalls=[parse_stall(s) for s in stall], slows=[parse_slow(s) for s in slow])
+
+    @property
+    def rejoin_entries(self) -> list[tuple[int, int, int, bool]]:
+        """(r, s, iteration, asap): the --rejoin entries, then the --restart ones (asap)."""
+        return [(*k, False) for k in self.rejoins] + [(*k, True) for k in self.restarts]
+
+
+@dataclass(frozen=True)
+class LaunchSpec:
+    """One local run: the model, how it is trained, the job, and how to run, fail and
+    checkpoint it."""
+    cfg: ModelConfig
+    job: JobSpec
+    iterations: int
+    faults: Faults = Faults()
+    training: TrainingSettings = TrainingSettings()  # optimizer, schedule, clip, data
+    detect_stragglers: bool = True  # measure speeds and re-plan (without a service)
+    solver: str = "greedy"
+    mode: Mode = Mode()  # split backward / staggered optimizer, as the planner's Mode
+    timeout: float = 5.0  # seconds before a silent peer counts as failed
+    run_dir: Optional[str] = None  # worker logs, run.toml (default: a temp dir)
+    checkpoint_dir: Optional[str] = None  # default: RUN_DIR/checkpoints
+    checkpoint_every: int = 1
+    resume: Optional[str] = None  # a checkpoint directory (or one holding them)
+    external: bool = False  # workers are torchrun'd, not spawned here
+    store_port: int = 0
+    deadline_s: Optional[float] = None  # the run raises TimeoutError past it (tests)
+    device: str = "auto"
+    model: str = "gpt"  # --model NAME: the Workload every worker loads
+    run_config: Optional[RunConfig] = None  # the flag tree, written to RUN_DIR/run.toml
+    summary_path: Optional[str] = None  # {losses, param_checksums} JSON, once complete
+    # elastic: every K iterations each stage's state also lives in a peer's memory (0: off)
+    snapshot_every: int = 0
+
+    def __post_init__(self):
+        self.check()
+
+    @property
+    def grid(self) -> tuple[int, int, int]:
+        return self.job.replicas, self.job.stages, self.job.microbatches
+
+    def check(self) -> None:
+        """Refuse (UserError, one line, the flag named) what no run could carry out."""
+        from planner.inputs.limits import check_plannable
+        from planner.inputs.paths import check_directory, check_writable
+        from planner.solvers.backends import BACKENDS
+
+        D, S, M = self.grid
+        if self.iterations < 1:
+            raise UserError(f"--iterations must be at least 1, not {self.iterations}")
+        if not (self.timeout > 0 and math.isfinite(self.timeout)):
+            raise UserError(f"--timeout must be positive, not {self.timeout:g}")
+        if self.solver not in BACKENDS:
+            raise UserError(f"unknown solver {self.solver!r}; choose one of "
+                            f"{', '.join(BACKENDS)}")
+        if not 0 <= self.store_port <= 65535:
+            raise UserError(f"--store-port must be a port number 0..65535 (0: any free), "
+                            f"not {self.store_port}")
+        if self.checkpoint_every < 1:
+            raise UserError(f"--checkpoint-every must be at least 1, not {self.checkpoint_every}")
+        if self.snapshot_every < 0:
+            raise UserError(f"--snapshot-every must be 0 (off) or more iterations, "
+                            f"not {self.snapshot_every}")
+        if self.deadline_s is not None and not self.deadline_s > 0:
+            raise UserError(f"deadline_s must be positive seconds, not {self.deadline_s:g}")
+        if self.run_dir:
+            check_directory(self.run_dir, "--run-dir")
+        if self.checkpoint_dir:
+            check_directory(self.checkpoint_dir, "--checkpoint-dir")
+        if self.summary_path:
+            check_writable(self.summary_path, "--summary")
+        check_plannable(D, S, M)
+        if not self.external:  # the workers are this machine's processes
+            from executor.inputs.train_options import check_local_workers
+            from executor.runtime.comm import check_device
+            check_local_workers(D, S)
+            check_device(self.device)  # torchrun'd workers check their own hosts
+        check_faults(D, S, self.iterations, self.faults.kills, self.faults.rejoin_entries,
+                     self.faults.stalls, self.faults.slows, self.external)

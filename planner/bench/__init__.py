@@ -1,0 +1,1 @@
+"""The planner's benchmarks (`recycle bench planner`): plain functions that print through the console they are given."""
