@@ -53,6 +53,12 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
           speed_window: int = typer.Option(
               3, "--speed-window", help="straggler detection: heartbeat compute times per "
                                         "estimate (their minimum); 0 turns detection off"),
+          elastic_horizon: Optional[float] = typer.Option(
+              None, "--elastic-horizon",
+              help="time units (the job spec's) a move of a worker to another stage is "
+                   "weighed over: it is made when the time it saves in that span exceeds "
+                   "its stall (default: 1000 failure-free periods of the job; 0: only into "
+                   "a stage left empty)"),
           log_level: str = typer.Option("info", "--log-level")) -> None:
     """Serve failure events in, versioned plans out (OpenAPI docs at /docs)."""
     from planner.commands.cli_errors import die
@@ -60,7 +66,8 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
     try:
         solver_list = check_serve_options(db, port, heartbeat_timeout, suspect_grace,
                                           max_failures, solvers, cpsat_time_limit,
-                                          solver_workers, speed_window, log_level)
+                                          solver_workers, speed_window, log_level,
+                                          elastic_horizon)
     except ValueError as exc:
         die(str(exc))
     from api.app import create_app
@@ -76,7 +83,8 @@ def serve(db: str = typer.Option("recycle.db", "--db", help="SQLite file (create
     app = create_app(db, admin_token, heartbeat_timeout, max_failures,
                      solvers=solver_list,
                      cpsat_time_limit_s=cpsat_time_limit, solver_workers=solver_workers,
-                     suspect_grace_s=suspect_grace, speed_window=speed_window)
+                     suspect_grace_s=suspect_grace, speed_window=speed_window,
+                     elastic_horizon=elastic_horizon)
     Server(app, host=host, port=port, log_level=log_level, access_log=False,
            timeout_graceful_shutdown=5).run()
 
@@ -90,7 +98,8 @@ def _positive(flag: str, value: float) -> None:
 
 
 def check_serve_options(db, port, heartbeat_timeout, suspect_grace, max_failures, solvers,
-                        cpsat_time_limit, solver_workers, speed_window, log_level):
+                        cpsat_time_limit, solver_workers, speed_window, log_level,
+                        elastic_horizon=None):
     """One-line ValueError for an option the service would misuse; the solver list."""
     from api.jobs.runtime import ServiceConfig
     from api.storage.sqlite_store import check_database
@@ -109,6 +118,10 @@ def check_serve_options(db, port, heartbeat_timeout, suspect_grace, max_failures
         raise ValueError(f"--solver-workers must be at least 1, not {solver_workers}")
     if speed_window < 0:
         raise ValueError(f"--speed-window must be 0 (off) or more, not {speed_window}")
+    if elastic_horizon is not None and not (math.isfinite(elastic_horizon)
+                                            and elastic_horizon >= 0):
+        raise ValueError(f"--elastic-horizon must be 0 or a positive number of time units, "
+                         f"not {elastic_horizon:g}")
     names = tuple(s.strip() for s in solvers.split(",") if s.strip())
     if not names:
         raise ValueError(f"--solvers {solvers!r} names no back-end; choose from "

@@ -186,6 +186,8 @@ SERVE = [
     (["--cpsat-time-limit", "-1"], "--cpsat-time-limit must be a positive number of seconds"),
     (["--port", "70000"], "--port must be 0..65535, not 70000"),
     (["--speed-window", "-1"], "--speed-window must be 0 (off) or more"),
+    (["--elastic-horizon", "-1"], "--elastic-horizon must be 0 or a positive number of time units"),
+    (["--elastic-horizon", "inf"], "--elastic-horizon must be 0 or a positive number of time units"),
     (["--log-level", "loud"], "--log-level must be one of critical, error, warning, info"),
 ]
 
