@@ -32,4 +32,5 @@ def test_two_moves_in_a_row_out_of_the_last_and_the_first_stage_stay_exact(tmp_p
     moves = [(m["from_stage"], m["to_stage"]) for p in res.summary.plans
              for m in p.get("moves", [])]
     assert moves == [(1, 2), (0, 1)], res.summary.plans
+    assert res.summary.elastic == {"moves": 2, "joins": 0, "snapshot_restores": 0}
     assert failed_by_iteration(res.summary.plans, 5)[-1] == [[1, 0], [1, 1], [1, 2]]

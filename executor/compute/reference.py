@@ -43,6 +43,8 @@ class Summary:
     plans: Optional[list[dict]] = field(default=None, compare=False)
     # The reference: global gradient norm per iteration (before clipping); not serialised.
     grad_norms: Optional[list[float]] = field(default=None, compare=False)
+    # Multi-process runs: stage moves, snapshot restores and a replayed trace's counts.
+    elastic: Optional[dict] = field(default=None, compare=False)
 
     def to_json(self) -> str:
         d = {"losses": self.losses, "param_checksums": self.param_checksums}
@@ -50,6 +52,8 @@ class Summary:
             d["recovery"] = self.recovery
         if self.plans is not None:
             d["plans"] = self.plans
+        if self.elastic is not None:
+            d["elastic"] = self.elastic
         return json.dumps(d)
 
     @classmethod
@@ -57,7 +61,7 @@ class Summary:
         d = json.loads(text)
         return cls(losses=[float(x) for x in d["losses"]],
                    param_checksums=[float(x) for x in d["param_checksums"]],
-                   recovery=d.get("recovery"), plans=d.get("plans"))
+                   recovery=d.get("recovery"), plans=d.get("plans"), elastic=d.get("elastic"))
 
     def save(self, path: str) -> None:
         with open(path, "w") as fh:

@@ -80,10 +80,22 @@ class RunEnd:
                     self.handle(m)
 
     def summary(self) -> Summary:
+        plans = self.record.plans_used(self.iterations)
         return Summary(losses=[self.losses.loss(i) for i in range(self.iterations)],
                        param_checksums=[self.final_checks[s] for s in range(self.S)],
-                       recovery=self.record.recovery(self.faults.log),
-                       plans=self.record.plans_used(self.iterations))
+                       recovery=self.record.recovery(self.faults.log), plans=plans,
+                       elastic=self.elastic_counts(plans))
+
+    def elastic_counts(self, plans: list[dict]) -> dict:
+        """Moves and snapshot restores of the plan versions trained under, and the trace's."""
+        moves = [m for p in plans for m in p.get("moves", [])]
+        out = {"moves": sum(1 for m in moves if m["from_stage"] is not None),
+               "joins": sum(1 for m in moves if m["from_stage"] is None),
+               "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot")}
+        if self.trace is not None:
+            out.update(trace_events=self.trace.applied(), trace_kills=self.trace.kills,
+                       trace_restarts=self.trace.restarts)
+        return out
 
     def halt(self, reason: str) -> TrainResult:
         self.store.set("halted", reason)

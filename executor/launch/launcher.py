@@ -30,6 +30,7 @@ from executor.launch.ending import RunEnd, TrainResult
 from executor.launch.messages import HANDLERS
 from executor.launch.processes import Processes
 from executor.launch.publishing import Halted, Publishing
+from executor.launch.trace_faults import TraceFaults
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
 from executor.launch.progress_lines import ProgressLines
@@ -48,13 +49,13 @@ Worker = tuple[int, int]
 ELASTIC_HORIZON = 1e9
 
 
-class Coordinator(Processes, Admission, Publishing, RunEnd):
+class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
     def __init__(self, cfg: ModelConfig, job: JobSpec, iterations: int, *, kills=(), rejoins=(),
                  stalls=(), slows=(), detect_stragglers=True, solver="greedy", timeout=5.0,
                  run_dir=None, checkpoint_dir=None,
                  resume=None, external=False, store_port=0, console=None, ckpt_every=1,
                  deadline_s=None, service=None, mode: Mode = Mode(), device="auto",
-                 model: str = "gpt", run_config=None):
+                 model: str = "gpt", run_config=None, trace=None, snapshots: bool = False):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.mode = mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
@@ -89,8 +90,10 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
         # carried out (local) or followed (with a service, whose plans say it).
         # Elastic: a worker changes stage when the live set leaves a stage short (moves are
         # weighed over the run's length; planner/control/elastic.py).
-        self.members = Membership.start(self.D, self.S, job=job, horizon=ELASTIC_HORIZON
-                                        ).with_speeds(job.speed)
+        self.trace = trace  # a failure trace replayed on the processes (trace_replay.py)
+        self.members = Membership.start(
+            self.D, self.S, trace.initial_failed if trace else (), job=job,
+            snapshots=snapshots, horizon=ELASTIC_HORIZON).with_speeds(job.speed)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
@@ -141,9 +144,12 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
     def run(self) -> TrainResult:
         try:
             self.publish()
+            if self.trace is not None:
+                self.trace_start()
             if not self.external:
                 for w in self.workers:
-                    self.spawn(w)
+                    if w not in self.failed:
+                        self.spawn(w)
             while True:
                 if self.service is not None and self.service.halted:
                     return self.halt(self.service.halted)
@@ -200,6 +206,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd):
                 self.died(w, f"process exited with code {p.exitcode}")
         if self.external:
             self.check_heartbeats()
+        if self.trace is not None:
+            self.trace_tick(now)
         if self.rejoins.pending:
             self.spawn_due()
             self.update_hold()

@@ -152,6 +152,8 @@ class Membership:
     # ---- transitions --------------------------------------------------------------------
     def first(self) -> tuple["Membership", Decision]:
         """The run's first version (every worker at the incarnation it has)."""
+        if self.job is not None and self.failed:  # workers down from the start
+            return self._reassigned(self.failed, (), self.incarnations, "start")
         return self._publish(self.failed, self.incarnations, "start")
 
     def fail(self, w: Worker, incarnation: Optional[int] = None,

@@ -1,0 +1,43 @@
+"""Carrying out a replayed trace (trace_replay.py) in the local coordinator: SIGKILL the
+workers a node removal takes, start new processes for the workers a node addition brings
+back once their deaths are in a plan."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from executor.runtime.rendezvous import wkey
+
+
+class TraceFaults:
+    """Mixed into the Coordinator (launcher.py): its processes, store and members."""
+
+    def trace_start(self) -> None:
+        """Workers down at the window's start never start; their first process is a
+        replacement (incarnation 2), so the plan that admits it is told from v0's."""
+        self.trace_t0 = time.monotonic()
+        for w in self.trace.initial_failed:
+            self.store.add(f"inc/{wkey(w)}", 1)
+
+    def trace_tick(self, now: float) -> None:
+        for e in self.trace.due(now - self.trace_t0):
+            if e.kind == "fail":
+                for w in e.workers:
+                    self.trace.failed(w)
+                    p = self.procs.get(w)
+                    if p is not None and p.exitcode is None:
+                        os.kill(p.pid, signal.SIGKILL)
+                        self.trace.kills += 1
+                        self.record.kills_at.append((time.time(), w, self.committed + 1))
+                        self.event(f"trace: node removed, SIGKILL worker {wkey(w)}")
+            elif e.kind == "recover":
+                for w in e.workers:
+                    self.trace.recovered(w)
+        for w in sorted(self.trace.back):
+            p = self.procs.get(w)
+            if w in self.failed and (p is None or p.pid in self.reaped):
+                self.trace.back.discard(w)
+                self.trace.restarts += 1
+                self.event(f"trace: node added, starting worker {wkey(w)} (no state)")
+                self.spawn(w)

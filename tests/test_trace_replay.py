@@ -1,0 +1,47 @@
+"""A spot trace replayed on real processes (executor/launch/trace_replay.py): node removals
+SIGKILL workers, additions start new ones, and the run equals the failure-free one."""
+import pytest
+
+from executor.launch.trace_replay import TraceReplay, load_window, window
+from planner.simulation.trace import NodeEvent, Placement, TraceError
+from tests.test_executor_runtime import assert_exact, run
+
+pytestmark = pytest.mark.hard_timeout(120)
+
+
+def test_window_starts_with_the_nodes_up_then_replays_its_own_events():
+    ev = [NodeEvent(0, "add", "a"), NodeEvent(0, "add", "b"), NodeEvent(10, "remove", "a"),
+          NodeEvent(20, "add", "c"), NodeEvent(4000, "remove", "b")]
+    assert window(ev, 15, 1) == [NodeEvent(0.0, "add", "b"), NodeEvent(5.0, "add", "c")]
+    assert window(ev, 0, 2)[2:] == [NodeEvent(10, "remove", "a"), NodeEvent(20, "add", "c"),
+                                    NodeEvent(4000, "remove", "b")]
+    with pytest.raises(TraceError, match="no node is up"):
+        window([NodeEvent(0, "add", "a"), NodeEvent(1, "remove", "a")], 5, 1)
+
+
+def test_due_events_follow_the_compressed_clock():
+    tr = load_window("benchmarks/traces/p3-trace.csv", Placement(3, 2), 3600, 2)
+    replay = TraceReplay(tr, time_scale=600)
+    own = [e for e in tr.node_events if e.time > 0]
+    assert len(own) >= 30 and tr.events  # two hours of the P3 trace: the issue's window
+    first = replay.due(tr.events[0].time / 600)
+    assert first and replay.due(tr.events[0].time / 600) == []
+    assert len(first) + len(replay.due(1e9)) == len(tr.events)
+    with pytest.raises(TraceError):
+        TraceReplay(tr, time_scale=0)
+
+
+def test_a_node_removed_and_a_spare_added_kill_and_restart_workers_exactly(tmp_path):
+    path = tmp_path / "spot.csv"
+    lines = [f"0,add,node{k}" for k in range(6)] + ["1500,remove,node1", "3000,add,node9"]
+    path.write_text("\n".join(lines) + "\n")
+    tr = load_window(str(path), Placement(3, 2), 0, 1)
+    replay = TraceReplay(tr, time_scale=1.0)
+    res = run(tmp_path, 3, 2, 12, trace=replay)
+    assert_exact(res, 3, 2, 12, tmp_path)
+    assert (replay.kills, replay.restarts) == (1, 1), res.events
+    el = res.summary.elastic
+    assert (el["trace_events"], el["trace_kills"], el["trace_restarts"]) == (2, 1, 1), el
+    assert any("trace: node removed, SIGKILL worker 0:1" in e for e in res.events)
+    failed = [p["failed"] for p in res.summary.plans]
+    assert [[0, 1]] in failed and failed[-1] == [], res.summary.plans
