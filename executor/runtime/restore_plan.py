@@ -1,0 +1,82 @@
+"""Rolling the whole job back to a peer-memory snapshot: who restores what from where.
+
+When a plan leaves some stage with no live worker that holds its state (every holder
+died; a worker moved in with nothing), the job goes back to the newest iteration k for
+which every stage has a copy somewhere among the live workers: a worker's own stage's
+host copy (peer_snapshots LocalCopies) or a snapshot it holds for another stage
+(SnapshotHost). Every member of the new world then ends up with its stage's state after
+step k: restored from its own copy, or sent by one provider of its stage. Pure: the agent
+gathers what each member has (one all-gather) and carries out the answer.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+Worker = tuple[int, int]
+PER_STAGE = 3  # iterations a member reports per stage (newest first)
+
+
+@dataclass(frozen=True)
+class Has:
+    """What one member can provide: stage -> iterations (own host copies or held
+    snapshots), and whether it may restore its own stage from its own copy."""
+    stage: int
+    copies: dict[int, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class RestorePlan:
+    iteration: int  # every stage goes back to its state after this step
+    providers: dict[int, Worker]  # stage -> the member that sends it to those without it
+    takers: dict[int, tuple[Worker, ...]]  # stage -> members that receive it
+    own: tuple[Worker, ...]  # members that restore from their own copy
+
+    def sends(self, me: Worker) -> list[tuple[int, Worker]]:
+        """(stage, taker) pairs `me` sends, in a fixed order."""
+        return [(s, t) for s, p in sorted(self.providers.items()) if p == me
+                for t in self.takers.get(s, ())]
+
+
+def encode(has: Has, stages: int) -> list[int]:
+    """A member's report as fixed-width ints for World.allgather_ints."""
+    out = [has.stage]
+    for s in range(stages):
+        its = sorted(has.copies.get(s, ()), reverse=True)[:PER_STAGE]
+        out += its + [-1] * (PER_STAGE - len(its))
+    return out
+
+
+def decode(row: list[int], stages: int) -> Has:
+    copies = {}
+    for s in range(stages):
+        its = tuple(i for i in row[1 + s * PER_STAGE: 1 + (s + 1) * PER_STAGE] if i >= 0)
+        if its:
+            copies[s] = its
+    return Has(row[0], copies)
+
+
+def plan_restore(members: dict[Worker, Has], stages: int) -> Optional[RestorePlan]:
+    """The newest iteration every stage has a copy of, and who restores it how; None when
+    no iteration has a copy of every stage (the run must halt)."""
+    have: dict[int, set[int]] = {s: set() for s in range(stages)}
+    for h in members.values():
+        for s, its in h.copies.items():
+            have[s].update(its)
+    common = set.intersection(*have.values()) if have else set()
+    if not common:
+        return None
+    k = max(common)
+    own = tuple(sorted(w for w, h in members.items() if k in h.copies.get(h.stage, ())))
+    providers, takers = {}, {}
+    for s in range(stages):
+        need = tuple(sorted(w for w, h in members.items() if h.stage == s and w not in own))
+        if not need:
+            continue
+        # a member of the stage with its own copy first (it restores anyway), then any
+        # holder; the lowest slot among equals, so every member computes the same answer
+        cands = sorted(w for w, h in members.items() if k in h.copies.get(s, ()))
+        same = [w for w in cands if members[w].stage == s and w in own]
+        providers[s] = (same or cands)[0]
+        takers[s] = need
+    return RestorePlan(k, providers, takers, own)

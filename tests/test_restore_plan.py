@@ -1,0 +1,55 @@
+"""Who restores what from where when the job rolls back to a peer-memory snapshot
+(executor/runtime/restore_plan.py). Pure."""
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from executor.runtime.restore_plan import Has, decode, encode, plan_restore
+
+
+def test_2x2_stage_1_lost_its_holder_moves_in_and_the_others_restore_their_own():
+    # worker in slot (0,0) kept stage 0 at 3 and 5; the mover, now in (0,1), holds stage 1's
+    # snapshot at 3 only (5 was still streaming when stage 1 died)
+    members = {(0, 0): Has(0, {0: (5, 3)}), (0, 1): Has(1, {1: (3,)})}
+    p = plan_restore(members, 2)
+    assert p.iteration == 3 and p.own == ((0, 0), (0, 1)) and p.providers == {}
+
+
+def test_a_taker_receives_from_a_member_of_its_stage_else_from_a_holder():
+    members = {(0, 0): Has(0, {0: (4,), 1: (4,)}), (1, 0): Has(0, {}),
+               (0, 1): Has(1, {})}
+    p = plan_restore(members, 2)
+    assert p.iteration == 4 and p.own == ((0, 0),)
+    assert p.providers == {0: (0, 0), 1: (0, 0)}
+    assert p.takers == {0: ((1, 0),), 1: ((0, 1),)}
+    assert p.sends((0, 0)) == [(0, (1, 0)), (1, (0, 1))]
+
+
+def test_no_common_iteration_means_no_restore():
+    assert plan_restore({(0, 0): Has(0, {0: (4,)}), (0, 1): Has(1, {1: (2,)})}, 2) is None
+    assert plan_restore({(0, 0): Has(0, {0: (4,)})}, 2) is None
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 3), st.data())
+def test_every_member_ends_with_its_stage_at_the_chosen_iteration(S, data):
+    members = {}
+    for w in [(r, s) for r in range(2) for s in range(S)]:
+        if data.draw(st.booleans()):
+            copies = {s: tuple(sorted(data.draw(st.sets(st.integers(0, 5), max_size=3)),
+                                      reverse=True)) for s in range(S)}
+            members[w] = Has(data.draw(st.integers(0, S - 1)), {s: c for s, c in copies.items() if c})
+    for w, h in members.items():
+        assert decode(encode(h, S), S) == h
+    p = plan_restore(members, S)
+    have = {s: set().union(*[h.copies.get(s, ()) for h in members.values()]) for s in range(S)}
+    common = set.intersection(*have.values()) if members else set()
+    if not common:
+        assert p is None
+        return
+    assert p.iteration == max(common)
+    for w, h in members.items():
+        if w in p.own:
+            assert p.iteration in h.copies[h.stage]
+        else:
+            prov = p.providers[h.stage]
+            assert w in p.takers[h.stage] and p.iteration in members[prov].copies[h.stage]
