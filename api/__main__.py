@@ -14,7 +14,8 @@ from planner.errors import EXIT_BAD_INPUT, USER_ERRORS, one_line
 # Each flag is a ServeOptions field (--admin-token is admin_token) with the dataclass's
 # default and help, as `recycle serve`'s are (tests/test_serve_entry.py compares them).
 _TYPES = {"port": int, "max_failures": int, "solver_workers": int, "speed_window": int,
-          "heartbeat_timeout": float, "suspect_grace": float, "cpsat_time_limit": float}
+          "heartbeat_timeout": float, "suspect_grace": float, "cpsat_time_limit": float,
+          "elastic_horizon": float}
 
 
 def parser() -> argparse.ArgumentParser:

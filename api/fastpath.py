@@ -29,6 +29,7 @@ from starlette.responses import JSONResponse
 
 from api.hotpath.encode import PARTS, whole_plan
 from api.jobs.runtime import ApiError
+from planner.plan import home_of
 
 PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
 NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
@@ -73,7 +74,8 @@ def _query(qs: bytes) -> Optional[tuple]:
 
 def _parts(job) -> None:
     """Per version, from the Plan object in memory (no re-parse of its JSON): the fields
-    every share carries, serialised once, and each worker's actions by cell."""
+    every share carries, serialised once, each worker's actions by cell, and with roles
+    the slot each worker fills."""
     if "_head" in job.views:
         return
     plan = job.plan
@@ -83,12 +85,21 @@ def _parts(job) -> None:
     job.views["_head"] = json.dumps(head, separators=(",", ":"))[1:-1].encode()
     job.views["_tail"] = json.dumps(tail, separators=(",", ":"))[1:-1].encode()
     job.views["_actions"] = {(w.replica, w.stage): w.actions for w in plan.workers}
+    job.views["_slots"] = None if plan.roles is None else {
+        home_of(r.worker): (r.replica, r.stage) for r in plan.roles}
+
+
+def _slot(job, worker) -> tuple:
+    """The slot `worker` fills (its own without roles; None when it fills none)."""
+    slots = job.views["_slots"]
+    return worker if slots is None else slots.get(worker)
 
 
 def _microbatches(job, cells) -> list[int]:
     """The micro-batches the workers `cells` run an action of, in order."""
     acts = job.views["_actions"]
-    return sorted({g for c in cells if c in acts for g in PARTS.microbatches(acts[c])})
+    slots = [_slot(job, c) for c in cells]
+    return sorted({g for c in slots if c in acts for g in PARTS.microbatches(acts[c])})
 
 
 def _routes(job, cells) -> str:
@@ -101,12 +112,16 @@ def _routes(job, cells) -> str:
 
 
 def _entry(job, replica: int, stage: int) -> str:
-    """One worker's own part of its share: identity, membership, incarnation, actions."""
-    actions = job.views["_actions"].get((replica, stage))
+    """One worker's own part of its share: identity, membership, incarnation, actions
+    (with roles, those of the slot it fills, named by `slot`)."""
+    slot = _slot(job, (replica, stage))
+    actions = job.views["_actions"].get(slot)
     grid = job.plan.incarnations
     inc = grid[replica][stage] if grid else 1
+    where = "" if job.views["_slots"] is None else \
+        f',"slot":{"null" if slot is None else f"[{slot[0]},{slot[1]}]"}'
     return (f'{{"replica":{replica},"stage":{stage},"in_plan":{str(actions is not None).lower()},'
-            f'"incarnation":{inc},"actions":{PARTS.actions(actions) if actions else "[]"}}}')
+            f'"incarnation":{inc}{where},"actions":{PARTS.actions(actions) if actions else "[]"}}}')
 
 
 def _share(job, entry: bytes, cells) -> bytes:

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
-from planner.plan import Action, Metrics, SolverInfo
+from planner.plan import Action, Metrics, Move, SolverInfo
 
 Index = Field(ge=0, le=1_000_000, strict=True)  # strict: JSON true is not 1
 MAX_INCARNATION = 2**31
@@ -55,12 +55,60 @@ class SpeedIn(_In):
     reason: Optional[str] = Field(default=None, max_length=500)
 
 
+def _omitting(*names: str):
+    """A serializer that leaves out the fields `names` when they are None: answers made
+    before those fields existed stay byte for byte as they were."""
+    def omit(self, handler):
+        out = handler(self)
+        if isinstance(out, dict):
+            for name in names:
+                if out.get(name, 0) is None:
+                    del out[name]
+        return out
+    return model_serializer(mode="wrap")(omit)
+
+
+class NodeWorker(_In):
+    replica: int = Index
+    stage: int = Index
+    incarnation: Optional[int] = Incarnation(
+        "remove: the incarnation of the process that goes (an older one than the plan's "
+        "is stale, and that worker is left out)")
+
+
+class NodeEventIn(_In):
+    """A node removed (a spot preemption notice, an instance gone: its workers fail at
+    once, in one version) or added (a new instance: its workers take the ids of dead
+    workers, chosen by the service, and then join by their own recovery events)."""
+    event_id: str = Field(min_length=1, max_length=200, pattern=r"^[\x21-\x7e]+$",
+                          description="client-chosen id; re-sending it is idempotent (the id "
+                                      "space is shared with the other events)")
+    kind: Literal["remove", "add"]
+    workers: Optional[list[NodeWorker]] = Field(
+        default=None, min_length=1, max_length=4096,
+        description="remove: the node's workers (replica, stage: their ids)")
+    count: Optional[int] = Field(default=None, ge=1, le=4096, strict=True,
+                                 description="add: how many workers the new node runs")
+    workers_per_node: Optional[int] = Field(
+        default=None, ge=1, le=4096, strict=True,
+        description="add: the new node is a whole node of the job at this many workers per "
+                    "node (a node agent's --workers-per-node), every one of its workers dead")
+    reason: Optional[str] = Field(default=None, max_length=500)
+
+
+class NodeId(BaseModel):
+    replica: int
+    stage: int
+    incarnation: int = Field(description="remove: the worker's incarnation in force; add: the "
+                                         "least incarnation its new process joins with")
+
+
 class EventOut(BaseModel):
     job_id: str
     event_id: str
     kind: str
-    replica: int
-    stage: int
+    replica: Optional[int] = Field(description="the event's worker (null for a node event)")
+    stage: Optional[int] = Field(description="the event's worker (null for a node event)")
     source: str
     state: Literal["running", "halted"]
     reason: Optional[str] = None
@@ -76,6 +124,14 @@ class EventOut(BaseModel):
     speed: Optional[float] = Field(
         default=None, description="speed events: the worker's speed factor in the plan "
                                   "version in force once the event is applied")
+    workers: Optional[list[NodeId]] = Field(
+        default=None, description="node events: the workers removed, or the ids given to "
+                                  "the added node's workers (absent for other events)")
+    node_rank: Optional[int] = Field(
+        default=None, description="node adds with workers_per_node: the vacant node given "
+                                  "(absent otherwise)")
+
+    _omit = _omitting("workers", "node_rank")
 
 
 class HeartbeatIn(_In):
@@ -166,6 +222,10 @@ class PlanSummary(BaseModel):
     period: int
     cause: str
     created: float
+    moves: Optional[list[Move]] = Field(
+        default=None, description="the stage changes this version asks for (absent: none)")
+
+    _omit = _omitting("moves")
 
 
 class JobOut(BaseModel):
@@ -214,6 +274,10 @@ class WorkerPlanOut(BaseModel):
     replica: int
     stage: int
     in_plan: bool = Field(description="false: this worker is not in the plan and must stop")
+    slot: Optional[tuple[int, int]] = Field(
+        default=None, description="with roles (docs/design.md, \"Roles\"): the slot "
+                                  "[replica, stage] this worker fills, whose actions these "
+                                  "are (absent in plans without roles: its own)")
     incarnation: int = Field(description="the incarnation of this worker the version admits; "
                                          "a newer process waits for a version that names it")
     failed: list[tuple[int, int]]

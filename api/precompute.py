@@ -268,7 +268,7 @@ class Precomputer:
                         await self._warm_set(job, canon)
                     if canon.key == self.service.current_canonical_key(job):
                         # only while the job runs at its spec's own speeds
-                        await self.service.offer(job, list(job.failed), f"precomputed:{solver}",
+                        await self.service.offer(job, job.empty, f"precomputed:{solver}",
                                                  job.spec)
             m.precompute_done.labels(job.id).set(i + 1)
             if time.monotonic() - last_write > 0.5 or i + 1 == len(work):

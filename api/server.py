@@ -56,6 +56,10 @@ class ServeOptions:
     solver_workers: int = _opt(1, "background solver processes")
     speed_window: int = _opt(3, "straggler detection: heartbeat compute times per estimate "
                              "(their minimum); 0 turns detection off")
+    elastic_horizon: Optional[float] = _opt(
+        None, "time units (the job spec's) a move of a worker to another stage is weighed "
+        "over: it is made when the time it saves in that span exceeds its stall (default: "
+        "1000 failure-free periods of the job; 0: only into a stage left empty)")
     log_level: str = _opt("info", ", ".join(LOG_LEVELS))
 
 
@@ -86,6 +90,10 @@ def check_serve_options(o: ServeOptions) -> tuple[str, ...]:
         raise UserError(f"--solver-workers must be at least 1, not {o.solver_workers}")
     if o.speed_window < 0:
         raise UserError(f"--speed-window must be 0 (off) or more, not {o.speed_window}")
+    if o.elastic_horizon is not None and not (math.isfinite(o.elastic_horizon)
+                                              and o.elastic_horizon >= 0):
+        raise UserError(f"--elastic-horizon must be 0 or a positive number of time units, "
+                        f"not {o.elastic_horizon:g}")
     names = tuple(s.strip() for s in o.solvers.split(",") if s.strip())
     if not names:
         raise UserError(f"--solvers {o.solvers!r} names no back-end; choose from "
@@ -117,6 +125,6 @@ def run_service(o: ServeOptions, solver_list: tuple[str, ...]) -> None:
     app = create_app(db, o.admin_token, o.heartbeat_timeout, o.max_failures,
                      solvers=solver_list, cpsat_time_limit_s=o.cpsat_time_limit,
                      solver_workers=o.solver_workers, suspect_grace_s=o.suspect_grace,
-                     speed_window=o.speed_window)
+                     speed_window=o.speed_window, elastic_horizon=o.elastic_horizon)
     Server(app, host=o.host, port=o.port, log_level=log_level, access_log=False,
            timeout_graceful_shutdown=5).run()

@@ -14,12 +14,14 @@ import asyncio
 import json
 import time
 import uuid
+from dataclasses import dataclass
 from typing import Optional
 
 from api import stragglers
 from api.hotpath.mapping import MemoMapper
+from api.jobs.nodes import NodeEvents, grants
 from api.jobs.runtime import (ApiError, JobRuntime, ServiceConfig, _event_body, _ones,
-                              _plan_record)
+                              _plan_record, refilled, stamp, transition)
 from api.jobs.speeds import SpeedEvents
 from api.jobs.updates import PlanUpdates
 from api.metrics import Metrics
@@ -30,11 +32,22 @@ from api.stragglers import SpeedError
 from planner.cache import PlanCache
 from planner.inputs.limits import TooLarge, check_plannable
 from planner.job import JobSpec
-from planner.control.membership import Halt, Membership, Reject
+from planner.control.membership import Halt, Membership, Publish, Reject
 from planner.plan import Plan
 
 
-class Service(SpeedEvents, PlanUpdates):
+@dataclass
+class Change:
+    """What a carried out membership decision leaves for the work after the lock."""
+    answer: dict
+    halted: bool
+    plan_source: Optional[str]
+    fresh: Optional[Plan]  # the plan as planned (cache or greedy), before stamping
+    spec: JobSpec  # the job with the speeds planned for
+    empty: list  # the empty slots it was planned for
+
+
+class Service(SpeedEvents, PlanUpdates, NodeEvents):
     def __init__(self, store: Store, cache: PlanCache, config: ServiceConfig, metrics: Metrics):
         self.store, self.cache, self.config, self.metrics = store, cache, config, metrics
         cache.mapper = MemoMapper()  # map_plan, memoised (api/hotpath/mapping.py)
@@ -57,11 +70,13 @@ class Service(SpeedEvents, PlanUpdates):
             latest = self.store.latest_plan(row["id"])
             plan = Plan.from_json(latest["plan_json"])
             spec = JobSpec.model_validate_json(row["spec_json"])
-            grid = plan.incarnations or _ones(spec)
-            members = Membership.start(
-                spec.replicas, spec.stages, [tuple(w) for w in json.loads(row["failed_json"])],
-                grid, version=plan.version, state=row["state"], reason=row["reason"]
-            ).with_speeds(plan.job.speed)
+            # dead workers: with roles, those filling no slot of the plan in force; a halted
+            # job's row also has the worker whose failure halted it
+            kw = {} if plan.roles is not None and row["state"] != "halted" else {
+                "failed": [tuple(w) for w in json.loads(row["failed_json"])]}
+            members = Membership.following(
+                plan, **self.config.elastic(spec), state=row["state"], reason=row["reason"],
+                **kw).with_speeds(plan.job.speed)
             self.jobs[row["id"]] = JobRuntime(
                 id=row["id"], spec=spec, token_hash=row["token_hash"],
                 max_failures=row["max_failures"], created=row["created"], plan=plan,
@@ -71,6 +86,8 @@ class Service(SpeedEvents, PlanUpdates):
             job.operator, job.measured = stragglers.restore(
                 spec, plan.job, self.store.speed_events(job.id))
             job.detector = self._detector(spec, job.measured)
+            events = self.store.events(job.id)
+            job.granted, job.adds = grants(events), sum(e["kind"] == "add" for e in events)
             self.metrics.plan_version.labels(row["id"]).set(plan.version)
             self.metrics.slow_workers.labels(row["id"]).set(stragglers.slow_count(plan.job))
         self._count_jobs()
@@ -108,6 +125,7 @@ class Service(SpeedEvents, PlanUpdates):
             raise ApiError(422, f"max_failures must be between 0 and "
                                 f"{self.config.max_failures_limit}")
         plan, source = await asyncio.to_thread(self._plan_now, spec, [])
+        elastic = await asyncio.to_thread(self.config.elastic, spec)
         if source == "greedy":
             await asyncio.to_thread(self.cache.put, plan)
         job_id = uuid.uuid4().hex[:12]
@@ -121,8 +139,9 @@ class Service(SpeedEvents, PlanUpdates):
                               hash_token(token), k, record, solvers, now)
         job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), max_failures=k,
                          created=now, plan=plan, plan_bytes=record["json"].encode(),
-                         members=Membership.start(spec.replicas, spec.stages, (), grid, 0
-                                                  ).with_speeds(plan.job.speed),
+                         members=Membership.start(
+                             spec.replicas, spec.stages, (), grid, 0,
+                             **elastic).with_speeds(plan.job.speed),
                          detector=self._detector(spec, {}))
         job.remember()
         self.jobs[job_id] = job
@@ -148,65 +167,89 @@ class Service(SpeedEvents, PlanUpdates):
             if old is not None:
                 return old, True
             w = (ev.replica, ev.stage)
-            members, decision = (job.members.fail(w, ev.incarnation) if ev.kind == "failure"
-                                 else job.members.recover(w, ev.incarnation))
+            members, decision = await transition(
+                job.members.fail if ev.kind == "failure" else job.members.recover,
+                w, ev.incarnation)
             if isinstance(decision, Reject):
                 raise ApiError(409, decision.reason)
-            halted = isinstance(decision, Halt)
-            replacement = not halted and decision.cause == "replacement"
+            replacement = isinstance(decision, Publish) and decision.cause == "replacement"
             cause = f"{'replacement' if replacement else ev.kind}:{source}"
-            # a failed or new process: the detector's level for the old one is forgotten
-            measured = {k: v for k, v in job.measured.items() if k != w}
-            try:
-                spec = stragglers.spec_for(job.spec, job.operator, measured)
-            except SpeedError:  # cannot happen in practice; keep the speeds in force
-                measured, spec = job.measured, job.plan.job
-            members = members.with_speeds(spec.speed)
-            fresh, plan, plan_source, record = None, None, None, None
-            if not halted:
-                if decision.same_plan and spec.spec_hash() == job.plan.job.spec_hash():
-                    fresh = job.plan  # same failed set and speeds: the plan in force,
-                    #                   admitting the new incarnation
-                else:
-                    fresh, plan_source = await asyncio.to_thread(
-                        self._plan_now, spec, list(decision.failed))
-                plan = fresh.stamped(decision.version, decision.incarnation_rows())
-                record = _plan_record(plan, cause)
-            failed = sorted(members.failed)
-            answer = {"job_id": job.id, "event_id": ev.event_id, "kind": ev.kind,
-                      "replica": ev.replica, "stage": ev.stage, "source": source,
-                      "state": members.state, "reason": members.reason, "failed": failed,
-                      "plan_version": plan.version if plan else job.version,
-                      "plan_source": plan_source, "incarnation": members.incarnation(w)}
-            write = asyncio.ensure_future(asyncio.to_thread(
-                self.store.apply_event, job.id,
-                {**ev.model_dump(), "source": source, "body_json": body_json},
-                answer, members.state, members.reason, failed, record))
-            # while the write waits for its fsync (in a thread, without the GIL), the new
-            # version's shares are built here, ready for the long-polls that its publish
-            # wakes; published only once the write is done, as always
-            views = self._prebuild(job, plan) if plan is not None else {}
-            await write
-            job.members, job.measured = members, measured
-            job.fed.pop(w, None)
-            if job.detector is not None:
-                job.detector.forget(*w)
-            if plan is not None:
-                self._install(job, plan, record["json"], cause, views)
-                self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
+
+            def answer_of(m: Membership, version: int, plan_source: Optional[str]) -> dict:
+                return {"job_id": job.id, "event_id": ev.event_id, "kind": ev.kind,
+                        "replica": ev.replica, "stage": ev.stage, "source": source,
+                        "state": m.state, "reason": m.reason, "failed": sorted(m.failed),
+                        "plan_version": version, "plan_source": plan_source,
+                        "incarnation": m.incarnation(w)}
+            row = {**ev.model_dump(), "source": source, "body_json": body_json}
+            done = await self._change(job, members, decision, cause, [w], row, answer_of, t0)
+            if ev.kind == "recovery":
+                job.granted.pop(w, None)  # a node add's id is used
+        self._after_change(job, ev.kind, source, [w], done)
+        return done.answer, False
+
+    async def _change(self, job: JobRuntime, members: Membership, decision, cause: str,
+                      workers: list, row: dict, answer_of, t0: float) -> "Change":
+        """Under job.lock: carry out a membership decision about `workers` (an event's
+        worker, or a node's): the speeds it leaves, its plan (for the empty slots, with the
+        roles), one transaction, then the publish."""
+        halted = isinstance(decision, Halt)
+        # a slot filled by another process now: what was measured there is forgotten
+        changed = refilled(job.plan, decision, workers)
+        measured = {k: v for k, v in job.measured.items() if k not in changed}
+        try:
+            spec = stragglers.spec_for(job.spec, job.operator, measured)
+        except SpeedError:  # cannot happen in practice; keep the speeds in force
+            measured, spec = job.measured, job.plan.job
+        members = members.with_speeds(spec.speed)
+        fresh, plan, plan_source, record = None, None, None, None
+        if not halted:
+            if decision.same_plan and spec.spec_hash() == job.plan.job.spec_hash():
+                fresh = job.plan  # same failed set and speeds: the plan in force,
+                #                   admitting the new incarnation
             else:
-                job.notify()
-                self._count_jobs()
-        self.metrics.events.labels(ev.kind, source, "halted" if halted else "accepted").inc()
+                fresh, plan_source = await asyncio.to_thread(
+                    self._plan_now, spec, list(decision.failed))
+            plan = stamp(fresh, decision)
+            record = _plan_record(plan, cause)
+        answer = answer_of(members, plan.version if plan else job.version, plan_source)
+        write = asyncio.ensure_future(asyncio.to_thread(
+            self.store.apply_event, job.id, row, answer, members.state, members.reason,
+            sorted(members.failed), record))
+        # while the write waits for its fsync (in a thread, without the GIL), the new
+        # version's shares are built here, ready for the long-polls that its publish
+        # wakes; published only once the write is done, as always
+        views = self._prebuild(job, plan) if plan is not None else {}
+        await write
+        job.members, job.measured = members, measured
+        for w in workers:
+            job.fed.pop(w, None)
+        if job.detector is not None:
+            for slot in changed:
+                job.detector.forget(*slot)
+        if plan is not None:
+            self._install(job, plan, record["json"], cause, views)
+            self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
+        else:
+            job.notify()
+            self._count_jobs()
+        return Change(answer, halted, plan_source, fresh, spec,
+                      [tuple(x) for x in plan.failed] if plan is not None else [])
+
+    def _after_change(self, job: JobRuntime, kind: str, source: str, workers: list,
+                      done: "Change") -> None:
+        """After the lock: metrics, the monitor, and the plan's improvement off the
+        answer's path."""
+        self.metrics.events.labels(kind, source, "halted" if done.halted else "accepted").inc()
         if self.monitor:
-            self.monitor.forget(job.id, w)
-        if plan_source == "greedy":
-            self._background(asyncio.to_thread(self.cache.put, fresh))  # off the answer's path
+            for w in workers:
+                self.monitor.forget(job.id, w)
+        if done.plan_source == "greedy":
+            self._background(asyncio.to_thread(self.cache.put, done.fresh))
             if self.precomputer:
-                self.precomputer.improve(job, failed, spec)
-        elif plan_source == "cache":
-            self.verify_later(job, failed, spec, fresh.metrics.period)
-        return answer, False
+                self.precomputer.improve(job, done.empty, done.spec)
+        elif done.plan_source == "cache":
+            self.verify_later(job, done.empty, done.spec, done.fresh.metrics.period)
 
     def _replayed(self, job: JobRuntime, ev, body_json: str) -> Optional[dict]:
         """Under job.lock: the stored answer to a re-sent event (idempotency), or None for a

@@ -111,7 +111,7 @@ def test_fuzz_with_valid_tokens(env):
     def check(op, case, resp):
         case.validate_response(resp, checks=CHECKS)
         one_line_reason(resp)
-        if op.path.endswith(("/events", "/speeds")) and op.method.upper() == "POST" \
+        if op.path.endswith(("/events", "/speeds", "/nodes")) and op.method.upper() == "POST" \
                 and resp.status_code == 200:
             acked.add(resp.json()["event_id"])
         if op.path == "/v1/jobs" and op.method.upper() == "POST" and resp.status_code == 201:

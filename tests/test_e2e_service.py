@@ -36,13 +36,13 @@ SERVE = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "3
 
 
 @lru_cache(maxsize=None)
-def reference(iterations):
-    return train_reference(CFG, D, M, iterations, S)
+def reference(iterations, replicas=D, stages=S):
+    return train_reference(CFG, replicas, M, iterations, stages)
 
 
-def register(url: str) -> tuple[str, str]:
+def register(url: str, replicas=D, stages=S) -> tuple[str, str]:
     r = httpx.post(url + "/v1/jobs", headers=admin_headers(), params={"max_failures": 1},
-                   json=JobSpec.uniform(D, S, M).model_dump(mode="json"))
+                   json=JobSpec.uniform(replicas, stages, M).model_dump(mode="json"))
     r.raise_for_status()
     return r.json()["id"], r.json()["token"]
 
@@ -71,7 +71,7 @@ def history(url, jid):
 
 def assert_exact(res, coord, iterations, tmp_path):
     assert res.summary is not None, f"halted: {res.halted}\n{coord.output.getvalue()}"
-    diffs = compare(res.summary, reference(iterations), 1e-5)
+    diffs = compare(res.summary, reference(iterations, coord.D, coord.S), 1e-5)
     assert not diffs, "\n".join(diffs) + "\n" + coord.output.getvalue() + logs(tmp_path)
 
 
@@ -105,6 +105,40 @@ def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
         p = view["progress"]
         assert (p["iteration"], p["iterations"]) == (4, 5), p
         assert p["loss"] == pytest.approx(res.summary.losses[4]) and p["tokens_per_s"] > 0
+    finally:
+        srv.stop()
+
+
+def test_kills_that_leave_a_stage_short_move_a_worker_through_the_service(tmp_path):
+    """3x3, kills 0:1@1, 0:2@2 and 1:2@2: stage 2 is left one worker and stage 0 three.
+    The service (elastic membership) publishes a plan whose roles move a stage-0 worker to
+    stage 2 and plans for the slots that leaves empty; the mover loads stage 2 from its
+    live holder, heartbeats under its own id, and the coordinator follows. Exact."""
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
+                     "--heartbeat-timeout", "10", "--suspect-grace", "3").start()
+    try:
+        jid, token = register(srv.url, 3, 3)
+        coord = coordinator(tmp_path, srv.url, jid, token, 5,
+                            kills=[(0, 1, 1), (0, 2, 2), (1, 2, 2)])
+        res = coord.run()
+        assert_exact(res, coord, 5, tmp_path)
+        h = history(srv.url, jid)
+        assert [(e["kind"], e["source"]) for e in h["events"]] == [("failure", "worker")] * 3
+        moved = [p for p in h["plans"] if p.get("moves")]
+        assert len(moved) == 1, h["plans"]
+        [move] = moved[0]["moves"]
+        assert (move["from_stage"], move["to_stage"], move["source"]) == (0, 2, "peer")
+        slots = {r["worker"]: (r["replica"], r["stage"]) for r in moved[0]["roles"]}
+        assert slots[move["worker"]][1] == 2 and sum(s == 2 for _, s in slots.values()) == 2
+        # the job names its dead workers; the plan, the empty slots (one now in stage 0)
+        assert h["job"]["failed"] == [[0, 1], [0, 2], [1, 2]]
+        assert sorted(s for _, s in h["plans"][-1]["failed"]) == [0, 1, 2]
+        assert [p for p in h["job"]["plans"] if p.get("moves")][0]["moves"] == [move]
+        # the coordinator followed the move; the mover trained stage 2 from then on
+        assert any(f"worker {move['worker']} moves from stage 0 to stage 2" in e
+                   for e in res.events), res.events
+        assert any(p.get("moves") for p in res.summary.plans), res.summary.plans
+        assert "moving from stage 0 to stage 2" in logs(tmp_path)
     finally:
         srv.stop()
 

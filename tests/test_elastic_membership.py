@@ -4,7 +4,7 @@ a valid assignment of the live workers. Pure and fast."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.control.membership import Halt, Membership, Publish
+from planner.control.membership import Halt, Membership, Publish, Reject
 from planner.job import JobSpec
 from planner.plan import home_of
 
@@ -102,3 +102,66 @@ def test_a_mover_whose_donors_die_before_it_entered_holds_nothing():
     _, d2 = entered.fail((2, 2))  # once entered, the mover holds stage 2
     assert isinstance(d2, Publish)
     assert d.moves[0].worker in {r.worker for r in d2.roles if r.stage == 2}
+
+
+# ---- a node removed: several workers at once (fail_many) -----------------------------------
+def test_a_node_removed_is_one_version_without_all_its_workers():
+    m, d = elastic(3, 3).fail_many([((0, 0), None), ((0, 1), 1)])
+    assert isinstance(d, Publish) and d.version == 1 and d.roles is None
+    assert d.failed == ((0, 0), (0, 1)) and m.failed == {(0, 0), (0, 1)}
+
+
+def test_a_node_removal_that_leaves_a_stage_short_moves_a_worker_as_one_by_one_would():
+    kills = [(0, 1), (0, 2), (1, 2)]
+    m, d = elastic(3, 3).fail_many([(w, None) for w in kills])
+    one = elastic(3, 3)
+    for w in kills:
+        one, last = one.fail(w)
+    assert isinstance(d, Publish) and d.version == 1  # one version, not three
+    assert (d.roles, d.moves, d.failed) == (last.roles, last.moves, last.failed)
+    assert [(x.from_stage, x.to_stage, x.source) for x in d.moves] == [(0, 2, "peer")]
+
+
+def test_a_node_removal_leaves_out_workers_failed_already_or_stale():
+    m = elastic(3, 3)
+    m, _ = m.fail((0, 0))
+    m, _ = m.recover((1, 1), 3)  # 1:1 is live as incarnation 3 (a replacement)
+    m2, d = m.fail_many([((0, 0), None), ((1, 1), 2), ((2, 2), 1)])
+    assert isinstance(d, Publish) and m2.failed == {(0, 0), (2, 2)}
+    _, d = m.fail_many([((0, 0), None), ((1, 1), 2)])
+    assert isinstance(d, Reject) and "nothing to remove" in d.reason
+    _, d = m.fail_many([((3, 0), None)])
+    assert isinstance(d, Reject) and "outside the 3x3 grid" in d.reason
+
+
+def test_a_node_removal_that_empties_a_stage_halts_without_snapshots():
+    _, d = elastic(2, 2).fail_many([((0, 1), None), ((1, 1), None)])
+    assert isinstance(d, Halt) and "stage 1 has no live replica" in d.reason
+    plain = Membership.start(2, 2)
+    m, d = plain.fail_many([((0, 1), None), ((1, 1), None)])
+    assert isinstance(d, Halt) and m.state == "halted" and m.failed == {(0, 1), (1, 1)}
+    m, d = plain.fail_many([((0, 1), None), ((1, 0), None)])
+    assert isinstance(d, Publish) and d.failed == ((0, 1), (1, 0))
+
+
+# ---- following a published plan (the service restarted, the coordinator with --service) ----
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(0, 2)), max_size=8))
+def test_the_membership_a_plan_says_is_the_one_that_published_it(steps):
+    from planner.solvers.backends import solve
+    job = JobSpec.uniform(3, 3, 6)
+    m = elastic(3, 3)
+    for kill, r, s in steps:
+        m2, d = m.fail((r, s)) if kill else m.recover((r, s))
+        if not isinstance(d, Publish):
+            if isinstance(d, Halt):
+                break
+            continue
+        m = m2
+        plan = solve(job, list(d.failed), "greedy").stamped(d.version, d.incarnation_rows())
+        if d.roles is not None:
+            plan = plan.with_roles(list(d.roles), list(d.moves))
+        back = Membership.following(plan, job=job, snapshots=m.snapshots, horizon=m.horizon)
+        assert (back.failed, back.roles, back.incarnations, back.version) == \
+            (m.failed, m.roles, m.incarnations, m.version)
+        assert back.empty_slots() == m.empty_slots() == tuple(map(tuple, plan.failed))

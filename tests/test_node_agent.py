@@ -5,6 +5,7 @@ service's heartbeat timeout is far longer), and training stays exact (docs/desig
 section 7). Plus the agent's bad input: a node outside the job, a second agent for a held node."""
 from __future__ import annotations
 
+import glob
 import io
 import os
 import re
@@ -40,9 +41,10 @@ class AgentProc:
     """`python -m recycle.cli agent ...` with its stderr lines collected."""
 
     def __init__(self, url, jid, token, node, *extra):
+        rank = [] if node is None else ["--node-rank", str(node)]  # None: a new instance
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "recycle.cli", "agent", "--service", url, "--job-id", jid,
-             "--node-rank", str(node), "--workers-per-node", "2", *extra],
+             *rank, "--workers-per-node", "2", *extra],
             cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), "RECYCLE_TOKEN": token},
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         self.lines: list[str] = []
@@ -126,6 +128,85 @@ def test_agents_start_workers_report_a_sigkill_at_once_and_training_stays_exact(
         assert agents[0].stop() == 0, agents[0].lines  # its workers all finished cleanly
         assert agents[1].stop() == 1, agents[1].lines  # one of its workers died
     finally:
+        for a in agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+                a.proc.wait()
+        srv.stop()
+
+
+def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_path):
+    """Spot instances: node 1's agent gets its preemption notice (SIGTERM) and posts a node
+    remove, one plan version without both its workers; a new instance's agent, started with
+    no node rank, posts a node add, is given node 1 (its workers' ids are the dead ones) and
+    its workers join as new incarnations with no state, loading it from live peers. The
+    test holds iteration 2 (the coordinator's store key `hold`, as a due rejoin would) until
+    both are back, so the whole story happens mid-run every time. Exact."""
+    from executor.runtime.rendezvous import set_counter
+
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    agents, runner, coord = [], None, None
+    try:
+        jid, token = register(srv.url)
+        watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
+        port = free_port()
+        out = io.StringIO()
+        coord = Coordinator(CFG, watch.plan.job, ITERATIONS, slows=SLOW, service=watch,
+                            timeout=4.0, deadline_s=120, run_dir=str(tmp_path),
+                            console=Console(file=out, width=200), external=True,
+                            store_port=port)
+        set_counter(coord.store, "hold", 3)  # every worker waits before iteration 2
+        result = {}
+        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
+                                  daemon=True)
+        runner.start()
+        store = ("--store", f"127.0.0.1:{port}")
+        agents = [AgentProc(srv.url, jid, token, n, *store, "--run-dir", str(tmp_path / f"n{n}"))
+                  for n in (0, 1)]
+        t0 = time.monotonic()
+        while coord.printed < 1 and runner.is_alive() and time.monotonic() - t0 < 90:
+            time.sleep(0.01)
+        assert coord.printed == 1, out.getvalue()  # iterations 0 and 1, then the hold
+        with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as admin:
+            agents[1].proc.send_signal(signal.SIGTERM)
+            assert agents[1].stop() == 0, agents[1].lines
+            agents[1].wait_line(r"preemption notice: node removed, plan v1$")
+            plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+            assert plan["version"] == 1 and plan["failed"] == [[1, 0], [1, 1]]
+            new = AgentProc(srv.url, jid, token, None, *store, "--run-dir", str(tmp_path / "new"))
+            agents.append(new)
+            new.wait_line(rf"joined job {jid} as node 1: workers 1:0 1:1", timeout=30)
+            t0 = time.monotonic()
+            while time.monotonic() - t0 < 60:  # both join (a recovery each): v2, v3
+                plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+                if plan["failed"] == [] and plan["incarnations"] == [[1, 1], [2, 2]]:
+                    break
+                time.sleep(0.05)
+            assert plan["failed"] == [] and plan["incarnations"] == [[1, 1], [2, 2]], \
+                (plan["failed"], new.lines, out.getvalue())
+            set_counter(coord.store, "hold", 0)
+            runner.join(90)
+            assert not runner.is_alive()
+            res = result["res"]
+            assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
+            diffs = compare(res.summary, reference(ITERATIONS), 1e-5)
+            assert not diffs, "\n".join(diffs) + "\n" + out.getvalue()
+            events = admin.get(f"/v1/jobs/{jid}/events").json()
+            kinds = [(e["kind"], e["replica"], e["stage"]) for e in events]
+            assert kinds[:2] == [("remove", None, None), ("add", None, None)], events
+            assert sorted(kinds[2:]) == [("recovery", 1, 0), ("recovery", 1, 1)], events
+            assert events[0]["workers"] == [{"replica": 1, "stage": s, "incarnation": 1}
+                                            for s in (0, 1)]
+            assert (events[1]["node_rank"], events[1]["workers"]) == (
+                1, [{"replica": 1, "stage": s, "incarnation": 2} for s in (0, 1)])
+        logs = "".join(open(f).read() for f in sorted(glob.glob(str(tmp_path / "new" / "*.log"))))
+        assert "loaded stage 0 state from worker (0, 0)" in logs, logs
+        assert agents[0].stop() == 0 and new.stop() == 0, agents[0].lines + new.lines
+    finally:
+        if coord is not None:
+            coord.stop()
+        if runner is not None:
+            runner.join(20)
         for a in agents:
             if a.proc.poll() is None:
                 a.proc.kill()

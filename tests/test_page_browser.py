@@ -51,6 +51,7 @@ def test_page_in_chromium(tmp_path):
             shows_a_failure_live(server, browser, admin)
             a_64x16_grid_fits_the_window(server, browser, admin)
             a_halted_job_shows_its_reason(server, browser, admin)
+            roles_and_moves_and_node_events(server, browser, admin)
             progress_and_a_finished_job(server, browser, admin)
             assert console_errors(browser) == []
     finally:
@@ -144,6 +145,42 @@ def a_halted_job_shows_its_reason(server, browser, admin):
              "the halt")
     reason = js(browser, "return document.getElementById('reason').textContent")
     assert "restore from checkpoint" in reason, reason
+
+
+def roles_and_moves_and_node_events(server, browser, admin):
+    """A node removed leaves stage 2 short: the plan moves a stage-0 worker there. The grid
+    (by worker) marks it with the slot it fills, the versions table lists the move, the
+    Gantt chart names it on its slot's row, the events table the node's workers."""
+    job, _ = register_job(admin, D=3, S=3, M=6)
+    browser.get(f"{server.url}/jobs/{job}")
+    wait_for(lambda: js(browser, "return document.body.dataset.version") == "0", 5, "v0")
+    assert js(browser, "return document.querySelectorAll('#grid rect.away').length") == 0
+    r = admin.post(f"/v1/jobs/{job}/nodes", json={
+        "event_id": "spot-1", "kind": "remove", "reason": "spot preemption notice",
+        "workers": [{"replica": r, "stage": s} for r, s in ((0, 1), (0, 2), (1, 2))]})
+    assert r.status_code == 200, r.text
+    plan = admin.get(f"/v1/jobs/{job}/plan").json()
+    [move] = plan["moves"]
+    slot = next((x["replica"], x["stage"]) for x in plan["roles"] if x["worker"] == move["worker"])
+    home = move["worker"].replace(".", ":")
+    wait_for(lambda: js(browser, "return document.body.dataset.planVersion") == "1", 3, "v1")
+    away = js(browser, "return [...document.querySelectorAll('#grid rect.away')]"
+                       ".map((c) => c.dataset.replica + ':' + c.dataset.stage + '>' + c.dataset.slot)")
+    assert away == [f"{home}>{slot[0]}:{slot[1]}"], away
+    tip = js(browser, "return document.querySelector('#grid rect.away title').textContent")
+    assert f"worker {home} " in tip and f"fills slot {slot[0]}:{slot[1]} (stage 2)" in tip, tip
+    versions = js(browser, "return document.querySelector('#versions tbody tr').textContent")
+    assert f"{move['worker']} s0\u2192s2 (peer)" in versions, versions
+    gantt = js(browser, "return document.getElementById('gantt').textContent")
+    assert f"{slot[0]}:{slot[1]} ({move['worker']})" in gantt, gantt  # every replica (3x3)
+    events = js(browser, "return document.querySelector('#events tbody tr').textContent")
+    assert "remove" in events and "0:1 0:2 1:2" in events and "spot preemption" in events
+    r = admin.post(f"/v1/jobs/{job}/nodes", json={"event_id": "spot-2", "kind": "add",
+                                                  "count": 1})
+    assert r.status_code == 200, r.text
+    wait_for(lambda: js(browser, "return document.querySelector('#events tbody tr')"
+                                 ".dataset.kind") == "add", 3, "the node add")
+    assert console_errors(browser) == []
 
 
 def card(b, k: str) -> str:

@@ -6,19 +6,39 @@ carries; the service only drives it (api/service.py).
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
 from dataclasses import dataclass, field
 from typing import Optional
 
 from api import stragglers
 from api.hotpath.encode import PARTS
 from api.models import EventIn
+from planner.control.membership import Membership, Publish
+from planner.control.roles import elastic_bound
 from planner.failures import Worker
 from planner.job import JobSpec
-from planner.control.membership import Membership
-from planner.plan import Plan
+from planner.plan import Plan, home_of
 from planner.speeds import SpeedDetector
 
 RECENT = 16  # plan versions per job answered from memory (older ones from SQLite)
+# Moves are weighed over this many failure-free periods by default: the expected time
+# between membership events (spot preemptions come hours apart, iterations seconds).
+ELASTIC_PERIODS = 1000
+# Choosing roles (planner/control/roles.py) costs ~0.25 s at 256x16 and ~1 s at 128x128,
+# so the transitions that may choose them run in a thread, off the event loop; one at a
+# time, since roles.py memoises one job's bounds in a module-level dict.
+ROLES = threading.Lock()
+
+
+def _locked(fn, *args):
+    with ROLES:
+        return fn(*args)
+
+
+async def transition(fn, *args):
+    """fn(*args) (a membership transition that may choose roles) in a thread, alone."""
+    return await asyncio.to_thread(_locked, fn, *args)
 
 
 async def _wait_event(event: asyncio.Event, timeout: float) -> None:
@@ -67,10 +87,29 @@ class ServiceConfig:
     # The detector's own thresholds (planner/speeds.py): workers measure alike either way.
     speed_enter: float = 0.7
     speed_leave: float = 0.85
+    # Elastic membership (planner/control/elastic.py): a worker changes stage when the live
+    # set leaves a stage short. Moves are weighed over `elastic_horizon` time units of the
+    # job spec (None: ELASTIC_PERIODS failure-free periods, elastic_horizon_of); 0 moves a
+    # worker only into a stage left empty. With `elastic_snapshots` every stage's state
+    # also lives in peer memory, so an empty stage is restored from it instead of halting
+    # (off until the executor keeps such snapshots).
+    elastic_horizon: Optional[float] = None
+    elastic_snapshots: bool = False
 
     @property
     def grace_s(self) -> float:
         return self.suspect_grace_s or self.heartbeat_timeout_s / 4
+
+    def elastic_horizon_of(self, spec: JobSpec) -> float:
+        if self.elastic_horizon is not None:
+            return self.elastic_horizon
+        return ELASTIC_PERIODS * _locked(elastic_bound, spec, spec.replicas * spec.stages)
+
+    def elastic(self, spec: JobSpec) -> dict:
+        """A job's Membership arguments that make it elastic: `failed` is then its dead
+        workers, and a decision carries the empty slots to plan for and the roles."""
+        return {"job": spec, "snapshots": self.elastic_snapshots,
+                "horizon": self.elastic_horizon_of(spec)}
 
 
 @dataclass
@@ -82,10 +121,11 @@ class JobRuntime:
     created: float
     plan: Plan
     plan_bytes: bytes
-    # Who is in which version (planner/control/membership.py): failed set, the incarnation of each
-    # worker that the plan in force admits, state and halt reason. Every published version
-    # is stamped with the incarnations, so they are recovered from the latest plan after a
-    # restart; state, reason and failed set from the job's row.
+    # Who is in which version (planner/control/membership.py): the dead workers, the
+    # incarnation of each worker that the plan in force admits, the roles in force, state
+    # and halt reason. Every published version is stamped with the incarnations and roles,
+    # so they are recovered from the latest plan after a restart; state, reason and dead
+    # workers from the job's row.
     members: Membership = None
     # Speeds (api/stragglers.py): the operator's settings and the detector's levels (only
     # cells other than 1.0) that the plan in force was made for; the grid in force itself
@@ -101,6 +141,11 @@ class JobRuntime:
     # pushes at least every second, so a report needs no wake-up of the long-polls.
     progress: Optional[dict] = None
     recent: dict = field(default_factory=dict)  # version -> plan bytes, the newest RECENT
+    # Node adds (POST .../nodes): dead workers' ids given to a new node and not used yet
+    # (its workers join by recovery events), with the order they were given in.
+    granted: dict = field(default_factory=dict)    # (replica, stage) -> its add's number
+    adds: int = 0                                  # node adds so far
+    _slots: tuple = (None, None)  # (plan, {worker: slot}) of the plan in force, with roles
 
     def remember(self) -> None:
         self.recent[self.plan.version] = self.plan_bytes
@@ -113,7 +158,23 @@ class JobRuntime:
 
     @property
     def failed(self) -> list[Worker]:
+        """The dead workers (by home slot), as events and heartbeats name them."""
         return sorted(self.members.failed)
+
+    @property
+    def empty(self) -> list[Worker]:
+        """The empty slots: the failed set the plan in force is made for (the dead workers
+        while nobody changed stage)."""
+        return [tuple(w) for w in self.plan.failed]
+
+    def slot_of(self, w: Worker) -> Optional[Worker]:
+        """The slot worker `w` fills in the plan in force (None: it fills none)."""
+        plan = self.plan
+        if plan.roles is None:
+            return None if w in self.members.failed else tuple(w)
+        if self._slots[0] is not plan:
+            self._slots = (plan, {home_of(r.worker): (r.replica, r.stage) for r in plan.roles})
+        return self._slots[1].get(tuple(w))
 
     @property
     def state(self) -> str:
@@ -168,4 +229,52 @@ def _speed_answer(job: "JobRuntime", ev: dict, source: str, plan_version: int,
 def _plan_record(plan: Plan, cause: str) -> dict:
     return {"version": plan.version, "json": PARTS.plan(plan), "solver": plan.solver.name,
             "period": plan.metrics.period, "cause": cause,
-            "failed_key": ";".join(f"{r}:{s}" for r, s in plan.failed) or "-"}
+            "failed_key": ";".join(f"{r}:{s}" for r, s in plan.failed) or "-",
+            "moves_json": json.dumps([m.model_dump(mode="json") for m in plan.moves])
+            if plan.moves else None}
+
+
+def stamp(plan: Plan, decision: Publish) -> Plan:
+    """`plan` (made for decision.failed) as the decision's version: its incarnations, and
+    its roles and moves (none: identity, as every plan before roles)."""
+    out = plan.stamped(decision.version, decision.incarnation_rows())
+    if decision.roles is not None:
+        return out.with_roles(list(decision.roles), list(decision.moves))
+    if out.roles is not None or out.moves is not None:
+        out = out.model_copy(update={"roles": None, "moves": None})
+    return out
+
+
+def fillers(plan: Plan) -> dict[Worker, tuple[Worker, int]]:
+    """Slot -> (the worker filling it, its incarnation) in `plan`."""
+    if plan.roles is None:
+        return {w.key: (w.key, plan.incarnation(*w.key)) for w in plan.workers}
+    return {(r.replica, r.stage): (home_of(r.worker), plan.incarnation(*home_of(r.worker)))
+            for r in plan.roles}
+
+
+def refilled(plan: Plan, decision, workers) -> set[Worker]:
+    """The slots whose filler (worker, or its process) the decision changes from `plan`:
+    what was measured there belongs to another process now. With no plan (a halt): the
+    slots `workers` filled."""
+    if not isinstance(decision, Publish):
+        gone = {tuple(w) for w in workers}
+        return {slot for slot, (w, _) in fillers(plan).items() if w in gone}
+    if plan.roles is None and decision.roles is None:  # the common case, without dicts
+        out = set(map(tuple, plan.failed)) ^ set(decision.failed)
+        old = plan.incarnations or [[1] * plan.job.stages for _ in range(plan.job.replicas)]
+        for r, (a, b) in enumerate(zip(old, decision.incarnations)):
+            if list(a) != list(b):
+                out.update((r, s) for s, (x, y) in enumerate(zip(a, b)) if x != y)
+        return out
+    old = fillers(plan)
+    if decision.roles is None:
+        empty = set(decision.failed)
+        new = {(r, s): ((r, s), decision.incarnations[r][s])
+               for r in range(plan.job.replicas) for s in range(plan.job.stages)
+               if (r, s) not in empty}
+    else:
+        new = {(x.replica, x.stage): (home_of(x.worker),
+                                      decision.incarnations[home_of(x.worker)[0]][home_of(x.worker)[1]])
+               for x in decision.roles}
+    return {slot for slot in set(old) | set(new) if old.get(slot) != new.get(slot)}

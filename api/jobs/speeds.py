@@ -11,7 +11,7 @@ import uuid
 from typing import Optional
 
 from api import stragglers
-from api.jobs.runtime import ApiError, JobRuntime, _plan_record, _speed_answer
+from api.jobs.runtime import ApiError, JobRuntime, _plan_record, _speed_answer, stamp
 from api.models import SpeedIn
 from api.stragglers import SpeedError, quantize_speed
 from planner.job import JobSpec
@@ -56,9 +56,10 @@ class SpeedEvents:
             raise ApiError(422, f"speed: {e}") from None
         fresh, plan, plan_source, record = None, None, None, None
         members, decision = job.members.measured(spec.speed, f"speed:{source}")
-        if isinstance(decision, Publish):
-            fresh, plan_source = await asyncio.to_thread(self._plan_now, spec, job.failed)
-            plan = fresh.stamped(decision.version, decision.incarnation_rows())
+        if isinstance(decision, Publish):  # for the empty slots, the roles unchanged
+            fresh, plan_source = await asyncio.to_thread(self._plan_now, spec,
+                                                         list(decision.failed))
+            plan = stamp(fresh, decision)
             record = _plan_record(plan, decision.cause)
         version = plan.version if plan else job.version
         rows = []
@@ -79,17 +80,21 @@ class SpeedEvents:
         if plan_source == "greedy":
             self._background(asyncio.to_thread(self.cache.put, fresh))
             if self.precomputer:
-                self.precomputer.improve(job, list(job.failed), spec)
+                self.precomputer.improve(job, job.empty, spec)
         elif plan_source == "cache":
-            self.verify_later(job, list(job.failed), spec, fresh.metrics.period)
+            self.verify_later(job, job.empty, spec, fresh.metrics.period)
 
     async def observe_compute(self, job: JobRuntime, w, incarnation: int, iteration: int,
                               seconds_per_mb: float) -> None:
         """A heartbeat's compute time per micro-batch: fed to the job's detector once per
-        (worker process, iteration); a changed speed grid is applied like a speed event
-        (source `detector`), so the plan follows."""
+        (worker process, iteration), as the time of the slot the worker fills (speeds are
+        per slot); a changed speed grid is applied like a speed event (source
+        `detector`), so the plan follows."""
         det = job.detector
-        if det is None or job.state != "running" or w in job.failed:
+        if det is None or job.state != "running" or w in job.members.failed:
+            return
+        slot = job.slot_of(w)
+        if slot is None:
             return
         last = job.fed.get(w)
         if last is not None and last[0] == incarnation and iteration <= last[1]:
@@ -97,7 +102,7 @@ class SpeedEvents:
         job.fed[w] = (incarnation, iteration)
         if seconds_per_mb <= 0:
             return
-        det.observe(w[0], w[1], seconds_per_mb)
+        det.observe(slot[0], slot[1], seconds_per_mb)
         if det.update() is not None:
             await self.apply_measured(job)
 
@@ -107,8 +112,9 @@ class SpeedEvents:
         async with job.lock:
             if det is None or job.state != "running":
                 return
+            empty = set(job.empty)
             levels = {(d, s): v for d, row in enumerate(det.grid) for s, v in enumerate(row)
-                      if v != 1.0 and (d, s) not in job.failed}
+                      if v != 1.0 and (d, s) not in empty}
             changed = sorted(k for k in set(levels) | set(job.measured)
                              if levels.get(k, 1.0) != job.measured.get(k, 1.0))
             if not changed:

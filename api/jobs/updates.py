@@ -10,7 +10,7 @@ from typing import Optional
 
 from api import stragglers
 from api.hotpath.encode import PARTS
-from api.jobs.runtime import JobRuntime, _plan_record, _wait_event
+from api.jobs.runtime import JobRuntime, _plan_record, _wait_event, stamp
 from planner.failures import Worker, canonicalize
 from planner.job import JobSpec
 from planner.control.membership import Publish
@@ -82,16 +82,16 @@ class PlanUpdates:
         for the job's current failed set and speeds (those of the plan in force; `spec`
         None: whatever they are) and beats the plan in force."""
         async with job.lock:
-            if job.state != "running" or [tuple(x) for x in failed] != job.failed:
+            if job.state != "running" or [tuple(x) for x in failed] != job.empty:
                 return False
             current = job.plan.job
             if spec is not None and spec.spec_hash() != current.spec_hash():
                 return False
-            plan = await asyncio.to_thread(self.cache.get, current, job.failed)
+            plan = await asyncio.to_thread(self.cache.get, current, job.empty)
             if plan is None or plan.metrics.period >= job.plan.metrics.period:
                 return False
             job.members, decision = job.members.improved(cause)
-            plan = plan.stamped(decision.version, decision.incarnation_rows())
+            plan = stamp(plan, decision)  # the roles in force, nobody moves
             record = _plan_record(plan, cause)
             self.store.add_plan(job.id, record)
             self._install(job, plan, record["json"], cause)
@@ -112,7 +112,7 @@ class PlanUpdates:
             if not isinstance(decision, Publish):
                 return
             job.members = members
-            plan = job.plan.stamped(decision.version, decision.incarnation_rows())
+            plan = stamp(job.plan, decision)  # the roles in force, no moves again
             record = _plan_record(plan, "resync")
             self.store.add_plan(job.id, record)
             self._install(job, plan, record["json"], "resync")
@@ -167,4 +167,4 @@ class PlanUpdates:
         job.notify()
 
     def current_canonical_key(self, job: JobRuntime) -> str:
-        return canonicalize(job.spec, job.failed).key
+        return canonicalize(job.spec, job.empty).key

@@ -11,6 +11,8 @@ Worker states, in the order they win:
   waiting    in the plan, first incarnation, no heartbeat yet (not started, or starting)
   slow       live, and the plan in force gives it a speed below 1.0 (a straggler)
   live       live and heartbeating
+The grid is by worker (its id, its home slot); with roles, `roles[r][s]` is the slot
+worker r.s fills (None: it fills none), and the page marks a worker away from home.
 """
 from __future__ import annotations
 
@@ -45,12 +47,25 @@ def worker_states(job, last_beat: dict, failure_source: dict) -> list[list[str]]
     return out
 
 
+def roles_grid(job) -> Optional[list[list[Optional[list[int]]]]]:
+    """[replica][stage] -> the slot worker r.s fills in the plan in force (None: it fills
+    none); None for a plan without roles (every worker in its home slot)."""
+    if job.plan.roles is None:
+        return None
+    return [[None if (slot := job.slot_of((d, s))) is None else list(slot)
+             for s in range(job.spec.stages)] for d in range(job.spec.replicas)]
+
+
 def _failure_sources(events: list[dict]) -> dict:
-    """(replica, stage) -> source of the failure event that put it in the failed set."""
+    """(replica, stage) -> source of the failure event (or node remove) that put it in the
+    failed set."""
     src = {}
     for ev in events:
         if ev["kind"] == "failure":
             src[(ev["replica"], ev["stage"])] = ev["source"]
+        elif ev["kind"] == "remove":
+            for w in ev["workers"]:
+                src[(w[0], w[1])] = ev["source"]
     return src
 
 
@@ -59,17 +74,26 @@ def _events(rows) -> list[dict]:
     for r in rows:
         body = json.loads(r["body_json"])
         answer = json.loads(r["response_json"])
-        out.append({"seq": r["seq"], "kind": r["kind"], "replica": r["replica"],
-                    "stage": r["stage"], "source": r["source"], "created": r["created"],
-                    "reason": body.get("reason"), "speed": body.get("speed"),
-                    "plan_version": answer.get("plan_version"), "state": answer.get("state")})
+        ev = {"seq": r["seq"], "kind": r["kind"], "replica": r["replica"],
+              "stage": r["stage"], "source": r["source"], "created": r["created"],
+              "reason": body.get("reason"), "speed": body.get("speed"),
+              "plan_version": answer.get("plan_version"), "state": answer.get("state")}
+        if r["kind"] in ("remove", "add"):  # a node event: its workers (ids given, for an add)
+            ev.update(replica=None, stage=None,
+                      workers=[[w["replica"], w["stage"]] for w in answer.get("workers") or ()])
+        out.append(ev)
     return out
 
 
 def history(store, job_id: str) -> dict:
     """The slowly changing part: events, plan versions, the failure-free period. Read again
     only when the job changes (or every few seconds), not on every push."""
-    versions = [dict(r) for r in store.plan_history(job_id)]
+    versions = []
+    for r in store.plan_history(job_id):
+        v = dict(r)
+        moves = v.pop("moves_json", None)
+        v["moves"] = json.loads(moves) if moves else []
+        versions.append(v)
     events = _events(store.events(job_id))
     return {"events": events[-HISTORY:], "sources": _failure_sources(events),
             "versions": versions[-HISTORY:],
@@ -100,6 +124,7 @@ def job_view(svc, job, hist: dict, now_mono: Optional[float] = None) -> dict[str
         "kept": (base / m.period) if base and m.period else None,
         "timeout_s": svc.config.heartbeat_timeout_s,
         "states": worker_states(job, last, hist["sources"]),
+        "roles": roles_grid(job),
         "ages": ages, "speeds": job.speeds, "incarnations": job.incarnations,
         "precompute": None if pre is None else {
             "state": pre["state"], "done": pre["done"], "total": pre["total"],

@@ -7,8 +7,8 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from api.models import (Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, Precompute,
-                        SpeedIn, SpeedsOut)
+from api.models import (Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, NodeEventIn,
+                        Precompute, SpeedIn, SpeedsOut)
 from api.security import ADMIN, JOB, AuthRoute, bearer
 from api.jobs.runtime import ApiError
 from planner.job import JobSpec
@@ -37,6 +37,18 @@ async def unless_client_leaves(request: Request, work, poll_s: float = 0.2):
             except asyncio.CancelledError:
                 raise ApiError(499, "client closed the request before the job was "
                                     "registered") from None
+
+
+def plan_rows(rows) -> list[dict]:
+    """Stored plan versions as the history shows them: `moves` for those that have some."""
+    out = []
+    for r in rows:
+        row = dict(r)
+        moves = row.pop("moves_json", None)
+        if moves:
+            row["moves"] = json.loads(moves)
+        out.append(row)
+    return out
 
 
 def precompute_of(request: Request, job_id: str) -> dict:
@@ -78,7 +90,7 @@ async def get_job(job_id: str, request: Request):
             "speeds": job.speeds,
             "max_failures": job.max_failures,
             "created": job.created,
-            "plans": [dict(r) for r in svc.store.plan_history(job.id)],
+            "plans": plan_rows(svc.store.plan_history(job.id)),
             "precompute": precompute_of(request, job.id)}
 
 
@@ -104,6 +116,21 @@ async def post_speed(job_id: str, ev: SpeedIn, request: Request, response: Respo
     `/events` (same id, another body: 409); a halted or finished job answers 409."""
     svc = request.app.state.service
     return await _apply(svc.apply_speed, svc.job(job_id), ev, request, response)
+
+
+@router.post("/{job_id}/nodes", response_model=EventOut, openapi_extra=JOB,
+             responses=errors(404, 409), summary="A node removed or added")
+async def post_node(job_id: str, ev: NodeEventIn, request: Request, response: Response):
+    """`kind: remove` (a spot preemption notice, an instance gone) with the node's
+    `workers`: they fail at once, together, in one new plan version (a worker already
+    failed, or named by a superseded incarnation, is left out; none left: 409). `kind: add`
+    (a new instance) with `count`, or `workers_per_node` for a whole node: the job's grid
+    is its capacity, so the new workers take the ids of dead workers; the answer's
+    `workers` are the ids given (and `node_rank` the vacant node), and each joins by its
+    own recovery event with an incarnation at least the one given (409: not that many
+    vacant ids). Idempotent by `event_id` like `/events`, in the same id space."""
+    svc = request.app.state.service
+    return await _apply(svc.apply_node, svc.job(job_id), ev, request, response)
 
 
 async def _apply(apply, job, ev, request: Request, response: Response) -> dict:

@@ -36,7 +36,9 @@ async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):
 async def suspect(job_id: str, report: SuspectIn, request: Request):
     """Cuts the suspected worker's deadline to its last heartbeat plus the suspect grace
     (a quarter of the heartbeat timeout by default) and checks at once: a worker already
-    silent that long is declared failed within milliseconds."""
+    silent that long is declared failed within milliseconds. `replica, stage` name the
+    peer's slot (whom the reporter exchanges with): with roles, the worker filling it in
+    the plan in force is the one suspected (an empty slot: nobody, `declared_failed`)."""
     svc = request.app.state.service
     job = svc.job(job_id)
     job.check_worker(report.replica, report.stage)
@@ -46,7 +48,12 @@ async def suspect(job_id: str, report: SuspectIn, request: Request):
         return {"replica": report.replica, "stage": report.stage,
                 "declared_failed": False, "deadline_s": None}
     version = job.version
-    left = svc.monitor.suspect(job, report.replica, report.stage)
+    who = (report.replica, report.stage)
+    if job.plan.roles is not None:
+        if job.state == "halted":
+            raise job.halted_error()
+        who = job.plan.filler(*who)
+    left = None if who is None else svc.monitor.suspect(job, *who)
     if left is not None:  # if it turns out alive, the reporter still needs a new plan
         svc.resync_later(job, version)
     return {"replica": report.replica, "stage": report.stage,

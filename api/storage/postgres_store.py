@@ -167,6 +167,9 @@ class PgStore(Store):
                 return False
             self._db.executescript(pg_schema(SCHEMA))
             self._db.executescript(pg_schema(CACHE_SCHEMA))
+            for table, column, kind in self.ADDED:
+                self._db.executescript(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS "
+                                       f"{column} {pg_schema(kind)}")
             return True
 
     @contextmanager

@@ -50,6 +50,7 @@ CREATE TABLE IF NOT EXISTS plan_versions (
   period INTEGER NOT NULL,
   cause TEXT NOT NULL,
   created REAL NOT NULL,
+  moves_json TEXT,
   PRIMARY KEY (job_id, version)
 );
 CREATE TABLE IF NOT EXISTS precompute (
@@ -128,8 +129,18 @@ class Store:
         # of a 2.9 MB version on this machine). The automatic one stays as a backstop.
         self._db.execute(f"PRAGMA wal_autocheckpoint={WAL_BACKSTOP_PAGES}")
         self._db.executescript(SCHEMA)
+        self._migrate()
         self._ckpt: Optional[sqlite3.Connection] = None
         self._ckpt_lock = threading.Lock()
+
+    # Columns added since a table was first created: a database made before gets them.
+    ADDED = (("plan_versions", "moves_json", "TEXT"),)
+
+    def _migrate(self) -> None:
+        for table, column, kind in self.ADDED:
+            have = {r[1] for r in self._db.execute(f"PRAGMA table_info({table})")}
+            if column not in have:
+                self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
 
     def checkpoint(self) -> None:
         """Copy committed WAL pages into the database file, on a connection of its own (a
@@ -219,9 +230,11 @@ class Store:
                     (job_id, event["event_id"], event["kind"], event["replica"],
                      event["stage"], event["source"], event["body_json"],
                      json.dumps(response), now))
-                if event["kind"] == "failure":
+                gone = ([(event["replica"], event["stage"])] if event["kind"] == "failure"
+                        else event.get("workers", ()) if event["kind"] == "remove" else ())
+                for r, s in gone:
                     db.execute("DELETE FROM armed WHERE job_id=? AND replica=? AND stage=?",
-                               (job_id, event["replica"], event["stage"]))
+                               (job_id, r, s))
             db.execute("UPDATE jobs SET state=?, reason=?, failed_json=?, updated=? WHERE id=?",
                        (state, reason, json.dumps(failed), now, job_id))
             if plan is not None:
@@ -236,9 +249,10 @@ class Store:
     # ---- plans -------------------------------------------------------------------------
     @staticmethod
     def _insert_plan(db: sqlite3.Connection, job_id: str, plan: dict[str, Any]) -> None:
-        db.execute("INSERT INTO plan_versions VALUES (?,?,?,?,?,?,?,?)",
+        db.execute("INSERT INTO plan_versions (job_id, version, plan_json, failed_key, solver, "
+                   "period, cause, created, moves_json) VALUES (?,?,?,?,?,?,?,?,?)",
                    (job_id, plan["version"], plan["json"], plan["failed_key"], plan["solver"],
-                    plan["period"], plan["cause"], time.time()))
+                    plan["period"], plan["cause"], time.time(), plan.get("moves_json")))
 
     def add_plan(self, job_id: str, plan: dict[str, Any]) -> None:
         with self.tx() as db:
@@ -253,8 +267,9 @@ class Store:
                          (job_id, version))
 
     def plan_history(self, job_id: str) -> list[sqlite3.Row]:
-        return self._all("SELECT version, failed_key, solver, period, cause, created FROM "
-                         "plan_versions WHERE job_id=? ORDER BY version", (job_id,))
+        return self._all("SELECT version, failed_key, solver, period, cause, created, "
+                         "moves_json FROM plan_versions WHERE job_id=? ORDER BY version",
+                         (job_id,))
 
     def cached_solver(self, spec_hash: str, failed_key: str, mode: str) -> Optional[str]:
         """Which back-end made the plan cache's entry (PlanCache's table, same file)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from executor.runtime.rendezvous import publish_plan, read_int, wkey
 from planner.control.membership import Halt, Membership, Publish
 from planner.solvers.backends import solve
+from planner.plan import home_id
 from planner.speeds import with_speeds
 
 Worker = tuple[int, int]
@@ -46,10 +47,7 @@ class Publishing:
         plan = plan.stamped(decision.version, decision.incarnation_rows())
         if decision.roles is not None:
             plan = plan.with_roles(list(decision.roles), list(decision.moves))
-            for m in decision.moves:
-                self.event(f"plan v{plan.version}: worker {m.worker} moves "
-                           f"{'in' if m.from_stage is None else f'from stage {m.from_stage}'} "
-                           f"to stage {m.to_stage} (state from a {m.source})")
+            self.moved(plan)
         self.version, self.plan, self.suspect_since = plan.version, plan, None
         publish_plan(self.store, plan)
         self.record.published(plan)
@@ -65,18 +63,26 @@ class Publishing:
             return
         self.version, self.plan = plan.version, plan
         self.record.published(plan)
-        self.members = Membership.start(self.D, self.S, [tuple(w) for w in plan.failed],
-                                        plan.incarnations, plan.version)
+        # who is dead and who fills which slot, as the plan says (with roles, a dead worker
+        # is one whose id fills no slot; planner/control/membership.py `following`)
+        self.members = Membership.following(plan, job=self.job)
         for w in self.failed:
             self.done.pop(w, None)
         for w in list(self.rejoins.pending):  # the service admitted the restarted process
-            if plan.worker(*w) is not None and self.rejoins.admits(
+            if plan.slot_of(home_id(*w)) is not None and self.rejoins.admits(
                     w, plan.incarnation(*w), read_int(self.store, f"inc/{wkey(w)}")):
                 self.admitted(w)
         for w in self.failed:  # declared failed while its process lives on (a stall)
             if self.rejoins.await_failed(w, plan.incarnation(*w)):
                 self.update_hold()
         self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
+        self.moved(plan)
+
+    def moved(self, plan) -> None:
+        for m in plan.moves or ():
+            self.event(f"plan v{plan.version}: worker {m.worker} moves "
+                       f"{'in' if m.from_stage is None else f'from stage {m.from_stage}'} "
+                       f"to stage {m.to_stage} (state from a {m.source})")
 
     def live(self) -> list[Worker]:
         return [w for w in self.plan.live_workers() if w not in self.failed]

@@ -11,7 +11,12 @@ What it does for its node (ranks `node * per_node` onwards, as torchrun numbers 
     executor's workers take) fetched once per version for the node;
   - sees a local worker's process exit at once (its child, or for attached workers the pid
     they announce) and posts that worker's failure with its incarnation: no heartbeat
-    timeout to wait out.
+    timeout to wait out;
+  - machines come and go (docs/api.md, "Node events"): on a preemption notice (SIGTERM, as
+    spot instances get) it posts a node remove for its workers, one plan version without
+    them all, before it stops them; started with no node rank (a new instance), it posts a
+    node add and serves the vacant node the service gives it, whose workers then join
+    (each a new incarnation of a dead worker's id, with no state).
 Workers without an agent talk to the service themselves as before; nothing in the service
 depends on agents.
 """
@@ -31,8 +36,8 @@ from typing import Callable, Optional
 
 import httpx
 
+from executor.node.changes import AgentError, NodeChanges, _detail
 from executor.node.local import LocalChannel
-from planner.errors import UserError
 
 log = logging.getLogger("recycle.agent")
 Worker = tuple[int, int]
@@ -48,17 +53,6 @@ def worker_share(share: dict, worker: Worker) -> dict:
     return {**entry, **common, "routes": {str(g): share["routes"][str(g)] for g in mine}}
 
 
-class AgentError(UserError):
-    """A reason the agent cannot serve its node, in one line (the CLI exits 2)."""
-
-
-def _detail(r: httpx.Response) -> str:
-    try:
-        return str(r.json().get("detail", r.text))
-    except ValueError:
-        return r.text[:300]
-
-
 def _alive(pid: int) -> bool:
     """A process of ours or not: gone, or a zombie its parent has not reaped yet, is dead."""
     try:
@@ -72,8 +66,9 @@ def _alive(pid: int) -> bool:
             return False
 
 
-class NodeAgent:
-    def __init__(self, service: str, job_id: str, token: str, node: int, *, per_node: int = 8,
+class NodeAgent(NodeChanges):
+    def __init__(self, service: str, job_id: str, token: str, node: Optional[int], *,
+                 per_node: int = 8,
                  store: Optional[str] = None, attach: bool = False, local_port: int = 0,
                  interval_s: float = 1.0, run_dir: Optional[str] = None, max_restarts: int = 0,
                  say: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True)):
@@ -83,7 +78,7 @@ class NodeAgent:
         self.job_id, self.token, self.node, self.per_node = job_id, token, node, per_node
         self.store, self.attach, self.interval = store, attach, interval_s
         self.max_restarts, self.say = max_restarts, say
-        self.run_dir = run_dir or tempfile.mkdtemp(prefix=f"recycle-agent{node}-")
+        self.run_dir = run_dir or tempfile.mkdtemp(prefix=f"recycle-agent{'' if node is None else node}-")
         os.makedirs(self.run_dir, exist_ok=True)
         self.agent_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
         headers = {"Authorization": f"Bearer {token}"}
@@ -108,6 +103,7 @@ class NodeAgent:
         self.reports: list[dict] = []              # deaths seen and what the service said
         self.replaced: Optional[str] = None
         self.stopping = threading.Event()
+        self.preempted = threading.Event()  # a preemption notice: remove the node first
 
     # ---- the service -------------------------------------------------------------------
     def _claim_body(self) -> dict:
@@ -115,16 +111,7 @@ class NodeAgent:
 
     def claim(self, patience_s: float = 30.0) -> None:
         """Claim the node (AgentError with the service's reason if it refuses)."""
-        end = time.monotonic() + patience_s
-        while True:
-            try:
-                r = self.api.post(f"{self.prefix}/nodes/{self.node}/attach",
-                                  json=self._claim_body())
-                break
-            except httpx.TransportError as e:
-                if time.monotonic() > end:
-                    raise AgentError(f"plan service unreachable: {e}") from None
-                time.sleep(0.5)
+        r = self._post(f"/nodes/{self.node}/attach", self._claim_body(), patience_s)
         if r.status_code != 200:
             raise AgentError(f"the plan service refused node {self.node} "
                              f"({r.status_code}): {_detail(r)}")
@@ -328,6 +315,8 @@ class NodeAgent:
         """Claim, serve and watch until the node's workers are done. 0: they all exited
         cleanly; 1: some failed or the agent was replaced."""
         self.local.start()
+        if self.node is None:
+            self.join()
         self.claim()
         threads = [threading.Thread(target=f, daemon=True, name=n)
                    for f, n in ((self._poll_loop, "agent-poll"), (self._beat_loop, "agent-beat"))]
@@ -343,6 +332,8 @@ class NodeAgent:
             self.stopping.set()
             with self.cond:
                 self.cond.notify_all()
+            if self.preempted.is_set():  # before the workers go: one version without them
+                self.remove_node()
             for p in self.procs.values():
                 p.kill()
                 p.wait()

@@ -17,6 +17,8 @@ Rules (docs/design.md, "Membership"):
   newer process of a worker the plan still counts as live replaces it (same failed set).
 - A suspect with nobody dead is answered by the same failed set as a new version, so that
   every worker rebuilds its communicators; only the version it was reported under counts.
+- A node removed (a spot preemption notice, an instance gone) is one change: its workers
+  fail together in one version (`fail_many`).
 """
 from __future__ import annotations
 
@@ -27,7 +29,7 @@ from planner.control.elastic import reassign
 from planner.control.roles import failed_of
 from planner.failures import NoPlanError, Worker
 from planner.job import JobSpec
-from planner.plan import Move, Role, home_of
+from planner.plan import Move, Plan, Role, home_id, home_of
 
 State = Literal["running", "halted", "finished"]
 Grid = tuple[tuple[int, ...], ...]
@@ -113,6 +115,24 @@ class Membership:
                    roles=None if roles is None else tuple(roles), snapshots=snapshots,
                    horizon=horizon)
 
+    @classmethod
+    def following(cls, plan: Plan, **kw) -> "Membership":
+        """The membership a published plan says (a driver that follows another's plans,
+        or one restarted from them): its version, incarnations and roles, and its dead
+        workers: with roles, every worker whose id fills no slot; without, the failed set."""
+        replicas, stages = plan.job.replicas, plan.job.stages
+        if plan.roles is None:
+            dead = [tuple(w) for w in plan.failed]
+        else:
+            filling = {r.worker for r in plan.roles}
+            dead = [(r, s) for r in range(replicas) for s in range(stages)
+                    if home_id(r, s) not in filling]
+        kw.setdefault("failed", dead)
+        m = cls.start(replicas, stages, incarnations=plan.incarnations,
+                      version=plan.version, roles=plan.roles, **kw)
+        # its moves count as in flight until its workers are seen to enter it (`entered`)
+        return replace(m, moving=frozenset(home_of(mv.worker) for mv in plan.moves or ()))
+
     def incarnation(self, w: Worker) -> int:
         return self.incarnations[w[0]][w[1]]
 
@@ -156,6 +176,32 @@ class Membership:
             return self, Reject(f"{_name(w)} incarnation {incarnation} is superseded by "
                                 f"{have}; its failure is stale")
         failed = self.failed | {w}
+        if self.job is not None:
+            return self._reassigned(failed, (), self.incarnations, cause)
+        dead = self.dead_stage(failed)
+        if dead is not None:
+            halted = replace(self, failed=failed, state="halted", reason=str(NoPlanError(dead)))
+            return halted, Halt(halted.reason)
+        return self._publish(failed, self.incarnations, cause)
+
+    def fail_many(self, workers: Iterable[tuple[Worker, Optional[int]]],
+                  cause: str = "remove") -> tuple["Membership", Decision]:
+        """Several workers' processes are gone at once (a node removed: a spot preemption
+        notice, an instance gone), each with the incarnation named (None: whichever is in
+        force): one version without all of them, or a halt. A worker already failed, or
+        named by a superseded incarnation, is left out (its own report came first); with
+        none left, nothing changes."""
+        given = list(dict.fromkeys((tuple(w), k) for w, k in workers))
+        for w, _ in given:
+            bad = self._check(w)
+            if bad:
+                return self, bad
+        gone = [w for w, k in given
+                if w not in self.failed and (k is None or k >= self.incarnation(w))]
+        if not gone:
+            return self, Reject(f"{', '.join(_name(w) for w, _ in given) or 'no worker'}: "
+                                "failed already or superseded; nothing to remove")
+        failed = self.failed | set(gone)
         if self.job is not None:
             return self._reassigned(failed, (), self.incarnations, cause)
         dead = self.dead_stage(failed)

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
 def agent_cmd(
     service: str = typer.Option(..., "--service", help="the plan service (`recycle serve`) URL"),
     job_id: str = typer.Option(..., "--job-id", help="the job's id at --service"),
-    node_rank: int = typer.Option(..., "--node-rank", help="this machine's node (torchrun's --node-rank)"),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="this machine's node (torchrun's --node-rank); omitted: a new instance, which asks the service for a vacant node (a node add)"),
     token: Optional[str] = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", help="the job's worker token (better: RECYCLE_TOKEN)"),
     workers_per_node: int = typer.Option(8, "--workers-per-node", help="workers per node (torchrun's --nproc-per-node); node N runs ranks N*K .. N*K+K-1"),
     store: Optional[str] = typer.Option(None, "--store", envvar="RECYCLE_STORE", help="the coordinator's store HOST:PORT (`recycle train --external --store-port`)"),
@@ -30,8 +30,10 @@ def agent_cmd(
     long-poll per node, and a worker's death reported the moment its process exits."""
     from executor.node.agent import AgentError, NodeAgent
 
-    if node_rank < 0:
+    if node_rank is not None and node_rank < 0:
         die(f"--node-rank must be 0 or more, not {node_rank}")
+    if node_rank is None and attach:
+        die("--attach needs --node-rank: torchrun's --node-rank says which node it started")
     if not 1 <= workers_per_node <= 4096:
         die(f"--workers-per-node must be between 1 and 4096, not {workers_per_node}")
     if not 0.05 <= interval <= 60:
@@ -44,8 +46,9 @@ def agent_cmd(
         agent = NodeAgent(service, job_id, token, node_rank, per_node=workers_per_node,
                           store=store, attach=attach, local_port=local_port,
                           interval_s=interval, run_dir=run_dir, max_restarts=max_restarts)
-        # SIGTERM (an orchestrator stopping the machine): stop the workers, give the node back
-        signal.signal(signal.SIGTERM, lambda *_: agent.stopping.set())
+        # SIGTERM (a spot instance's preemption notice, an orchestrator stopping the
+        # machine): a node remove for its workers, then stop them and give the node back
+        signal.signal(signal.SIGTERM, lambda *_: agent.preempt())
         code = agent.run()
     except AgentError as e:
         die(str(e))

@@ -24,6 +24,7 @@ def serve(db: str = _option("db"), host: str = _option("host"), port: int = _opt
           cpsat_time_limit: float = _option("cpsat_time_limit"),
           solver_workers: int = _option("solver_workers"),
           speed_window: int = _option("speed_window"),
+          elastic_horizon: Optional[float] = _option("elastic_horizon"),
           log_level: str = _option("log_level")) -> None:
     """Serve failure events in, versioned plans out (OpenAPI docs at /docs)."""
     from api.server import check_serve_options, run_service
@@ -31,7 +32,8 @@ def serve(db: str = _option("db"), host: str = _option("host"), port: int = _opt
     opts = O(db=db, host=host, port=port, admin_token=admin_token,
              heartbeat_timeout=heartbeat_timeout, suspect_grace=suspect_grace,
              max_failures=max_failures, solvers=solvers, cpsat_time_limit=cpsat_time_limit,
-             solver_workers=solver_workers, speed_window=speed_window, log_level=log_level)
+             solver_workers=solver_workers, speed_window=speed_window,
+             elastic_horizon=elastic_horizon, log_level=log_level)
     with user_errors("serve options"):
         solvers = check_serve_options(opts)
     run_service(opts, solvers)

@@ -221,18 +221,24 @@ function renderGrid(v) {
     parts.push(`<text x="${left - 6}" y="${top + s * ch + ch / 2 + 4}" text-anchor="end">s${s}</text>`);
     for (let d = 0; d < D; d++) {
       const st = v.states[d][s], age = v.ages[d][s], x = left + d * cw, y = top + s * ch;
+      // with roles: the slot this worker fills; marked when it is not its home slot
+      const slot = v.roles ? v.roles[d][s] : null;
+      const away = slot != null && (slot[0] !== d || slot[1] !== s);
       const tip = `worker ${d}:${s} (replica ${d}, stage ${s}): ${st}` +
+        (away ? `, fills slot ${slot[0]}:${slot[1]} (stage ${slot[1]})` : "") +
         (age == null ? ", no heartbeat yet" : `, heartbeat ${age.toFixed(1)} s ago`) +
         `, speed ${v.speeds[d][s]}, incarnation ${v.incarnations[d][s]}`;
-      parts.push(`<rect class="cell st-${st}${sel.has(d) ? " sel" : ""}" data-replica="${d}" data-stage="${s}" ` +
-        `data-state="${st}" x="${x + 1}" y="${y + 1}" width="${cw - 2}" height="${ch - 2}" rx="2"><title>${esc(tip)}</title></rect>`);
+      parts.push(`<rect class="cell st-${st}${sel.has(d) ? " sel" : ""}${away ? " away" : ""}" data-replica="${d}" data-stage="${s}" ` +
+        `data-state="${st}"${slot ? ` data-slot="${slot[0]}:${slot[1]}"` : ""} x="${x + 1}" y="${y + 1}" width="${cw - 2}" height="${ch - 2}" rx="2"><title>${esc(tip)}</title></rect>`);
       if (age != null && st !== "failed" && st !== "fenced") {
         const frac = Math.min(1, age / v.timeout_s);
         parts.push(`<rect class="age" x="${x + 2}" y="${y + ch - 4}" width="${Math.max(1, (cw - 4) * frac)}" height="2"/>`);
       }
       if (big) {
-        const label = st === "slow" ? "x" + v.speeds[d][s] : st !== "live" ? st : age.toFixed(1) + "s";
+        const label = away ? `\u2192${slot[0]}:${slot[1]}` : st === "slow" ? "x" + v.speeds[d][s] : st !== "live" ? st : age.toFixed(1) + "s";
         parts.push(`<text class="in" x="${x + cw / 2}" y="${y + ch / 2 + 3}" text-anchor="middle">${esc(label)}</text>`);
+      } else if (away) {
+        parts.push(`<text class="in" x="${x + cw / 2}" y="${y + ch / 2 + 3}" text-anchor="middle">\u2192</text>`);
       }
     }
   }
@@ -242,13 +248,22 @@ function renderGrid(v) {
   svg.innerHTML = parts.join("");
 }
 
+// A version's moves: worker id, the stage it leaves (or "new": a fresh worker), the stage
+// it takes, and where the state comes from.
+function moves(ms) {
+  return (ms || []).map((m) => `${m.worker} ${m.from_stage == null ? "new" : "s" + m.from_stage}` +
+    `\u2192s${m.to_stage} (${m.source})`).join(", ");
+}
+
 function renderTables(v) {
   $("versions").querySelector("tbody").innerHTML = v.versions.slice().reverse().map((p) =>
     `<tr data-version="${p.version}"><td>${p.version}</td><td>${esc(p.cause)}</td>` +
-    `<td>${esc(p.failed_key)}</td><td>${dur(p.period)}</td><td>${esc(p.solver)}</td><td>${clock(p.created)}</td></tr>`).join("");
+    `<td>${esc(p.failed_key)}</td><td>${dur(p.period)}</td><td>${esc(p.solver)}</td>` +
+    `<td class="moves">${esc(moves(p.moves))}</td><td>${clock(p.created)}</td></tr>`).join("");
   $("events").querySelector("tbody").innerHTML = v.events.slice().reverse().map((e) =>
-    `<tr><td>${clock(e.created)}</td><td>${esc(e.kind)}${e.kind === "speed" ? " " + esc(e.speed) : ""}</td>` +
-    `<td>${e.replica}:${e.stage}</td><td>${esc(e.source)}</td><td>${e.plan_version ?? ""}</td>` +
+    `<tr data-kind="${esc(e.kind)}"><td>${clock(e.created)}</td><td>${esc(e.kind)}${e.kind === "speed" ? " " + esc(e.speed) : ""}</td>` +
+    `<td>${e.workers ? e.workers.map((w) => w[0] + ":" + w[1]).join(" ") : e.replica + ":" + e.stage}</td>` +
+    `<td>${esc(e.source)}</td><td>${e.plan_version ?? ""}</td>` +
     `<td class="reason">${esc(e.reason)}</td></tr>`).join("");
 }
 
@@ -261,11 +276,12 @@ function renderGantt() {
   }
   const reps = picked(v), S = v.stages, M = v.microbatches;
   const byKey = new Map(plan.workers.map((w) => [w.replica + ":" + w.stage, w]));
+  const filler = new Map((plan.roles || []).map((r) => [r.replica + ":" + r.stage, r.worker]));
   const rows = [];
   for (const d of reps) for (let s = 0; s < S; s++) rows.push([d, s, byKey.get(d + ":" + s)]);
   let end = 1;
   for (const [, , w] of rows) if (w) for (const a of w.actions) end = Math.max(end, a.end);
-  const left = 56, top = 16, rh = S * reps.length > 32 ? 12 : 18, width = 1150;
+  const left = plan.roles ? 92 : 56, top = 16, rh = S * reps.length > 32 ? 12 : 18, width = 1150;
   const k = width / end;
   const parts = [];
   const step = Math.pow(10, Math.floor(Math.log10(end / 4)));
@@ -276,10 +292,12 @@ function renderGantt() {
   }
   rows.forEach(([d, s, w], i) => {
     const y = top + i * rh;
-    parts.push(`<text x="${left - 6}" y="${y + rh - 4}" text-anchor="end">${d}:${s}</text>`);
-    if (!w) {
+    const who = filler.get(d + ":" + s);  // with roles: the worker in this slot, if not its own
+    parts.push(`<text x="${left - 6}" y="${y + rh - 4}" text-anchor="end">${d}:${s}` +
+      (who && who !== d + "." + s ? ` (${esc(who)})` : "") + `</text>`);
+    if (!w) {  // with roles a slot is empty when no worker fills it, whoever failed
       parts.push(`<rect x="${left}" y="${y + 1}" width="${width}" height="${rh - 2}" fill="#fbe3e3"/>` +
-        `<text x="${left + 6}" y="${y + rh - 4}">not in the plan (failed)</text>`);
+        `<text x="${left + 6}" y="${y + rh - 4}">${plan.roles ? "empty slot (no worker fills it)" : "not in the plan (failed)"}</text>`);
       return;
     }
     for (const a of w.actions) {

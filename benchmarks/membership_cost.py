@@ -1,0 +1,93 @@
+"""What elastic membership costs the service per failure event: the membership transition
+(planner/control/membership.py) of a single failure, and of its recovery, with the job
+given (elastic: roles chosen by planner/control/elastic.py, as api/ runs it, at the
+service's default horizon) and without (the plain failed set, as before roles), side by
+side in one run (A/B interleaved per event: the machine is shared). Also how many of the
+decisions moved a worker to another stage (free moves: the spec has no state_bytes).
+
+    PYTHONPATH=. .venv/bin/python benchmarks/membership_cost.py [--events 20] [--out FILE]
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from api.jobs.runtime import ServiceConfig
+from planner.control.membership import Membership, Publish
+from planner.job import JobSpec
+
+GRIDS = ((16, 8, 4), (64, 16, 4), (256, 16, 4))
+
+
+def timed(fn, *args):
+    t0 = time.perf_counter()
+    out = fn(*args)
+    return out, (time.perf_counter() - t0) * 1000
+
+
+def run(D: int, S: int, M: int, events: int, seed: int) -> dict:
+    spec = JobSpec.uniform(D, S, M)
+    elastic = Membership.start(D, S, **ServiceConfig().elastic(spec)).with_speeds(None)
+    plain = Membership.start(D, S)
+    rng = random.Random(seed)
+    ms = {"elastic": [], "plain": []}
+    moved = 0
+    for i in range(events):
+        w = (rng.randrange(D), rng.randrange(S))
+        order = ("elastic", "plain") if i % 2 == 0 else ("plain", "elastic")
+        for kind in order:
+            m = elastic if kind == "elastic" else plain
+            (m1, d), t1 = timed(m.fail, w)
+            (m2, _), t2 = timed(m1.recover, w)
+            ms[kind] += [t1, t2]
+            if kind == "elastic" and isinstance(d, Publish) and d.moves:
+                moved += 1
+    return {"grid": f"{D}x{S}x{M}", "events": events, "moved": moved,
+            **{k: (statistics.median(v), sorted(v)[int(0.9 * (len(v) - 1))])
+               for k, v in ms.items()}}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--events", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", default="benchmarks/results/membership_cost.md")
+    args = ap.parse_args()
+    rows = []
+    for D, S, M in GRIDS:
+        r = run(D, S, M, args.events, args.seed)
+        rows.append(r)
+        print(f"{r['grid']}: elastic median {r['elastic'][0]:.1f} ms (p90 {r['elastic'][1]:.1f}), "
+              f"plain {r['plain'][0]:.3f} ms (p90 {r['plain'][1]:.3f}); "
+              f"{r['moved']}/{r['events']} failures moved a worker", flush=True)
+    cmd = "PYTHONPATH=. python benchmarks/membership_cost.py " + " ".join(sys.argv[1:])
+    lines = [
+        "# Elastic membership: the service's cost per failure event",
+        "",
+        f"Made by `{cmd.strip()}` (Python {platform.python_version()}, "
+        f"{datetime.date.today()}, a shared 2-core machine). Per grid, {args.events} single "
+        "failures of random workers (seeded), each followed by its recovery: the membership "
+        "transition alone (planner/control/membership.py `fail`, `recover`), with the job "
+        "given (elastic, the service's default horizon of 1000 failure-free periods; the "
+        "spec has no state_bytes, so moves are free) and without (the plain failed set), "
+        "A/B interleaved per event. ms per transition, median and p90 over failures and "
+        "recoveries; `moved`: failures whose version moves a worker to another stage.",
+        "",
+        "| grid | elastic ms (median / p90) | plain ms (median / p90) | moved |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        lines.append(f"| {r['grid']} | {r['elastic'][0]:.1f} / {r['elastic'][1]:.1f} | "
+                     f"{r['plain'][0]:.3f} / {r['plain'][1]:.3f} | {r['moved']} / {r['events']} |")
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
