@@ -148,6 +148,10 @@ class HeartbeatIn(_In):
         default=None, ge=0, le=2**62, strict=True,
         description="the iteration `compute_s_per_mb` was measured in (default: "
                     "`iteration`); each iteration is counted once per worker process")
+    entered_version: Optional[int] = Field(
+        default=None, ge=0, le=2**62, strict=True,
+        description="the newest plan version this worker has entered with its stage's state "
+                    "in place; a version's moves count as done once every live worker has")
 
 
 class HeartbeatOut(BaseModel):

@@ -119,7 +119,7 @@ def test_kills_that_leave_a_stage_short_move_a_worker_through_the_service(tmp_pa
     try:
         jid, token = register(srv.url, 3, 3)
         coord = coordinator(tmp_path, srv.url, jid, token, 5,
-                            kills=[(0, 1, 1), (0, 2, 2), (1, 2, 2)])
+                            faults=Faults(kills=[(0, 1, 1), (0, 2, 2), (1, 2, 2)]))
         res = coord.run()
         assert_exact(res, coord, 5, tmp_path)
         h = history(srv.url, jid)

@@ -151,10 +151,9 @@ def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_pa
         watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
         port = free_port()
         out = io.StringIO()
-        coord = Coordinator(CFG, watch.plan.job, ITERATIONS, slows=SLOW, service=watch,
-                            timeout=4.0, deadline_s=120, run_dir=str(tmp_path),
-                            console=Console(file=out, width=200), external=True,
-                            store_port=port)
+        spec = LaunchSpec(CFG, watch.plan.job, ITERATIONS, Faults(slows=SLOW), timeout=4.0,
+                          deadline_s=120, run_dir=str(tmp_path), external=True, store_port=port)
+        coord = Coordinator(spec, console=Console(file=out, width=200), service=watch)
         set_counter(coord.store, "hold", 3)  # every worker waits before iteration 2
         result = {}
         runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),

@@ -227,3 +227,29 @@ def test_a_database_from_before_moves_gets_its_column(tmp_path):
             (0, None), (1, "[]")]
     finally:
         store.close()
+
+
+def test_a_move_counts_once_every_live_worker_says_it_entered_the_version(admin, server):
+    # Until the mover has the stage's state, the donor is the stage's last copy: its death
+    # then halts (no snapshots). Once every live worker's heartbeat says it entered the
+    # version, the mover holds the stage and the donor's death is an ordinary failure.
+    jid, token = register_job(admin, D=3, S=3, M=6)
+    w = token_client(server.url, token)
+    dead = [(0, 1), (0, 2), (1, 2)]
+    assert admin.post(f"/v1/jobs/{jid}/nodes", json=remove("gone", *dead)).status_code == 200
+    job = server.service.jobs[jid]
+    [move] = Plan.model_validate_json(w.get(f"/v1/jobs/{jid}/plan").text).moves
+    assert job.members.moving == {home_of(move.worker)}
+    live = [(r, s) for r in range(3) for s in range(3) if (r, s) not in dead]
+    for r, s in live[:-1]:
+        assert beat(w, jid, r, s, entered_version=1).status_code == 200
+    assert beat(w, jid, *live[-1], entered_version=0).status_code == 200
+    assert job.members.moving  # one worker is still in version 0
+    assert beat(w, jid, *live[-1], entered_version=1).status_code == 200
+    assert not job.members.moving
+    donor = (2, 2)
+    r = w.post(f"/v1/jobs/{jid}/events", json={"event_id": "donor", "kind": "failure",
+                                               "replica": donor[0], "stage": donor[1]})
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    plan = Plan.model_validate_json(w.get(f"/v1/jobs/{jid}/plan").text)
+    assert plan.slot_of(move.worker)[1] == 2 and validate(plan) == []

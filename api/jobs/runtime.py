@@ -145,7 +145,22 @@ class JobRuntime:
     # (its workers join by recovery events), with the order they were given in.
     granted: dict = field(default_factory=dict)    # (replica, stage) -> its add's number
     adds: int = 0                                  # node adds so far
+    # The newest version each worker says it entered with its state in place (heartbeats'
+    # entered_version): a version's moves are done once every live worker entered it.
+    entered: dict = field(default_factory=dict)    # (replica, stage) -> version
     _slots: tuple = (None, None)  # (plan, {worker: slot}) of the plan in force, with roles
+
+    def note_entered(self, w: Worker, version: int) -> None:
+        """A worker entered `version`; once every live one has entered the version in
+        force, its movers hold their stages (Membership.entered): a donor that dies after
+        that is no longer the last copy of the stage."""
+        if version > self.entered.get(w, -1):
+            self.entered[w] = version
+        m = self.members
+        if m.moving and all(self.entered.get((r, s), -1) >= m.version
+                            for r in range(m.replicas) for s in range(m.stages)
+                            if (r, s) not in m.failed):
+            self.members = m.entered(m.version)
 
     def remember(self) -> None:
         self.recent[self.plan.version] = self.plan_bytes

@@ -31,6 +31,8 @@ async def node_beat(svc, nodes, job, node: int, body: NodeBeatIn) -> dict:
         else:
             if a is not None:
                 arming.append(a)
+            if hb.entered_version is not None:
+                job.note_entered((hb.replica, hb.stage), hb.entered_version)
             if hb.compute_s_per_mb is not None:
                 it = hb.iteration if hb.compute_iteration is None else hb.compute_iteration
                 await svc.observe_compute(job, (hb.replica, hb.stage),
@@ -50,6 +52,8 @@ async def worker_beat(svc, job, hb) -> dict:
     arming = svc.monitor.beat(job, hb.replica, hb.stage, hb.incarnation)
     if arming is not None:
         await arming
+    if hb.entered_version is not None:
+        job.note_entered((hb.replica, hb.stage), hb.entered_version)
     if hb.compute_s_per_mb is not None:
         it = hb.iteration if hb.compute_iteration is None else hb.compute_iteration
         await svc.observe_compute(job, (hb.replica, hb.stage),

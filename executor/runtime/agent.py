@@ -86,6 +86,7 @@ class Agent:
         self._asked = -1  # newest plan version on which we asked to be admitted
         self.done = start_iteration - 1  # last iteration this worker has stepped
         self.version, self._refused = -1, -1
+        self.in_version: Optional[int] = None  # the newest version entered (heartbeats say it)
         self.job_hash = job.identity_hash()
         self.world: Optional[World] = None
         self.writer = False  # this worker writes its stage's checkpoint parts
@@ -244,7 +245,7 @@ class Agent:
         while True:
             try:
                 self.source.heartbeat(self.home[0], self.home[1], self.done + 1, self.inc,
-                                      self.last_compute)
+                                      self.last_compute, entered=self.in_version)
             except Exception:  # the coordinator is gone: nothing left to train for
                 if self.leaving:  # unless we are done: it closed its store after our bye
                     return
@@ -275,6 +276,7 @@ class Agent:
                  f"{backward}, {plan.solver.optimizer} optimizer) at iteration {r}")
         self.source.send("done", it=self.done, checksum=checksum(self.module), sync=True,
                          at=time.time(), slot=list(self.me))
+        self.in_version = plan.version  # entered with the stage's state in place
 
     def _run_plan(self, plan: Plan, wp: WorkerPlan) -> Optional[Plan]:
         """Iterations under `plan` until training ends; a newer plan is taken only at an

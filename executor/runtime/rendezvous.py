@@ -85,9 +85,9 @@ class StorePlanSource:
             time.sleep(self.poll_s)
 
     def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1,
-                  compute=None) -> None:
-        """`compute` (iteration, seconds per micro-batch) rides along with the service; the
-        coordinator gets it with each step's `done` message instead."""
+                  compute=None, entered=None) -> None:
+        """`compute` (iteration, seconds per micro-batch) and `entered` ride along with the
+        service; the coordinator gets them from the `done` messages instead."""
         with self._lock:
             self.store.set(f"hb/{replica}:{stage}", f"{time.time()} {iteration} {incarnation}")
 

@@ -95,7 +95,8 @@ class HttpPlanSource:
                 return None
 
     def heartbeat(self, replica: int, stage: int, iteration: int,
-                  incarnation: Optional[int] = None, compute=None) -> None:
+                  incarnation: Optional[int] = None, compute=None,
+                  entered: Optional[int] = None) -> None:
         """Best effort: a missed heartbeat is what the timeout is for. A halted job is
         remembered (the next wait_for_plan raises TrainingHalted); a worker marked failed
         learns it from the plan (it is not in it)."""
@@ -105,6 +106,8 @@ class HttpPlanSource:
                 body["incarnation"] = incarnation
             if compute is not None:  # (iteration, seconds per micro-batch): the detector's input
                 body["compute_iteration"], body["compute_s_per_mb"] = compute[0], round(compute[1], 7)
+            if entered is not None:  # the service counts a version's moves done by it
+                body["entered_version"] = entered
             r = self._client.post(f"{self._prefix}/heartbeats", json=body)
         except httpx.TransportError as e:
             self._unreachable("heartbeat", e)

@@ -32,8 +32,10 @@ class PlanSource(Protocol):
         """Is `iteration` still held?"""
 
     def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1,
-                  compute: Optional[tuple[int, float]] = None) -> None:
-        """This worker is alive, how far it got, and (iteration, seconds per micro-batch)."""
+                  compute: Optional[tuple[int, float]] = None,
+                  entered: Optional[int] = None) -> None:
+        """This worker is alive, how far it got, (iteration, seconds per micro-batch), and
+        the newest plan version it entered with its state in place."""
 
     def report_suspect(self, replica: int, stage: int, reason: str) -> None:
         """A peer stopped answering; the source decides whether it failed."""

@@ -83,9 +83,9 @@ class ServiceWorkerSource(StorePlanSource):
                 return None
 
     def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1,
-                  compute=None) -> None:
+                  compute=None, entered=None) -> None:
         try:  # best effort: a heartbeat the service refuses must not end the worker
-            self.http.heartbeat(replica, stage, iteration, incarnation, compute)
+            self.http.heartbeat(replica, stage, iteration, incarnation, compute, entered)
         except (LookupError, PermissionError, RuntimeError) as e:
             log.info("heartbeat not taken: %s", e)
         with self._lock:  # raises once the coordinator is gone: the worker exits
