@@ -55,6 +55,8 @@ def run(args, files, code=2):
     return err
 
 
+P3 = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                  "benchmarks", "traces", "p3-trace.csv")
 # (arguments, expected message): `recycle train` (item 6; item 10 for the grid limits)
 TRAIN = [
     (["--heads", "0"], "--heads must be at least 1, not 0"),
@@ -91,6 +93,15 @@ TRAIN = [
      "--sync cannot apply with --service"),
     (["--service", "http://127.0.0.1:9", "--job-id", "j", "--token", "t", "--no-split"],
      "--no-split cannot apply with --service"),
+    (["--trace", "{d}/no.csv"], "no.csv"),
+    (["--trace", P3, "--kill", "0:1@1"], "--trace says who fails and comes back"),
+    (["--trace", P3, "--time-scale", "0"], "--time-scale must be positive, not 0"),
+    (["--trace", P3, "--trace-hours", "-1"], "--trace-hours must be positive, not -1"),
+    (["--trace", P3, "--trace-start", "soon"], "cannot read duration 'soon'"),
+    (["--trace", P3, "--trace-start", "400h"], "--trace-start 400 h is past the trace's end (11.4 h)"),
+    (["--trace", P3, "--gpus-per-node", "3"], "needs --gpus-per-node (3) to divide the stages"),
+    (["--trace", P3, "--external"], "it cannot apply with --external"),
+    (["--snapshot-every", "-1"], "--snapshot-every must be 0 (off) or more iterations, not -1"),
     # already one line on main; kept so that they stay so
     (["-d", "0"], "replicas: Input should be greater than or equal to 1"),
     (["--reference", "-d", "0"], "replicas: Input should be greater than or equal to 1"),

@@ -17,6 +17,9 @@ def test_window_starts_with_the_nodes_up_then_replays_its_own_events():
     assert window(ev, 0, 2)[2:] == [NodeEvent(10, "remove", "a"), NodeEvent(20, "add", "c"),
                                     NodeEvent(4000, "remove", "b")]
     with pytest.raises(TraceError, match="no node is up"):
+        window([NodeEvent(0, "add", "a"), NodeEvent(1, "remove", "a"),
+                NodeEvent(9, "add", "a")], 5, 1)
+    with pytest.raises(TraceError, match="past the trace's end"):
         window([NodeEvent(0, "add", "a"), NodeEvent(1, "remove", "a")], 5, 1)
 
 
@@ -48,3 +51,27 @@ def test_a_node_removed_and_a_spare_added_kill_and_restart_workers_exactly(tmp_p
     assert any("trace: node removed, SIGKILL worker 0:1" in e for e in res.events)
     failed = [p["failed"] for p in res.summary.plans]
     assert [[0, 1]] in failed and failed[-1] == [], res.summary.plans
+
+
+def test_recycle_train_replays_two_hours_of_the_p3_trace_exactly(tmp_path):
+    """`recycle train --trace`: an hour into the real P3 trace, two hours of it at 1500x on
+    a 2x3 grid (one worker a node): nodes removed and spares added as the trace says, and
+    the run's losses and parameters are the failure-free run's."""
+    import json
+
+    from executor.compute.reference import Summary, compare
+    from tests.test_executor_runtime import TOL
+    from tests.test_run_ends import train
+
+    args = ["-d", "2", "-s", "3", "-m", "2", "--iterations", "40"]
+    got = train(*args, "--trace", "benchmarks/traces/p3-trace.csv", "--trace-start", "1h",
+                "--trace-hours", "2", "--time-scale", "1500", "--timeout", "4", "--snapshot-every", "2",
+                "--summary", str(tmp_path / "got.json"), "--run-dir", str(tmp_path / "run"))
+    assert got.returncode == 0, got.stderr[-3000:]
+    ref = train(*args, "--reference", "--summary", str(tmp_path / "ref.json"))
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    a, b = (Summary.load(str(tmp_path / f)) for f in ("got.json", "ref.json"))
+    assert not compare(a, b, TOL)
+    el = json.loads((tmp_path / "got.json").read_text())["elastic"]
+    assert el["trace_kills"] >= 1 and el["trace_restarts"] >= 1, el
+    assert "trace: node removed, SIGKILL worker" in got.stderr

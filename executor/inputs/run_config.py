@@ -81,6 +81,12 @@ class FaultsSection:
     stall: list[str] = field(default_factory=list)
     slow: list[str] = field(default_factory=list)
     detect_stragglers: bool = True
+    trace: Optional[str] = None
+    trace_start: str = "0"
+    trace_hours: float = 1.0
+    gpus_per_node: int = 1
+    placement: str = "stages"
+    time_scale: float = 60.0
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ bookkeeping: the coordinator asks what is due and carries it out (trace_faults.p
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 
-from planner.simulation.trace import NodeEvent, Placement, Trace, TraceError, read_spot, spot_trace
+from planner.simulation.trace import (NodeEvent, Placement, Trace, TraceError, parse_duration,
+                                      read_spot, spot_trace)
 
 Worker = tuple[int, int]
 
@@ -24,6 +27,10 @@ def window(node_events: list[NodeEvent], start_s: float, hours: float) -> list[N
         raise TraceError("empty trace")
     t0 = node_events[0].time + start_s
     end = t0 + hours * 3600
+    length = node_events[-1].time - node_events[0].time
+    if start_s > 0 and start_s >= length:
+        raise TraceError(f"--trace-start {start_s / 3600:g} h is past the trace's end "
+                         f"({length / 3600:.3g} h)")
     up: dict[str, None] = {}
     out: list[NodeEvent] = []
     for e in node_events:
@@ -39,6 +46,29 @@ def window(node_events: list[NodeEvent], start_s: float, hours: float) -> list[N
 def load_window(path: str, placement: Placement, start_s: float, hours: float) -> Trace:
     """A spot trace file's window, as worker events for `placement`."""
     return spot_trace(window(read_spot(path), start_s, hours), placement, source=path)
+
+
+def trace_faults(faults, path: str, replicas: int, stages: int, start: str, hours: float,
+                 gpus_per_node: int, placement: str, time_scale: float, external: bool,
+                 service: bool):
+    """`faults` with `recycle train --trace`'s replay; TraceError (one line) for flags no
+    replay could follow."""
+    if external or service:  # the replay kills and starts this machine's own processes
+        raise TraceError(f"--trace replays node events on the workers this command starts: "
+                         f"it cannot apply with {'--external' if external else '--service'}")
+    if faults.kills or faults.rejoins or faults.restarts:
+        raise TraceError("--trace says who fails and comes back: leave out --kill, --rejoin "
+                         "and --restart")
+    if not (math.isfinite(hours) and hours > 0):
+        raise TraceError(f"--trace-hours must be positive, not {hours:g}")
+    if not (math.isfinite(time_scale) and time_scale > 0):
+        raise TraceError(f"--time-scale must be positive, not {time_scale:g}")
+    start_s = 0.0 if start.strip() in ("0", "") else parse_duration(start)
+    tr = load_window(path, Placement(replicas, stages, gpus_per_node, placement), start_s,
+                     hours)
+    if len(tr.initial_failed) == replicas * stages:
+        raise TraceError(f"no worker is up {start} into {path}: the run has nobody to start")
+    return dataclasses.replace(faults, trace=TraceReplay(tr, time_scale))
 
 
 @dataclass

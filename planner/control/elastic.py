@@ -63,8 +63,8 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
         return None, f"{exc}: the run pauses until workers come back"
     lost = a.snapshot_stages
     if lost and not snapshots:
-        return None, (f"stage {lost[0]} has no live replica and no snapshot in peer memory: "
-                      f"restore from checkpoint")
+        return None, (f"stage {lost[0]} has no live replica and no snapshot in peer memory "
+                      f"(`recycle train --snapshot-every K` keeps them): restore from checkpoint")
     shifted = [m for m in a.moves if m.from_stage is not None or m.source == "snapshot"]
     strays = [x for x in a.roles if live[x.worker] is None
               and home_of(x.worker) != (x.replica, x.stage)]

@@ -75,6 +75,12 @@ def train_cmd(
     slow: List[str] = typer.Option([], "--slow", help="make worker R:S really slower from iteration ITER, to FACTOR of its speed (1 ends it): R:S@ITER:FACTOR (repeatable)"),
     detect_stragglers: bool = typer.Option(True, "--detect-stragglers/--no-detect-stragglers", help="measure each worker's speed and re-plan around slow ones (without a service)"),
     stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
+    trace: Optional[str] = typer.Option(None, "--trace", help="replay a spot trace (t_ms,add|remove,nodeN, e.g. Bamboo's EC2 traces) on the workers: a node removed SIGKILLs its workers, a node added starts new ones, which join with no state; nodes hold --gpus-per-node workers"),
+    trace_start: str = typer.Option("0", "--trace-start", help="where in the trace the window starts (6h, 30m, 90s): the nodes up then are the run's starting workers"),
+    trace_hours: float = typer.Option(1.0, "--trace-hours", help="hours of the trace replayed"),
+    gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="workers a node of the --trace holds"),
+    placement: str = typer.Option("stages", "--placement", help="stages: a --trace node holds G stages of one replica; replicas: one stage of G replicas"),
+    time_scale: float = typer.Option(60.0, "--time-scale", help="trace seconds per wall-clock second of the replay (60: an hour of the trace in a minute)"),
     summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
     reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),
     resume: Optional[str] = typer.Option(None, "--resume", is_eager=True, callback=_resumed, help="continue from this checkpoint directory (or the newest one under it) with its grid, job, model and settings; of the flags given, --lr and the other training settings (schedule, --iterations, --clip, --precision) are honoured, others must match"),
@@ -160,6 +166,11 @@ def train_cmd(
             spec = spec or watch.plan.job
             replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
         spec = spec or JobSpec.uniform(replicas, stages, microbatches)
+        if trace:
+            from executor.launch.trace_replay import trace_faults
+            faults = trace_faults(faults, trace, replicas, stages, trace_start, trace_hours,
+                                  gpus_per_node, placement, time_scale, external,
+                                  service is not None)
         # The run as one value, checked here once (before the model is loaded: cheap first)
         launch = LaunchSpec(
             cfg, spec, iterations, faults=faults, training=training,
