@@ -26,7 +26,12 @@ def parser() -> argparse.ArgumentParser:
         default = f.default
         if f.name == "admin_token":
             default = os.environ.get("RECYCLE_ADMIN_TOKEN")
-        serve.add_argument("--" + f.name.replace("_", "-"), dest=f.name, default=default,
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in (bool, "bool"):  # a switch, as typer's
+            serve.add_argument(flag, dest=f.name, default=default, action="store_true",
+                               help=HELP[f.name] or None)
+            continue
+        serve.add_argument(flag, dest=f.name, default=default,
                            type=_TYPES.get(f.name, str), metavar=f.name.upper(),
                            help=HELP[f.name] or None)
     return ap

@@ -60,6 +60,10 @@ class ServeOptions:
         None, "time units (the job spec's) a move of a worker to another stage is weighed "
         "over: it is made when the time it saves in that span exceeds its stall (default: "
         "1000 failure-free periods of the job; 0: only into a stage left empty)")
+    elastic_snapshots: bool = _opt(
+        False, "the jobs' runs keep peer-memory snapshots (`recycle train --snapshot-every "
+        "K`): a stage that loses every worker is restored from its snapshot instead of "
+        "halting the job")
     log_level: str = _opt("info", ", ".join(LOG_LEVELS))
 
 
@@ -125,6 +129,7 @@ def run_service(o: ServeOptions, solver_list: tuple[str, ...]) -> None:
     app = create_app(db, o.admin_token, o.heartbeat_timeout, o.max_failures,
                      solvers=solver_list, cpsat_time_limit_s=o.cpsat_time_limit,
                      solver_workers=o.solver_workers, suspect_grace_s=o.suspect_grace,
-                     speed_window=o.speed_window, elastic_horizon=o.elastic_horizon)
+                     speed_window=o.speed_window, elastic_horizon=o.elastic_horizon,
+                     elastic_snapshots=o.elastic_snapshots)
     Server(app, host=o.host, port=o.port, log_level=log_level, access_log=False,
            timeout_graceful_shutdown=5).run()

@@ -47,11 +47,12 @@ def register(url: str, replicas=D, stages=S) -> tuple[str, str]:
     return r.json()["id"], r.json()["token"]
 
 
-def coordinator(tmp_path, url, jid, token, iterations, timeout=4.0, faults=Faults()):
+def coordinator(tmp_path, url, jid, token, iterations, timeout=4.0, faults=Faults(),
+                snapshot_every=0):
     watch = ServiceWatch(url, jid, token, timeout_s=30)
     out = io.StringIO()
     spec = LaunchSpec(CFG, watch.plan.job, iterations, faults, timeout=timeout, deadline_s=50,
-                      run_dir=str(tmp_path))
+                      run_dir=str(tmp_path), snapshot_every=snapshot_every)
     coord = Coordinator(spec, console=Console(file=out, width=200), service=watch)
     coord.output = out
     return coord
@@ -105,6 +106,29 @@ def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
         p = view["progress"]
         assert (p["iteration"], p["iterations"]) == (4, 5), p
         assert p["loss"] == pytest.approx(res.summary.losses[4]) and p["tokens_per_s"] > 0
+    finally:
+        srv.stop()
+
+
+def test_a_stage_lost_whole_is_restored_from_peer_memory_through_the_service(tmp_path):
+    """2x2, no rejoin: both stage-1 workers die (iterations 3 and 5). The service, told the
+    runs keep snapshots (--elastic-snapshots), moves a stage-0 worker into stage 1 with
+    `source: snapshot`; the job rolls back to the snapshot in memory and ends exact."""
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
+                     "--heartbeat-timeout", "10", "--suspect-grace", "3",
+                     "--elastic-snapshots").start()
+    try:
+        jid, token = register(srv.url)
+        coord = coordinator(tmp_path, srv.url, jid, token, 8, snapshot_every=2,
+                            faults=Faults(kills=[(0, 1, 3), (1, 1, 5)]))
+        res = coord.run()
+        assert_exact(res, coord, 8, tmp_path)
+        h = history(srv.url, jid)
+        moves = [m for p in h["plans"] for m in p.get("moves") or []]
+        assert [(m["to_stage"], m["source"]) for m in moves if m["source"] == "snapshot"] \
+            == [(1, "snapshot")], h["plans"]
+        assert h["job"]["failed"] == [[0, 1], [1, 1]] and h["job"]["state"] != "halted"
+        assert "from peer-memory snapshots" in logs(tmp_path)
     finally:
         srv.stop()
 

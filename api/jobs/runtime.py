@@ -91,8 +91,9 @@ class ServiceConfig:
     # set leaves a stage short. Moves are weighed over `elastic_horizon` time units of the
     # job spec (None: ELASTIC_PERIODS failure-free periods, elastic_horizon_of); 0 moves a
     # worker only into a stage left empty. With `elastic_snapshots` every stage's state
-    # also lives in peer memory, so an empty stage is restored from it instead of halting
-    # (off until the executor keeps such snapshots).
+    # also lives in peer memory (`recycle serve --elastic-snapshots`, for runs with
+    # `recycle train --snapshot-every K`), so an empty stage is restored from it instead
+    # of halting.
     elastic_horizon: Optional[float] = None
     elastic_snapshots: bool = False
 

@@ -25,6 +25,7 @@ def serve(db: str = _option("db"), host: str = _option("host"), port: int = _opt
           solver_workers: int = _option("solver_workers"),
           speed_window: int = _option("speed_window"),
           elastic_horizon: Optional[float] = _option("elastic_horizon"),
+          elastic_snapshots: bool = _option("elastic_snapshots"),
           log_level: str = _option("log_level")) -> None:
     """Serve failure events in, versioned plans out (OpenAPI docs at /docs)."""
     from api.server import check_serve_options, run_service
@@ -33,7 +34,8 @@ def serve(db: str = _option("db"), host: str = _option("host"), port: int = _opt
              heartbeat_timeout=heartbeat_timeout, suspect_grace=suspect_grace,
              max_failures=max_failures, solvers=solvers, cpsat_time_limit=cpsat_time_limit,
              solver_workers=solver_workers, speed_window=speed_window,
-             elastic_horizon=elastic_horizon, log_level=log_level)
+             elastic_horizon=elastic_horizon, elastic_snapshots=elastic_snapshots,
+             log_level=log_level)
     with user_errors("serve options"):
         solvers = check_serve_options(opts)
     run_service(opts, solvers)
