@@ -1,9 +1,9 @@
 """Who restores what from where when the job rolls back to a peer-memory snapshot
-(executor/runtime/restore_plan.py). Pure."""
+(executor/runtime/stage_state/restore_plan.py). Pure."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.runtime.restore_plan import Has, decode, encode, plan_restore
+from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore
 
 
 def test_2x2_stage_1_lost_its_holder_moves_in_and_the_others_restore_their_own():

@@ -48,7 +48,7 @@ from executor.runtime.grad_sum import allreduce_grads
 from executor.runtime.model_error import ModelError, own_log
 from executor.runtime.peer_snapshots import PeerSnapshots
 from executor.runtime.role import Role, next_role
-from executor.runtime.state_sync import NoCopy, sync_state
+from executor.runtime.stage_state.sync import NoCopy, sync_state
 from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
 from executor.runtime.stepper import StageStepper
 from executor.runtime.wire import ActivationSpecError

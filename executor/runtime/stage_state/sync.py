@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import tensors_of, unflatten
-from executor.runtime.restore_plan import Has, decode, encode, plan_restore
+from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore
 
 
 class NoCopy(RuntimeError):
