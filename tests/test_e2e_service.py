@@ -137,9 +137,12 @@ def test_kills_that_leave_a_stage_short_move_a_worker_through_the_service(tmp_pa
     """3x3, kills 0:1@1, 0:2@2 and 1:2@2: stage 2 is left one worker and stage 0 three.
     The service (elastic membership) publishes a plan whose roles move a stage-0 worker to
     stage 2 and plans for the slots that leaves empty; the mover loads stage 2 from its
-    live holder, heartbeats under its own id, and the coordinator follows. Exact."""
+    live holder, heartbeats under its own id, and the coordinator follows. Exact.
+    Straggler detection is off: on loaded cores it measured a worker slow once in 20 runs
+    and its speed event re-planned, which this test of kills does not count on."""
     srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
-                     "--heartbeat-timeout", "10", "--suspect-grace", "3").start()
+                     "--heartbeat-timeout", "10", "--suspect-grace", "3",
+                     "--speed-window", "0").start()
     try:
         jid, token = register(srv.url, 3, 3)
         coord = coordinator(tmp_path, srv.url, jid, token, 5,
