@@ -31,8 +31,13 @@ pytestmark = pytest.mark.hard_timeout(150)  # the coordinator's deadline is 50 s
 CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
 D, S, M = 2, 2, 2
 # heartbeats go every 0.5 s; a suspect silent for 1 s is declared failed
+# Straggler detection is off in these tests of failures: on loaded cores it may measure a
+# worker slow and post a speed event (a re-plan), which the event counts here do not
+# expect (a full run beside a chaos soak failed so once). tests/test_service_speeds.py and
+# tests/test_node_agent.py test it.
+NO_SPEEDS = ("--speed-window", "0")
 SERVE = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "3",
-         "--suspect-grace", "1")
+         "--suspect-grace", "1", *NO_SPEEDS)
 
 
 @lru_cache(maxsize=None)
@@ -116,7 +121,7 @@ def test_a_stage_lost_whole_is_restored_from_peer_memory_through_the_service(tmp
     `source: snapshot`; the job rolls back to the snapshot in memory and ends exact."""
     srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
                      "--heartbeat-timeout", "10", "--suspect-grace", "3",
-                     "--elastic-snapshots").start()
+                     "--elastic-snapshots", *NO_SPEEDS).start()
     try:
         jid, token = register(srv.url)
         coord = coordinator(tmp_path, srv.url, jid, token, 8, snapshot_every=2,
@@ -138,11 +143,10 @@ def test_kills_that_leave_a_stage_short_move_a_worker_through_the_service(tmp_pa
     The service (elastic membership) publishes a plan whose roles move a stage-0 worker to
     stage 2 and plans for the slots that leaves empty; the mover loads stage 2 from its
     live holder, heartbeats under its own id, and the coordinator follows. Exact.
-    Straggler detection is off: on loaded cores it measured a worker slow once in 20 runs
-    and its speed event re-planned, which this test of kills does not count on."""
+    Straggler detection is off (NO_SPEEDS)."""
     srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
                      "--heartbeat-timeout", "10", "--suspect-grace", "3",
-                     "--speed-window", "0").start()
+                     *NO_SPEEDS).start()
     try:
         jid, token = register(srv.url, 3, 3)
         coord = coordinator(tmp_path, srv.url, jid, token, 5,
@@ -216,7 +220,7 @@ def test_stalled_worker_resynced_by_the_service(tmp_path):
     report it, it heartbeats again once continued, so nobody is declared failed and the
     service re-publishes the same failed set; everyone meets in the new version."""
     srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
-                     "--heartbeat-timeout", "9", "--suspect-grace", "4.5").start()
+                     "--heartbeat-timeout", "9", "--suspect-grace", "4.5", *NO_SPEEDS).start()
     try:
         jid, token = register(srv.url)
         coord = coordinator(tmp_path, srv.url, jid, token, 5, timeout=2.0,
@@ -276,7 +280,8 @@ def test_kill_and_rejoin_at_the_default_heartbeat_timeout(tmp_path):
     """Issue 7, cause 3: with the service's default 10 s heartbeat timeout the restarted
     worker used to enter the plan that still listed its dead predecessor, fail to connect
     and livelock. Now it waits for a version naming its incarnation."""
-    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1").start()
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
+                     *NO_SPEEDS).start()
     try:
         jid, token = register(srv.url)
         coord = coordinator(tmp_path, srv.url, jid, token, 6, timeout=2.0,

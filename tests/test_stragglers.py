@@ -198,13 +198,15 @@ def test_bad_slow_flags(flag, says):
 def test_slow_worker_through_the_service(tmp_path):
     """The same numbers ride on the heartbeats (every 0.5 s: 80 short iterations give the
     detector its window): the service's detector re-plans."""
-    from test_e2e_service import CFG as SCFG, SERVE, ProcServer, history
+    from test_e2e_service import CFG as SCFG, NO_SPEEDS, SERVE, ProcServer, history
     from executor.launch.launcher import Coordinator
     from executor.compute.reference import compare, train_reference
     from executor.sources.service_source import ServiceWatch
     import httpx
     from api_support import admin_headers
-    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    detecting = SERVE[:len(SERVE) - len(NO_SPEEDS)]  # the e2e tests' flags, detector on
+    assert SERVE[len(detecting):] == NO_SPEEDS
+    srv = ProcServer(tmp_path / "service.db", *detecting).start()
     try:
         r = httpx.post(srv.url + "/v1/jobs", headers=admin_headers(), params={"max_failures": 1},
                        json=JobSpec.uniform(3, 2, 2).model_dump(mode="json"))
