@@ -78,17 +78,24 @@ class AgentProc:
             raise
 
 
+def external_coordinator(tmp_path, srv, jid, token, deadline_s):
+    """A coordinator of SLOW's run following the service, for workers the agents start
+    (--external): the coordinator, its console's text and its store's port."""
+    watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
+    port = free_port()
+    out = io.StringIO()
+    spec = LaunchSpec(CFG, watch.plan.job, ITERATIONS, Faults(slows=SLOW), timeout=4.0,
+                      deadline_s=deadline_s, run_dir=str(tmp_path), external=True,
+                      store_port=port)
+    return Coordinator(spec, console=Console(file=out, width=200), service=watch), out, port
+
+
 def test_agents_start_workers_report_a_sigkill_at_once_and_training_stays_exact(tmp_path):
     srv = ProcServer(tmp_path / "service.db", *SERVE).start()
     agents = []
     try:
         jid, token = register(srv.url)
-        watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
-        port = free_port()
-        out = io.StringIO()
-        spec = LaunchSpec(CFG, watch.plan.job, ITERATIONS, Faults(slows=SLOW), timeout=4.0,
-                          deadline_s=90, run_dir=str(tmp_path), external=True, store_port=port)
-        coord = Coordinator(spec, console=Console(file=out, width=200), service=watch)
+        coord, out, port = external_coordinator(tmp_path, srv, jid, token, 90)
         result = {}
         runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
                                   daemon=True)
@@ -148,12 +155,7 @@ def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_pa
     agents, runner, coord = [], None, None
     try:
         jid, token = register(srv.url)
-        watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
-        port = free_port()
-        out = io.StringIO()
-        spec = LaunchSpec(CFG, watch.plan.job, ITERATIONS, Faults(slows=SLOW), timeout=4.0,
-                          deadline_s=120, run_dir=str(tmp_path), external=True, store_port=port)
-        coord = Coordinator(spec, console=Console(file=out, width=200), service=watch)
+        coord, out, port = external_coordinator(tmp_path, srv, jid, token, 120)
         set_counter(coord.store, "hold", 3)  # every worker waits before iteration 2
         result = {}
         runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),

@@ -175,14 +175,7 @@ class Membership:
         if incarnation is not None and incarnation < have:
             return self, Reject(f"{_name(w)} incarnation {incarnation} is superseded by "
                                 f"{have}; its failure is stale")
-        failed = self.failed | {w}
-        if self.job is not None:
-            return self._reassigned(failed, (), self.incarnations, cause)
-        dead = self.dead_stage(failed)
-        if dead is not None:
-            halted = replace(self, failed=failed, state="halted", reason=str(NoPlanError(dead)))
-            return halted, Halt(halted.reason)
-        return self._publish(failed, self.incarnations, cause)
+        return self._without(self.failed | {w}, cause)
 
     def fail_many(self, workers: Iterable[tuple[Worker, Optional[int]]],
                   cause: str = "remove") -> tuple["Membership", Decision]:
@@ -201,7 +194,11 @@ class Membership:
         if not gone:
             return self, Reject(f"{', '.join(_name(w) for w, _ in given) or 'no worker'}: "
                                 "failed already or superseded; nothing to remove")
-        failed = self.failed | set(gone)
+        return self._without(self.failed | set(gone), cause)
+
+    def _without(self, failed: frozenset, cause: str) -> tuple["Membership", Decision]:
+        """The next version for the failed set `failed` (roles reassigned when elastic), or
+        a halt when some stage is left with nobody."""
         if self.job is not None:
             return self._reassigned(failed, (), self.incarnations, cause)
         dead = self.dead_stage(failed)
