@@ -48,6 +48,16 @@ def test_2x2_loses_both_workers_of_stage_1_and_finishes_from_peer_memory(tmp_pat
     assert failed_by_iteration(res.summary.plans, 8)[-1] == [[1, 0], [1, 1]]
 
 
+def test_a_stage_lost_before_its_first_snapshot_rolls_back_to_the_start(tmp_path):
+    # K = 50: no snapshot is ever taken in this run, so stage 1 dies with every copy of its
+    # trained state; every stage is rebuilt from the seed (the run's origin) and re-trained
+    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]), snapshot_every=50)
+    assert_exact(res, 2, 2, 6, tmp_path)
+    assert res.summary.elastic["snapshot_restores"] == 1, res.summary.plans
+    log = logs(tmp_path)
+    assert "rolled back to iteration -1" in log and "from the seed" in log, log
+
+
 def test_losing_a_stage_without_snapshots_still_halts_with_the_reason(tmp_path):
     res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]))
     assert res.summary is None and "stage 1 has no live replica" in res.halted

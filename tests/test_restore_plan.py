@@ -24,6 +24,23 @@ def test_a_taker_receives_from_a_member_of_its_stage_else_from_a_holder():
     assert p.sends((0, 0)) == [(0, (1, 0)), (1, (0, 1))]
 
 
+def test_a_stage_lost_before_any_snapshot_landed_rolls_back_to_the_start():
+    # stage 1's only copy died with its workers; a run from its seed rebuilds every stage
+    # as at start, so the job goes back to its origin (-1) rather than halting
+    members = {(0, 0): Has(0, {0: (5, 3)}, origin=-1), (0, 1): Has(1, {}, origin=-1)}
+    p = plan_restore(members, 2)
+    assert p.iteration == -1 and p.own == ((0, 0), (0, 1)) and p.providers == {}
+    assert decode(encode(members[(0, 1)], 2), 2) == members[(0, 1)]
+    # a snapshot every stage has wins over the origin; a resumed run has no origin
+    members[(0, 1)] = Has(1, {1: (3,)}, origin=-1)
+    assert plan_restore(members, 2).iteration == 3
+    assert plan_restore({(0, 0): Has(0, {0: (5,)}), (0, 1): Has(1, {})}, 2) is None
+    # a member without the origin receives the stage from one that rebuilds it
+    p = plan_restore({(0, 0): Has(0, {}, origin=-1), (1, 0): Has(0, {}),
+                      (0, 1): Has(1, {}, origin=-1)}, 2)
+    assert p.iteration == -1 and p.providers == {0: (0, 0)} and p.takers == {0: ((1, 0),)}
+
+
 def test_no_common_iteration_means_no_restore():
     assert plan_restore({(0, 0): Has(0, {0: (4,)}), (0, 1): Has(1, {1: (2,)})}, 2) is None
     assert plan_restore({(0, 0): Has(0, {0: (4,)})}, 2) is None
@@ -37,11 +54,14 @@ def test_every_member_ends_with_its_stage_at_the_chosen_iteration(S, data):
         if data.draw(st.booleans()):
             copies = {s: tuple(sorted(data.draw(st.sets(st.integers(0, 5), max_size=3)),
                                       reverse=True)) for s in range(S)}
-            members[w] = Has(data.draw(st.integers(0, S - 1)), {s: c for s, c in copies.items() if c})
+            members[w] = Has(data.draw(st.integers(0, S - 1)), {s: c for s, c in copies.items() if c},
+                             data.draw(st.sampled_from([None, -1])))
     for w, h in members.items():
         assert decode(encode(h, S), S) == h
     p = plan_restore(members, S)
-    have = {s: set().union(*[h.copies.get(s, ()) for h in members.values()]) for s in range(S)}
+    have = {s: set().union(*[h.copies.get(s, ()) for h in members.values()],
+                           {h.origin for h in members.values() if h.stage == s} - {None})
+            for s in range(S)}
     common = set.intersection(*have.values()) if members else set()
     if not common:
         assert p is None
@@ -49,7 +69,7 @@ def test_every_member_ends_with_its_stage_at_the_chosen_iteration(S, data):
     assert p.iteration == max(common)
     for w, h in members.items():
         if w in p.own:
-            assert p.iteration in h.copies[h.stage]
+            assert h.can_give(h.stage, p.iteration)
         else:
             prov = p.providers[h.stage]
-            assert w in p.takers[h.stage] and p.iteration in members[prov].copies[h.stage]
+            assert w in p.takers[h.stage] and members[prov].can_give(h.stage, p.iteration)

@@ -85,6 +85,9 @@ class Agent:
         self.leaving = False  # training ended for us (done, fenced out or halted): exit 0
         self._asked = -1  # newest plan version on which we asked to be admitted
         self.done = start_iteration - 1  # last iteration this worker has stepped
+        # A run from its seed can rebuild any stage's state before step 0, as built here:
+        # the oldest copy a rollback to peer-memory snapshots may use (None: resumed).
+        self.origin = -1 if resume_part is None and start_iteration == 0 else None
         self.version, self._refused = -1, -1
         self.in_version: Optional[int] = None  # the newest version entered (heartbeats say it)
         self.job_hash = job.identity_hash()
@@ -423,6 +426,12 @@ class Agent:
             self.log(f"iteration {it} stepped at {time.time():.6f}")
 
     # ---- state --------------------------------------------------------------------------
+    def initial_state(self, stage: int) -> dict:
+        """Stage `stage`'s parameters and optimizer state before the run's first step."""
+        module = self.wl.build_stage(self.cfg, stage, self.S)
+        opt = self.wl.make_optimizer(self.training, module.parameters())
+        return {"model": module.state_dict(), "optim": opt.state_dict()}
+
     def load_state(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optim"])

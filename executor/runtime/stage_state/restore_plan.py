@@ -4,7 +4,10 @@ When a plan leaves some stage with no live worker that holds its state (every ho
 died; a worker moved in with nothing), the job goes back to the newest iteration k for
 which every stage has a copy somewhere among the live workers: a worker's own stage's
 host copy (peer_snapshots LocalCopies) or a snapshot it holds for another stage
-(SnapshotHost). Every member of the new world then ends up with its stage's state after
+(SnapshotHost). A run started from its seed (not resumed from a checkpoint) also has
+every stage's state before its first step everywhere: a member rebuilds its own stage at
+that origin as it built it at start, so a stage lost before any snapshot of it landed
+rolls the job back to the start instead of halting it. Every member of the new world then ends up with its stage's state after
 step k: restored from its own copy, or sent by one provider of its stage. Pure: the agent
 gathers what each member has (one all-gather) and carries out the answer.
 """
@@ -15,6 +18,7 @@ from typing import Optional
 
 Worker = tuple[int, int]
 PER_STAGE = 3  # iterations a member reports per stage (newest first)
+NONE = -2  # an empty field of a report (iteration -1 is the origin of a run from its seed)
 
 
 @dataclass(frozen=True)
@@ -23,6 +27,12 @@ class Has:
     snapshots), and whether it may restore its own stage from its own copy."""
     stage: int
     copies: dict[int, tuple[int, ...]]
+    # the iteration before the run's first step when the member can rebuild its own
+    # stage's state there (from the seed); None for a run resumed from a checkpoint
+    origin: Optional[int] = None
+
+    def can_give(self, stage: int, k: int) -> bool:
+        return k in self.copies.get(stage, ()) or (stage == self.stage and k == self.origin)
 
 
 @dataclass(frozen=True)
@@ -40,20 +50,20 @@ class RestorePlan:
 
 def encode(has: Has, stages: int) -> list[int]:
     """A member's report as fixed-width ints for World.allgather_ints."""
-    out = [has.stage]
+    out = [has.stage, NONE if has.origin is None else has.origin]
     for s in range(stages):
         its = sorted(has.copies.get(s, ()), reverse=True)[:PER_STAGE]
-        out += its + [-1] * (PER_STAGE - len(its))
+        out += its + [NONE] * (PER_STAGE - len(its))
     return out
 
 
 def decode(row: list[int], stages: int) -> Has:
     copies = {}
     for s in range(stages):
-        its = tuple(i for i in row[1 + s * PER_STAGE: 1 + (s + 1) * PER_STAGE] if i >= 0)
+        its = tuple(i for i in row[2 + s * PER_STAGE: 2 + (s + 1) * PER_STAGE] if i != NONE)
         if its:
             copies[s] = its
-    return Has(row[0], copies)
+    return Has(row[0], copies, None if row[1] == NONE else row[1])
 
 
 def plan_restore(members: dict[Worker, Has], stages: int) -> Optional[RestorePlan]:
@@ -63,11 +73,13 @@ def plan_restore(members: dict[Worker, Has], stages: int) -> Optional[RestorePla
     for h in members.values():
         for s, its in h.copies.items():
             have[s].update(its)
+        if h.origin is not None:
+            have[h.stage].add(h.origin)
     common = set.intersection(*have.values()) if have else set()
     if not common:
         return None
     k = max(common)
-    own = tuple(sorted(w for w, h in members.items() if k in h.copies.get(h.stage, ())))
+    own = tuple(sorted(w for w, h in members.items() if h.can_give(h.stage, k)))
     providers, takers = {}, {}
     for s in range(stages):
         need = tuple(sorted(w for w, h in members.items() if h.stage == s and w not in own))
@@ -75,7 +87,7 @@ def plan_restore(members: dict[Worker, Has], stages: int) -> Optional[RestorePla
             continue
         # a member of the stage with its own copy first (it restores anyway), then any
         # holder; the lowest slot among equals, so every member computes the same answer
-        cands = sorted(w for w, h in members.items() if k in h.copies.get(s, ()))
+        cands = sorted(w for w, h in members.items() if h.can_give(s, k))
         same = [w for w in cands if members[w].stage == s and w in own]
         providers[s] = (same or cands)[0]
         takers[s] = need

@@ -9,7 +9,8 @@ Two ways, decided by one all-gather of (last stepped iteration, needs state):
   live member of their stage;
 - some stage has none (every holder died): the job rolls back to the newest iteration
   every stage has a copy of among the live workers (restore_plan.py: own host copies and
-  held peer-memory snapshots), in memory, and re-trains from there.
+  held peer-memory snapshots, or the run's start, which every member rebuilds from the
+  seed), in memory, and re-trains from there.
 """
 from __future__ import annotations
 
@@ -64,10 +65,13 @@ def _copies(agent) -> dict[int, tuple[int, ...]]:
 
 
 def _copy_of(agent, stage: int, k: int) -> dict:
-    """The state of `stage` after step k from this worker's own copies."""
+    """The state of `stage` after step k from this worker's own copies (or, at the run's
+    origin, as the stage is built at start)."""
     snaps = agent.snaps
     if snaps.local.stage == stage and k in snaps.local.iterations():
         return snaps.local.state(k)
+    if k == agent.origin and stage == agent.me[1]:
+        return agent.initial_state(stage)
     held = snaps.host.get(stage, k)
     return unflatten(held.header["tree"], tensors_of(held.payload, held.header["tensors"]))
 
@@ -78,7 +82,7 @@ def restore_from_snapshots(agent, plan) -> int:
     if agent.snaps is None:
         raise NoCopy("a stage has no live worker with its state and peer-memory snapshots "
                      "are off (--snapshot-every 0): resume from a checkpoint")
-    rows = world.allgather_ints(encode(Has(me[1], _copies(agent)), S))
+    rows = world.allgather_ints(encode(Has(me[1], _copies(agent), agent.origin), S))
     members = {w: decode(row, S) for w, row in rows.items()}
     rp = plan_restore(members, S)
     if rp is None:
@@ -100,7 +104,8 @@ def restore_from_snapshots(agent, plan) -> int:
             how = f"the snapshot held by worker {holder}"
         agent.log(f"restored stage {me[1]} at iteration {k} from {how}")
     else:
-        agent.log(f"restored stage {me[1]} at iteration {k} from its own copy")
+        agent.log(f"restored stage {me[1]} at iteration {k} from "
+                  + ("the seed (the run's start)" if k == agent.origin else "its own copy"))
     agent.load_state(state)
     agent.stepper.reset(k + 1)
     agent.snaps.local.drop_after(k)
