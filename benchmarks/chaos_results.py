@@ -10,7 +10,7 @@ import json
 import os
 import platform
 
-from recycle.chaos.report import recovery_stats
+from recycle.chaos.report import recovery_stats, summarize
 
 MODES = (("local", "local, all"), ("local-clean", "local, no other fault in flight"),
          ("service", "service, all (outage included)"),
@@ -33,7 +33,10 @@ def main(argv=None) -> int:
     for r in runs:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     stats = recovery_stats(runs)
-    lines = ["# Chaos soak: random kills, rejoins, stalls, donor kills and service crashes", "",
+    el = summarize(runs)["elastic"]
+    lines = ["# Chaos soak: random kills, rejoins, stalls, donor kills, whole stages and nodes "
+             "lost, nodes added, snapshot holders killed, kills during moves, service crashes",
+             "",
              "Commands (at commit " + args.commit + "):", ""]
     lines += [f"    {c}" for c in args.command]
     lines += ["", f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared). Each run "
@@ -45,26 +48,34 @@ def main(argv=None) -> int:
               f"| {len(runs)} | " + " | ".join(str(counts[k]) for k in sorted(counts))
               + f" | {sum(len(r['leaks']) for r in runs)} | "
               f"{max((r['max_diff'] or 0) for r in runs):.1e} |", "",
+              f"Elastic runs (peer-memory snapshots every K iterations, `K` in the faults): "
+              f"{el['runs']}; plans moved a worker {el['moves']} times in "
+              f"{el['runs_with_moves']} runs, and restored a stage from peer memory (or "
+              f"rebuilt it from the seed) {el['snapshot_restores']} times.", "",
               "Time to recover (s): from a SIGKILL to every survivor training under the next "
-              "plan; from a restart to every member of the version that admits the new "
-              "process training in it.", "",
-              "| recoveries | kill n | p50 | p99 | max | rejoin n | p50 | p99 | max |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "plan (a single kill; a worker of a stage or node lost together: the plan moves "
+              "a worker in and may roll back to a snapshot); from a restart to every member "
+              "of the version that admits the new process training in it.", "",
+              "| recoveries | kill n | p50 | p99 | max | stage/node loss n | p50 | p99 | max "
+              "| rejoin n | p50 | p99 | max |",
+              "| --- " * 13 + "|"]
     for mode, label in MODES:
-        k, j = stats[mode]["kill"], stats[mode]["rejoin"]
         cell = lambda s: (f"{s['n']} | {s['p50']:.2f} | {s['p99']:.2f} | {s['max']:.2f}"
                           if s["n"] else "0 | - | - | -")
-        lines.append(f"| {label} | {cell(k)} | {cell(j)} |")
+        lines.append(f"| {label} | " + " | ".join(cell(stats[mode][k])
+                                                   for k in ("kill", "loss", "rejoin")) + " |")
     lines += ["", "## Runs", "",
-              "| run | grid | faults | outcome | wall s | max loss diff |",
-              "| --- | --- | --- | --- | --- | --- |"]
+              "| run | grid | faults | outcome | wall s | max loss diff | moves/restores |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
         svc = r.get("service_outage") or {}
         faults = r["faults"] + (f" (service down {svc['killed_at_s']}..{svc['restarted_at_s']} s)"
                                 if svc.get("killed_at_s") is not None else "")
         lines.append(f"| {r['name']} | {r['grid']} m{r['microbatches']} n{r['iterations']} | "
-                     f"{faults} | {r['outcome']} | {r['wall_s']:.1f} | {diff} |")
+                     f"{faults} | {r['outcome']} | {r['wall_s']:.1f} | {diff} | "
+                     f"{(r.get('elastic') or {}).get('moves', '-')}/"
+                     f"{(r.get('elastic') or {}).get('snapshot_restores', '-')} |")
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n".join(lines[:30]))

@@ -18,8 +18,8 @@ from executor.launch.faults import parse_event, parse_stall
 from recycle.chaos.liveness import Liveness
 from recycle.chaos.leaks import new_tag, reap_leaks, tagged, tagged_env
 from recycle.chaos.report import summarize
-from recycle.chaos.schedule import (MAX_KILLS_PER_ITERATION, STALL_S, Fault, Schedule, draw,
-                                    draw_one)
+from recycle.chaos.schedule import (GROUP_KINDS, MAX_KILLS_PER_ITERATION, STALL_S, Fault,
+                                    Schedule, draw, draw_one, horizon)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 seeds = st.integers(min_value=0, max_value=2**63)
@@ -31,7 +31,9 @@ def violations(sched: Schedule) -> list[str]:
     iteration i land before its kills; a rejoined worker is killable from the next one on."""
     D, S, N = sched.replicas, sched.stages, sched.iterations
     live = {(r, s) for r in range(D) for s in range(S)}
-    alive = Liveness(D, S, sched.microbatches)  # plans may move workers between stages
+    # plans may move workers between stages; with snapshots a stage may lose everyone
+    alive = Liveness(D, S, sched.microbatches, snapshots=sched.snapshot_every > 0,
+                     horizon=horizon(D, S, sched.microbatches, sched.service))
     back_at: dict = {}
     out = []
     for f in sched.faults:
@@ -49,15 +51,19 @@ def violations(sched: Schedule) -> list[str]:
             live.add(f.worker)
             back_at[f.worker] = i
         kills = [f for f in at if f.kind == "kill"]
-        if len(kills) > MAX_KILLS_PER_ITERATION:
-            out.append(f"iteration {i}: {len(kills)} kills")
+        single = [f for f in kills if f.why not in GROUP_KINDS]
+        # a kill in the iteration of a move comes on top of the single kills
+        if len(single) > MAX_KILLS_PER_ITERATION + any(f.why == "move" for f in single):
+            out.append(f"iteration {i}: {len(single)} single kills")
+        if any(f.why in GROUP_KINDS for f in kills) and not sched.snapshot_every:
+            out.append(f"iteration {i}: a group loss without snapshots")
         for f in kills:
             if f.worker not in live or back_at.get(f.worker) == i:
                 out.append(f"{f.short()}: kill of a worker not (yet) live")
             live.discard(f.worker)
         states = alive.after([f.worker for f in at if f.kind == "rejoin"],
                              [f.worker for f in kills])
-        if states is None:  # some order of the iteration's events leaves a stage empty
+        if states is None:  # some order of the iteration's events leaves no plan
             out.append(f"iteration {i}: a stage may be left with no live worker")
             break
         alive.states = states
@@ -89,6 +95,13 @@ def test_the_replay_catches_broken_schedules():
     assert violations(sched(("kill", (1, 1), 1), ("stall", (1, 1), 2, 1.0)))  # stalls the dead
     assert not violations(sched(("kill", (0, 0), 1), ("rejoin", (0, 0), 3), ("kill", (1, 0), 3),
                                 ("rejoin", (1, 0), 5), ("kill", (0, 0), 5)))
+    # with snapshots a stage may lose everyone (a worker moves in), never the run its plan
+    elastic = lambda *faults: Schedule(0, 0, 2, 2, 2, 12, tuple(Fault(*f) for f in faults),  # noqa: E731
+                                       snapshot_every=2)
+    assert not violations(elastic(("kill", (0, 1), 1, None, "stage"),
+                                  ("kill", (1, 1), 1, None, "stage")))
+    assert violations(elastic(("kill", (0, 1), 1), ("kill", (1, 1), 1), ("kill", (1, 0), 1)))
+    assert violations(sched(("kill", (0, 1), 1, None, "stage"), ("kill", (1, 1), 1, None, "stage")))
 
 
 @settings(max_examples=100, deadline=None)
@@ -119,6 +132,9 @@ def test_flags_read_back_as_recycle_train_parses_them(seed, service):
     args = s.to_args()
     assert args[:8] == ["-d", str(s.replicas), "-s", str(s.stages), "-m", str(s.microbatches),
                         "--iterations", str(s.iterations)]
+    if s.snapshot_every:
+        assert args[8:10] == ["--snapshot-every", str(s.snapshot_every)]
+        args = args[:8] + args[10:]
     got = []
     for flag, value in zip(args[8::2], args[9::2]):
         if flag == "--stall":
@@ -130,9 +146,11 @@ def test_flags_read_back_as_recycle_train_parses_them(seed, service):
     assert got == [(f.kind, f.worker, f.iteration, f.seconds) for f in s.faults]
 
 
+
 def test_seeds_reach_every_kind_of_fault():
     """Over a few hundred schedules: donor kills, two kills in one iteration, a worker killed
-    and rejoined twice, stalls."""
+    and rejoined twice, stalls, and the elastic kinds: a whole stage or node lost, a node
+    added back, a snapshot holder killed, a kill in the iteration of a move."""
     found = set()
     for seed in range(300):
         s = draw_one(seed, 0)
@@ -146,8 +164,9 @@ def test_seeds_reach_every_kind_of_fault():
             found.add("killed and rejoined twice")
         if s.of("stall"):
             found.add("stall")
+        found |= s.kinds()
     assert found == {"donor kill", "two kills in one iteration", "killed and rejoined twice",
-                     "stall"}
+                     "stall", "stage", "node", "node add", "holder", "move"}
 
 
 def test_a_process_that_escaped_its_session_is_found_by_its_tag_and_killed():
@@ -174,6 +193,16 @@ def test_recovery_percentiles_per_mode():
     assert stats["local"]["kill"] == {"n": 3, "p50": 2.0, "p99": 2.98, "max": 3.0}
     assert stats["service"]["kill"]["max"] == 10.0 and stats["all"]["kill"]["n"] == 4
     assert stats["all"]["rejoin"] == {"n": 0, "p50": None, "p99": None, "max": None}
+    # a kill the schedule drew as part of a whole stage lost counts apart, with the moves
+    lost = rec(False, 4.0)
+    lost["schedule"] = {"snapshot_every": 2, "faults": [
+        {"kind": "kill", "worker": [0, 0], "iteration": 1, "why": "stage"}]}
+    lost["elastic"] = {"moves": 1, "snapshot_restores": 1}
+    got = summarize([rec(False, 1.0), lost])
+    assert got["recovery"]["local"]["kill"]["n"] == 1
+    assert got["recovery"]["local"]["loss"] == {"n": 1, "p50": 4.0, "p99": 4.0, "max": 4.0}
+    assert got["elastic"] == {"runs": 1, "moves": 1, "snapshot_restores": 1,
+                              "runs_with_moves": 1}
 
 
 # ---- the command ------------------------------------------------------------------------

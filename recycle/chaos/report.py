@@ -1,4 +1,6 @@
-"""What `recycle chaos` prints and saves: a table of runs, outcome counts and recovery times."""
+"""What `recycle chaos` prints and saves: a table of runs, outcome counts, recovery times
+(after a single kill, after a whole stage or node lost together, after a rejoin) and the
+moves and snapshot restores the runs' plans made."""
 from __future__ import annotations
 
 import math
@@ -33,9 +35,26 @@ def during_outage(record: dict, entry: dict) -> bool:
     return start <= up and end >= down
 
 
+RECOVERY_KINDS = ("kill", "loss", "rejoin")  # loss: a worker of a stage or node lost together
+KIND_WORDS = {"kill": "kill", "loss": "stage/node loss", "rejoin": "rejoin"}
+
+
+def recovery_kind(record: dict, entry: dict) -> str:
+    """The entry's kind, with the kills the schedule drew as part of a whole stage or node
+    lost together told apart ("loss": the plans move workers and may restore snapshots)."""
+    kind = entry.get("kind", "?")
+    if kind == "kill":
+        group = {(tuple(f["worker"]), f["iteration"])
+                 for f in (record.get("schedule") or {}).get("faults", [])
+                 if f["kind"] == "kill" and f.get("why") in ("stage", "node")}
+        if (tuple(entry.get("worker", ())), entry.get("iteration")) in group:
+            return "loss"
+    return kind
+
+
 def recovery_stats(records: list[dict]) -> dict:
-    """p50/p99/max of kill and rejoin recovery seconds, over all runs and per mode; with a
-    service also "service-up": recoveries that did not overlap its outage."""
+    """p50/p99/max of recovery seconds per kind (RECOVERY_KINDS), over all runs and per
+    mode; with a service also "service-up": recoveries that did not overlap its outage."""
     out = {}
     for mode, keep in (("all", lambda r, x: True), ("local", lambda r, x: not r["service"]),
                        ("service", lambda r, x: r["service"]),
@@ -45,9 +64,9 @@ def recovery_stats(records: list[dict]) -> dict:
                        ("local-clean", lambda r, x: not r["service"] and not x.get("concurrent")),
                        ("service-clean", lambda r, x: r["service"] and not during_outage(r, x)
                         and not x.get("concurrent"))):
-        for kind in ("kill", "rejoin"):
-            secs = [float(x["seconds"]) for r in records
-                    for x in r.get("recovery") or [] if x.get("kind") == kind and keep(r, x)]
+        for kind in RECOVERY_KINDS:
+            secs = [float(x["seconds"]) for r in records for x in r.get("recovery") or []
+                    if recovery_kind(r, x) == kind and keep(r, x)]
             out.setdefault(mode, {})[kind] = {
                 "n": len(secs), "p50": _r(percentile(secs, 0.5)),
                 "p99": _r(percentile(secs, 0.99)), "max": _r(max(secs) if secs else None)}
@@ -58,24 +77,36 @@ def summarize(records: list[dict]) -> dict:
     counts = {k: 0 for k in OUTCOMES}
     for r in records:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
+    elastic = [r for r in records if (r.get("schedule") or {}).get("snapshot_every")]
     return {"runs": len(records), "counts": counts,
             "leaks": sum(len(r["leaks"]) for r in records),
             "recovery": recovery_stats(records),
+            "elastic": {"runs": len(elastic),
+                        "moves": sum((r.get("elastic") or {}).get("moves", 0) for r in records),
+                        "snapshot_restores": sum((r.get("elastic") or {}).get(
+                            "snapshot_restores", 0) for r in records),
+                        "runs_with_moves": sum(1 for r in records
+                                               if (r.get("elastic") or {}).get("moves"))},
             "ok": all(r["outcome"] == "exact" for r in records)}
 
 
 def summary_line(summary: dict) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in summary["counts"].items() if n or k == "exact")
-    return f"{summary['runs']} runs: {counts}; {summary['leaks']} leaked processes"
+    el = summary.get("elastic") or {}
+    moves = (f"; {el['moves']} moves in {el['runs_with_moves']} runs, "
+             f"{el['snapshot_restores']} snapshot restores ({el['runs']} runs kept snapshots)"
+             if el else "")
+    return f"{summary['runs']} runs: {counts}; {summary['leaks']} leaked processes{moves}"
 
 
 def recovery_lines(summary: dict) -> list[str]:
     lines = []
     for mode in ("local", "local-clean", "service", "service-up", "service-clean"):
-        for kind in ("kill", "rejoin"):
+        for kind in RECOVERY_KINDS:
             s = summary["recovery"][mode][kind]
             if s["n"]:
-                lines.append(f"recovery after {kind} ({mode}, n={s['n']}): p50 {s['p50']:.2f} s, "
+                lines.append(f"recovery after {KIND_WORDS[kind]} ({mode}, n={s['n']}): "
+                             f"p50 {s['p50']:.2f} s, "
                              f"p99 {s['p99']:.2f} s, max {s['max']:.2f} s")
     return lines or ["recovery: no times (no run finished with a 'recovery' list in its summary)"]
 
@@ -83,7 +114,7 @@ def recovery_lines(summary: dict) -> list[str]:
 def table(records: list[dict]) -> Table:
     t = Table(title="recycle chaos", show_lines=False)
     for col in ("seed", "run", "grid", "faults", "outcome", "wall s", "max loss diff",
-                "recoveries"):
+                "moves/restores", "recoveries"):
         t.add_column(col, overflow="fold", justify="right" if col in ("seed", "run", "wall s") else "left")
     for r in records:
         diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
@@ -95,8 +126,13 @@ def table(records: list[dict]) -> Table:
         t.add_row(str(r["seed"]), str(r["run"]) + (" svc" if r["service"] else ""),
                   f"{r['grid']} m{r['microbatches']} n{r['iterations']}", faults,
                   f"[{STYLE.get(r['outcome'], '')}]{r['outcome']}[/]", f"{r['wall_s']:.1f}",
-                  diff, _recoveries(r.get("recovery") or []))
+                  diff, _elastic(r), _recoveries(r.get("recovery") or []))
     return t
+
+
+def _elastic(r: dict) -> str:
+    el = r.get("elastic") or {}
+    return f"{el.get('moves', 0)}/{el.get('snapshot_restores', 0)}" if el else "-"
 
 
 def _recoveries(rec: list[dict]) -> str:

@@ -2,7 +2,8 @@
 
 Outcomes: exact (losses and per-stage parameter checksums equal the one-process reference
 within 1e-5), inexact, hang (wall-time limit hit), crash (non-zero exit), halt (exit 3:
-spurious, since schedules never kill a whole stage), leak (a tagged process outlived the
+spurious, since schedules never leave the run without a plan, and a stage that lost every
+worker has its start, rebuilt from the seed, when no snapshot of it survives), leak (a tagged process outlived the
 run; it is SIGKILLed). Every command runs as real processes in a session of its own.
 """
 from __future__ import annotations
@@ -117,7 +118,8 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
 
     tag = new_tag()
     service = Service(os.path.join(run_dir, "service.db"),
-                      os.path.join(os.path.dirname(record["log"]), record["name"] + "-serve.log"), tag)
+                      os.path.join(os.path.dirname(record["log"]), record["name"] + "-serve.log"),
+                      tag, snapshots=sched.snapshot_every > 0)
     record["service_log"] = service.log_path
     done = threading.Event()
     outage = None
@@ -194,6 +196,7 @@ def _judge(record: dict, summary_path: str, ref: dict) -> None:
         record.update(outcome="crash", error=f"exit 0 but no summary: {exc}")
         return
     record["recovery"] = got.get("recovery") or []  # absent until the runtime reports it
+    record["elastic"] = got.get("elastic") or {}  # moves and snapshot restores
     diff, agree = max_diff(got, ref)
     record["max_diff"] = diff
     record["outcome"] = "exact" if agree else "inexact"
