@@ -60,7 +60,9 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
     try:
         a = choose_roles(job, live, horizon)
     except NoRolesError as exc:
-        return None, f"{exc}: the run pauses until workers come back"
+        # The runtime has no paused state (yet): halting with a checkpoint is what it does;
+        # the simulator's recycle policy models a pause (docs/simulator.md).
+        return None, f"{exc}: the run halts; resume from checkpoint once workers are back"
     lost = a.snapshot_stages
     if lost and not snapshots:
         return None, (f"stage {lost[0]} has no live replica and no snapshot in peer memory "
