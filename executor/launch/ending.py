@@ -88,11 +88,17 @@ class RunEnd:
                        elastic=self.elastic_counts(plans))
 
     def elastic_counts(self, plans: list[dict]) -> dict:
-        """Moves and snapshot restores of the plan versions trained under, and the trace's."""
+        """Moves and snapshot restores of the plan versions trained under, the iterations
+        trained again after rollbacks to snapshots, the samples trained (each global batch
+        once) and the wall time; and the trace's counts."""
         moves = [m for p in plans for m in p.get("moves", [])]
+        cfg = self.cfg
         out = {"moves": sum(1 for m in moves if m["from_stage"] is not None),
                "joins": sum(1 for m in moves if m["from_stage"] is None),
-               "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot")}
+               "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot"),
+               "retrained_iterations": self.retrained,
+               "samples": (self.iterations - self.start) * self.n * cfg.micro_batch_size,
+               "wall_s": round(time.monotonic() - self.began, 3)}
         if self.trace is not None:
             out.update(trace_events=self.trace.applied(), trace_kills=self.trace.kills,
                        trace_restarts=self.trace.restarts)

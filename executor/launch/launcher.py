@@ -112,6 +112,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.lines = ProgressLines(self.console, self.n * cfg.micro_batch_size * cfg.seq_len,
                                    self.start, iterations - 1)
         self.iteration_end: dict[int, float] = {}
+        self.began = time.monotonic()  # the summary's wall time
+        self.retrained = 0  # iterations trained again after a rollback to a snapshot
         self.events: list[str] = []
         self.faults = Injector(faults.kills, faults.stalls, self.event)
         # Stragglers (planner/speeds.py): the detector fed by the workers' compute times,
@@ -241,6 +243,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         if (vals and len(vals) == len(self.live()) and min(vals) < self.committed
                 and all(self.done[w][1] == self.version for w in self.live())):
             # every worker entered a version that rolled back to a snapshot: count again
+            self.retrained += self.committed - min(vals)
             self.committed = min(vals)
             set_counter(self.store, "committed", self.committed)
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:

@@ -228,9 +228,14 @@ def train_cmd(
         raise typer.Exit(EXIT_MODEL_ERROR)
     if result.halted:  # a model that breaks its own activation spec is bad input
         raise typer.Exit(EXIT_BAD_INPUT if result.model_error else EXIT_NO_PLAN)
+    el = result.summary.elastic or {}
     console.print(f"done: {iterations} iterations, final loss {result.summary.losses[-1]:.5f}, "
-                  f"{result.versions} plan versions; logs in {result.run_dir}"
-                  + (f"; summary in {summary}" if summary else ""))
+                  f"{result.versions} plan versions"
+                  + (f", {el['moves']} moves, {el['snapshot_restores']} snapshot restores "
+                     f"({el['retrained_iterations']} iterations trained again)"
+                     if el.get("moves") or el.get("snapshot_restores") else "")
+                  + f"; {el.get('samples', '?')} samples in {el.get('wall_s', 0):.1f} s, no halt; "
+                  f"logs in {result.run_dir}" + (f"; summary in {summary}" if summary else ""))
 
 
 def profile_cmd(
