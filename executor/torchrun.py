@@ -1,9 +1,12 @@
 """Worker entry point under torchrun: `torchrun ... -m executor.torchrun`.
 
-torchrun starts WORLD_SIZE = D*S processes over the nodes and numbers them RANK =
-replica * S + stage (node i's agent gets ranks i*K .. i*K+K-1 with `--nproc-per-node K`);
-each finds the coordinator's store at RECYCLE_STORE (`recycle train --external`), takes
-the next incarnation of its worker and runs the same agent as a local worker.
+torchrun starts WORLD_SIZE = D*S processes over the nodes, node i's agent ranks
+i*K .. i*K+K-1 with `--nproc-per-node K`. `--placement` (after the module name, the same
+on every node) says which worker a rank is, in the words of `recycle simulate --placement`:
+  stages   (default) RANK = replica * S + stage: a node holds stages of one replica
+  replicas           RANK = stage * D + replica: a node holds replicas of one stage
+Each process finds the coordinator's store at RECYCLE_STORE (`recycle train --external`),
+takes the next incarnation of its worker and runs the same agent as a local worker.
 
 How torchrun's elastic agent maps onto ReCycle (docs/executor.md, "Several machines"):
   - a worker process that dies makes its node's agent stop the node's other workers
@@ -13,6 +16,10 @@ How torchrun's elastic agent maps onto ReCycle (docs/executor.md, "Several machi
     and rejoins: a node's restart is a failure and rejoin of its workers, never a halt,
     as long as another node holds every stage. `--nproc-per-node S` (whole replicas per
     node) guarantees that.
+  - `--placement replicas` puts every replica of a stage on one node (`--nproc-per-node D`):
+    a node lost loses its stage whole. With peer-memory snapshots (`recycle train
+    --snapshot-every K`) the run goes on: a worker of another node moves to the lost stage
+    and the job rolls back to the snapshot in memory. Without them it halts.
   - the static rendezvous (`--node-rank`, `--master-addr`) restarts one node alone. The
     c10d rendezvous re-forms the whole job on any restart (every agent restarts its
     workers when a node waits): every process would start fresh and no live worker would
@@ -22,10 +29,33 @@ How torchrun's elastic agent maps onto ReCycle (docs/executor.md, "Several machi
 """
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 
 from executor import worker
+
+PLACEMENTS = ("stages", "replicas")
+PLACEMENT_KEY = "torchrun/placement"  # the first process's --placement; the others must agree
+
+
+def rank_slot(rank: int, replicas: int, stages: int, placement: str) -> tuple[int, int]:
+    """The (replica, stage) torchrun's RANK stands for under `placement`."""
+    if placement == "replicas":
+        return rank % replicas, rank // replicas
+    return divmod(rank, stages)
+
+
+def slot_of_rank(rank: int, placement: str):
+    """worker.main's slot_of: the slot of `rank`, once the store says every node agrees
+    on the placement (two nodes that disagree would start two processes per worker)."""
+    def slot(job, store) -> tuple[int, int]:
+        agreed = store.compare_set(PLACEMENT_KEY, "", placement).decode()
+        if agreed != placement:
+            raise SystemExit(f"executor.torchrun: --placement {placement}, but another node "
+                             f"started with --placement {agreed}: pass the same on every node")
+        return rank_slot(rank, job.replicas, job.stages, placement)
+    return slot
 
 
 def torchrun_env() -> dict:
@@ -42,6 +72,12 @@ def torchrun_env() -> dict:
 
 
 def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="executor.torchrun")
+    ap.add_argument("--placement", choices=PLACEMENTS, default="stages",
+                    help="stages: RANK = replica*S + stage (a node holds stages of one "
+                         "replica); replicas: RANK = stage*D + replica (a node holds "
+                         "replicas of one stage)")
+    args, rest = ap.parse_known_args(argv)
     env = torchrun_env()
     # A SIGKILLed torchrun agent runs no cleanup: its workers would train on to the end.
     from planner.procs import die_with_parent, watch_parent
@@ -51,7 +87,8 @@ def main(argv=None) -> int:
     print(f"executor.torchrun: node {env['NODE']} rank {env['RANK']}/{env['WORLD_SIZE']} "
           f"local {env['LOCAL_RANK']}/{env['LOCAL_WORLD_SIZE']} restart {env['RESTART']}",
           flush=True)
-    return worker.main(argv, world_size=env["WORLD_SIZE"])
+    return worker.main(rest, world_size=env["WORLD_SIZE"],
+                       slot_of=slot_of_rank(env["RANK"], args.placement))
 
 
 def run() -> None:

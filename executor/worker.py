@@ -28,7 +28,9 @@ from executor.inputs.workload_name import load_workload
 from executor.runtime.rendezvous import StorePlanSource
 
 
-def main(argv=None, world_size: int | None = None) -> int:
+def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
+    """`slot_of(job, store)`: this process's (replica, stage) when started by torchrun
+    (executor/torchrun.py maps its RANK); else --replica/--stage, or RANK = replica*S + stage."""
     ap = argparse.ArgumentParser(prog="executor.worker")
     ap.add_argument("--store", default=os.environ.get("RECYCLE_STORE"))
     ap.add_argument("--replica", type=int)
@@ -44,7 +46,9 @@ def main(argv=None, world_size: int | None = None) -> int:
     if world_size is not None and world_size != job.replicas * job.stages:
         raise SystemExit(f"executor.worker: WORLD_SIZE {world_size} but the job has "
                          f"{job.replicas}x{job.stages} = {job.replicas * job.stages} workers")
-    if args.replica is None:
+    if args.replica is None and slot_of is not None:
+        args.replica, args.stage = slot_of(job, store)
+    elif args.replica is None:
         if "RANK" not in os.environ:
             raise SystemExit("executor.worker: pass --replica and --stage, or run under torchrun")
         args.replica, args.stage = divmod(int(os.environ["RANK"]), job.stages)

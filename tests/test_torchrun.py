@@ -1,13 +1,9 @@
-"""Two torchrun "nodes" on loopback sharing one rendezvous, a SIGKILLed worker, exact.
+"""Two torchrun "nodes" on loopback sharing one rendezvous, SIGKILLed workers, exact.
 
 `recycle train --external` hosts the coordinator; two `torchrun --nnodes 2 --node-rank i`
-launches (static rendezvous on one master port) start `-m executor.torchrun`, node i
-holding replica i (`--nproc-per-node S`). `--kill 1:1@1` SIGKILLs worker 1:1 mid-iteration
-1; node 1's elastic agent stops its other worker and restarts both (incarnation 2), they
-load their stages' state from node 0's workers and rejoin. Losses and parameters must be
-the one-process reference's.
+launches (static rendezvous on one master port) start `-m executor.torchrun`. Losses and
+parameters must be the one-process reference's.
 """
-import json
 import os
 import re
 import signal
@@ -33,47 +29,82 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+MODEL_FLAGS = ["--vocab", "32", "--seq-len", "8", "--d-model", "16", "--heads", "2",
+               "--layers", "2", "--micro-batch-size", "2"]
+
+
+def start_coordinator(tmp_path, env, procs, logs, args) -> str:
+    """`recycle train --external ARGS` in its own session; its store's address."""
+    clog = open(tmp_path / "coordinator.log", "w")
+    logs.append(clog)
+    coord = subprocess.Popen([sys.executable, "-m", "recycle.cli", "train", "--external",
+                              "--store-port", "0", *args, *MODEL_FLAGS], cwd=ROOT, env=env,
+                             stdout=clog, stderr=subprocess.STDOUT, start_new_session=True)
+    procs.append(coord)
+    t0 = time.monotonic()
+    while coord.poll() is None and time.monotonic() - t0 < 60:
+        found = re.search(r"RECYCLE_STORE=<this host>:(\d+)",
+                          (tmp_path / "coordinator.log").read_text())
+        if found:
+            return f"127.0.0.1:{found[1]}"
+        time.sleep(0.1)
+    raise AssertionError((tmp_path / "coordinator.log").read_text())
+
+
+def start_node(tmp_path, env, procs, logs, node: int, nodes: int, master_port: int,
+               torchrun_args, worker_args=()) -> subprocess.Popen:
+    log = open(tmp_path / f"node{node}.log", "w")
+    logs.append(log)
+    p = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(nodes),
+         "--node-rank", str(node), "--master-addr", "127.0.0.1",
+         "--master-port", str(master_port), "--monitor-interval", "0.2", *torchrun_args,
+         "-m", "executor.torchrun", *worker_args],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    procs.append(p)
+    return p
+
+
+def wait_until(check, timeout_s: float) -> bool:
+    end = time.monotonic() + timeout_s
+    while not check() and time.monotonic() < end:
+        time.sleep(0.1)
+    return check()
+
+
+def stop(procs, logs) -> None:
+    """SIGKILL every process group still running (workers are in their agent's group)."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        p.wait()
+    for f in logs:
+        f.close()
+
+
 def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
-    master_port = free_port()
+    """Node i holds replica i (`--nproc-per-node S`, the default `--placement stages`).
+    `--kill 1:1@1` SIGKILLs worker 1:1 mid-iteration 1; node 1's elastic agent stops its
+    other worker and restarts both (incarnation 2), they load their stages' state from
+    node 0's workers and rejoin."""
     env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     summary = tmp_path / "summary.json"
-    coord_cmd = [sys.executable, "-m", "recycle.cli", "train", "--external",
-                 "--store-port", "0", "-d", str(D), "-s", str(S), "-m", str(M),
-                 "--iterations", str(ITERS), "--kill", "1:1@1", "--timeout", "4",
-                 # torchrun restarts node 1 (it stops 1:0 too): training waits before
-                 # iteration 3 until both are back
-                 "--rejoin", "1:1@3", "--rejoin", "1:0@3",
-                 "--summary", str(summary), "--run-dir", str(tmp_path / "run"),
-                 "--vocab", "32", "--seq-len", "8", "--d-model", "16", "--heads", "2",
-                 "--layers", "2", "--micro-batch-size", "2"]
     procs, logs = [], []
     try:
-        clog = open(tmp_path / "coordinator.log", "w")
-        logs.append(clog)
-        coord = subprocess.Popen(coord_cmd, cwd=ROOT, env=env, stdout=clog,
-                                 stderr=subprocess.STDOUT, start_new_session=True)
-        procs.append(coord)
-        store_port, t0 = None, time.monotonic()  # the port the coordinator bound
-        while store_port is None and coord.poll() is None and time.monotonic() - t0 < 60:
-            found = re.search(r"RECYCLE_STORE=<this host>:(\d+)",
-                              (tmp_path / "coordinator.log").read_text())
-            if found:
-                store_port = int(found[1])
-            else:
-                time.sleep(0.1)
-        assert store_port, (tmp_path / "coordinator.log").read_text()
-        env["RECYCLE_STORE"] = f"127.0.0.1:{store_port}"
+        env["RECYCLE_STORE"] = start_coordinator(tmp_path, env, procs, logs, [
+            "-d", str(D), "-s", str(S), "-m", str(M), "--iterations", str(ITERS),
+            "--kill", "1:1@1", "--timeout", "4",
+            # torchrun restarts node 1 (it stops 1:0 too): training waits before
+            # iteration 3 until both are back
+            "--rejoin", "1:1@3", "--rejoin", "1:0@3",
+            "--summary", str(summary), "--run-dir", str(tmp_path / "run")])
+        master_port = free_port()
         for node in range(2):
-            log = open(tmp_path / f"node{node}.log", "w")
-            logs.append(log)
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
-                 "--nproc-per-node", str(S), "--node-rank", str(node),
-                 "--master-addr", "127.0.0.1", "--master-port", str(master_port),
-                 "--max-restarts", "1", "--monitor-interval", "0.2", "-m", "executor.torchrun"],
-                cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True))
-        rc = coord.wait(timeout=140)
+            start_node(tmp_path, env, procs, logs, node, 2, master_port,
+                       ["--nproc-per-node", str(S), "--max-restarts", "1"])
+        rc = procs[0].wait(timeout=140)
         for p in procs[1:]:
             p.wait(timeout=20)
         out = (tmp_path / "coordinator.log").read_text()
@@ -96,16 +127,10 @@ def test_two_torchrun_nodes_on_loopback_survive_a_sigkill_exactly(tmp_path):
         # node 1 restarted once; node 0 never (its workers also exit cleanly at the end)
         last = tmp_path / "run" / "checkpoints" / f"iter{ITERS - 1:06d}"
         assert (last / "recycle.json").exists() and (last / "stage1" / ".metadata").exists()
-        got = Summary.load(str(summary))
         diffs = compare(got, train_reference(CFG, D, M, ITERS, S), 1e-5)
         assert not diffs, "\n".join(diffs) + out
     finally:
-        for p in procs:
-            if p.poll() is None:
-                os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        for f in logs:
-            f.close()
+        stop(procs, logs)
 
 
 def children(pid: int) -> list[int]:
@@ -179,3 +204,93 @@ def test_workers_die_with_a_sigkilled_torchrun_agent(tmp_path):
             p.wait()
         for f in logs:
             f.close()
+
+
+@pytest.mark.parametrize("lost", [1, 0], ids=["stage1-node", "stage0-master-node"])
+def test_a_lost_torchrun_node_holding_a_whole_stage_is_restored_from_peer_memory(tmp_path, lost):
+    """2x2 with one node per stage (`-m executor.torchrun --placement replicas`, so RANK =
+    stage*D + replica: node 0 holds 0:0 and 1:0, node 1 holds 0:1 and 1:1), snapshots
+    every 2 iterations. `--kill 0:L@3` SIGKILLs worker 0:L of node L; its agent, with
+    `--max-restarts 0`, stops 1:L (SIGTERM) and gives up: stage L is lost whole, as when
+    its machine goes, and never comes back, while the other stage's workers live. One of
+    them moves to stage L and loads its snapshot, the job rolls back to the snapshot's
+    iteration in memory, and the run ends with exit 0, exact. Node 0 is also torchrun's
+    master (it hosts the rendezvous store): ReCycle's workers do not need it.
+
+    The node = replica layout (`--placement stages`) cannot lose a stage and keep the
+    other: an agent would stop the surviving stage's worker with its dead neighbour.
+
+    Exit codes: the coordinator 0 (the run finished); the lost node's torchrun 1 (a worker
+    failed and no restart was left: torchrun raises ChildFailedError). The other node's
+    workers exit 0 and its agent enters torchrun's exit barrier, which waits for every
+    agent. Lost the master (L = 0), the barrier's store is gone: the survivor exits 0 at
+    once. Lost node 1, the barrier waits for node 1's agent, which will not come, for
+    torchrun's own 300 s (not settable from its command line) before exiting 0: the test
+    sees the barrier's log line with node 0's workers gone, and stops that agent."""
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",
+               LOGLEVEL="INFO")  # torchrun's agents say when they wait in the exit barrier
+    summary, iters, kept = tmp_path / "summary.json", 6, 1 - lost
+    procs, logs = [], []
+    try:
+        env["RECYCLE_STORE"] = start_coordinator(tmp_path, env, procs, logs, [
+            "-d", str(D), "-s", str(S), "-m", str(M), "--iterations", str(iters),
+            "--kill", f"0:{lost}@3", "--timeout", "4", "--snapshot-every", "2",
+            "--summary", str(summary), "--run-dir", str(tmp_path / "run")])
+        master_port = free_port()
+        nodes = [start_node(tmp_path, env, procs, logs, i, 2, master_port,
+                            ["--nproc-per-node", str(D), "--max-restarts", "0"],
+                            ["--placement", "replicas"]) for i in range(2)]
+        rc = procs[0].wait(timeout=140)
+        out = (tmp_path / "coordinator.log").read_text()
+        node_log = [tmp_path / f"node{i}.log" for i in range(2)]
+        both = "".join(p.read_text() for p in node_log)
+        assert rc == 0, out + both
+        assert nodes[lost].wait(timeout=20) == 1, both
+        assert "ChildFailedError" in node_log[lost].read_text(), both
+        if lost == 0:
+            assert nodes[kept].wait(timeout=30) == 0, both
+        else:
+            assert wait_until(lambda: "Waiting 300 seconds for other agents"
+                              in node_log[kept].read_text(), 20), both
+            assert nodes[kept].poll() is None and not children(nodes[kept].pid), both
+        kept_log = node_log[kept].read_text()
+        for r in range(D):  # --placement replicas: node s holds stage s of every replica
+            assert f"[worker {r}:{kept}] started" in kept_log, kept_log
+        # one worker trained on in stage `kept`, the other moved to stage `lost`
+        assert re.search(rf"\[worker \d:{kept}\] training complete", kept_log), kept_log
+        assert re.search(rf"\[worker \d:{kept} in \d:{lost}\] training complete",
+                         kept_log), kept_log
+        assert f"SIGKILL worker 0:{lost} mid-iteration 3" in out, out
+        assert f"worker 0:{lost} failed" in out and f"worker 1:{lost} failed" in out, out
+        assert f"moves from stage {kept} to stage {lost} (state from a snapshot)" in out, out
+        assert "rolled back to iteration 1 from peer-memory snapshots" in kept_log, kept_log
+        got = Summary.load(str(summary))
+        assert got.elastic == {"moves": 1, "joins": 0, "snapshot_restores": 1}, got.plans
+        last = got.plans[-1]  # never rejoined: the mover's slot and the dead one's stay out
+        assert len(last["microbatches"]) == 2 and last["moves"][0]["source"] == "snapshot"
+        diffs = compare(got, train_reference(CFG, D, M, iters, S), 1e-5)
+        assert not diffs, "\n".join(diffs) + out
+    finally:
+        stop(procs, logs)
+
+
+def test_placement_maps_torchruns_ranks_and_every_node_must_agree():
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from executor.torchrun import rank_slot, slot_of_rank
+    from planner.job import JobSpec
+
+    D3, S2 = 3, 2  # node k of `--nproc-per-node K` runs ranks k*K .. k*K+K-1
+    assert [rank_slot(r, D3, S2, "stages") for r in range(6)] == \
+        [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]  # whole replicas per node
+    assert [rank_slot(r, D3, S2, "replicas") for r in range(6)] == \
+        [(0, 0), (1, 0), (2, 0), (0, 1), (1, 1), (2, 1)]  # whole stages per node
+    store = TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=5))
+    job = JobSpec.uniform(D3, S2, 2)
+    assert slot_of_rank(4, "replicas")(job, store) == (1, 1)
+    assert slot_of_rank(5, "replicas")(job, store) == (2, 1)  # the same placement: fine
+    with pytest.raises(SystemExit, match="--placement stages, but another node started "
+                                         "with --placement replicas"):
+        slot_of_rank(0, "stages")(job, store)  # would be worker 0:0 twice
