@@ -239,7 +239,39 @@ def run_and_check(tmp_path, *args: str, limit: float):
         assert all(not r["leaks"] for r in data["runs"]), detail
         assert res.returncode == 0, detail
         assert data["summary"]["counts"]["exact"] == data["summary"]["runs"] == 1
+        assert data["complete"] is True
     finally:
+        leftovers = reap_leaks(tag, "RECYCLE_CHAOS_TEST")
+    assert leftovers == [], "processes outlived `recycle chaos`"
+
+
+@pytest.mark.slow
+@pytest.mark.hard_timeout(240)
+def test_a_soak_stopped_half_way_keeps_the_runs_it_finished(tmp_path):
+    """SIGTERM after the first of two runs: the JSON holds that run (marked incomplete), and
+    the second run's processes go with the command."""
+    tag, report = uuid.uuid4().hex, tmp_path / "chaos.json"
+    proc = subprocess.Popen([sys.executable, "-m", "recycle.cli", "chaos", "--seed", "1",
+                             "--runs", "2", "--json", str(report), "--out-dir",
+                             str(tmp_path / "out")], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL,
+                            env={**os.environ, "RECYCLE_CHAOS_TEST": tag})
+    try:
+        deadline = time.monotonic() + 200
+        while time.monotonic() < deadline and proc.poll() is None:
+            if report.exists() and json.loads(report.read_text())["runs"]:
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None, "the command ended before its second run"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        data = json.loads(report.read_text())
+        assert data["complete"] is False and len(data["runs"]) == 1, data["summary"]
+        assert data["summary"]["runs"] == 1
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
         leftovers = reap_leaks(tag, "RECYCLE_CHAOS_TEST")
     assert leftovers == [], "processes outlived `recycle chaos`"
 

@@ -47,8 +47,8 @@ def chaos_cmd(
             raise ValueError(f"--seed must be >= 0, got {seed}")
         if time_limit is not None and not time_limit > 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit:g}")
-        if json_path:  # fail now, not after an hour of runs
-            open(json_path, "a").close()
+        if json_path:  # fail now, not after an hour of runs (and valid JSON from now on)
+            _save(json_path, seed, [], complete=False)
         out_dir = out_dir or tempfile.mkdtemp(prefix="recycle-chaos-")
         os.makedirs(out_dir, exist_ok=True)
     # SIGTERM unwinds like Ctrl-C, so a run's `finally` kills its process group and service.
@@ -65,6 +65,8 @@ def chaos_cmd(
                   + (f": {rec['error']}" if rec.get("error") else "")
                   + (f" (kept {rec['run_dir']})" if rec.get("run_dir") else ""))
         records.append(rec)
+        if json_path:  # after every run: a soak stopped half way keeps what it ran
+            _save(json_path, seed, records, complete=False)
     summary = summarize(records)
     out = Console(width=None if sys.stdout.isatty() else 160)  # a log file: do not fold at 80
     out.print(table(records))
@@ -77,6 +79,15 @@ def chaos_cmd(
             out.print(f"{rec['name']}: leaked process {leak}", soft_wrap=True)
     out.print(summary_line(summary))
     if json_path:
-        with open(json_path, "w") as fh:
-            json.dump({"seed": seed, "runs": records, "summary": summary}, fh, indent=1)
+        _save(json_path, seed, records, complete=True)
     raise typer.Exit(0 if summary["ok"] else 1)
+
+
+def _save(path: str, seed: int, records: list, complete: bool) -> None:
+    """The records so far and their summary; `complete` once every run drawn has run.
+    Written aside and renamed, so an interrupt never leaves half a file."""
+    from recycle.chaos.report import summarize
+    with open(path + ".tmp", "w") as fh:
+        json.dump({"seed": seed, "complete": complete, "runs": records,
+                   "summary": summarize(records)}, fh, indent=1)
+    os.replace(path + ".tmp", path)
