@@ -39,7 +39,8 @@ STALL_S = {False: (0.5, 4.0), True: (0.5, 1.5)}
 P_ELASTIC = 0.5  # a schedule keeps snapshots and draws the elastic kinds below
 SNAPSHOT_EVERY = (1, 3)  # its K
 P_GROUP = 0.5  # a drawn kill becomes the loss of a whole stage or node
-P_NODE_BACK = 0.75  # a lost node is added back (every worker of it at once)
+P_NODE_BACK = 0.75  # a lost node may come back (every worker of it at once), and then
+#                     does with P_REJOIN, as any rejoin
 P_HOLDER = 0.5  # a single kill picks a snapshot holder
 P_MOVE_KILL = 0.5  # a move in this iteration draws a kill of the mover or its new stage
 GROUP_KINDS = ("stage", "node")
