@@ -97,12 +97,17 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
 
 
 def child(store: str, replica: int, stage: int, log_path: str,
-          token: str | None = None) -> None:
+          token: str | None = None, coordinator: int | None = None) -> None:
     """multiprocessing target (the launcher's forkserver has torch imported already, so a
     worker starts in milliseconds instead of seconds): output goes to the worker's log.
-    It dies with its parent, the forkserver, which exits when the coordinator does."""
-    from planner.procs import die_with_parent
+    It dies with the coordinator (pid `coordinator`), and with its parent, the forkserver.
+    The forkserver only exits once every process it forked has (they hold its liveness
+    pipe), so a worker that waited on the forkserver alone outlived a SIGKILLed
+    coordinator whenever it was not in a collective that failed it."""
+    from planner.procs import die_with, die_with_parent
     die_with_parent()
+    if coordinator is not None:
+        die_with(coordinator)
     if token:
         os.environ["RECYCLE_TOKEN"] = token
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)

@@ -44,3 +44,33 @@ def watch_parent(interval_s: float = 0.5) -> None:
                 os._exit(1)
 
     threading.Thread(target=watch, name="recycle-parent-watch", daemon=True).start()
+
+
+def die_with(pid: int) -> None:
+    """Exit (code 1) once process `pid` has ended, watched from a daemon thread: for a
+    child whose parent is not the process it serves (a worker forked by a forkserver
+    lives and dies with the coordinator, not with the server that forked it). A pidfd
+    where the kernel has them (woken by the exit itself, never fooled by a reused pid),
+    else a poll every half second."""
+    try:
+        fd = os.pidfd_open(pid)
+    except ProcessLookupError:
+        os._exit(1)  # gone already
+    except (AttributeError, OSError):
+        fd = None
+
+    def watch():
+        if fd is not None:
+            import select
+            select.select([fd], [], [])  # readable once the process has exited
+            os._exit(1)
+        while True:
+            time.sleep(0.5)
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                os._exit(1)
+            except PermissionError:
+                pass
+
+    threading.Thread(target=watch, name="recycle-pid-watch", daemon=True).start()

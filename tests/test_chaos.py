@@ -276,6 +276,34 @@ def test_a_soak_stopped_half_way_keeps_the_runs_it_finished(tmp_path):
     assert leftovers == [], "processes outlived `recycle chaos`"
 
 
+@pytest.mark.hard_timeout(120)
+def test_a_sigkilled_chaos_leaves_no_run_behind(tmp_path):
+    """The runs live in sessions of their own, out of reach of a kill of the command's
+    group; SIGKILLed, `recycle chaos` runs no cleanup: its train run and workers must see
+    it gone and leave by themselves."""
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen([sys.executable, "-m", "recycle.cli", "chaos", "--seed", "1",
+                             "--runs", "1", "--out-dir", str(tmp_path / "out")], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            env={**os.environ, "RECYCLE_CHAOS_TEST": tag})
+    try:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline and len(tagged(tag, "RECYCLE_CHAOS_TEST")) < 4:
+            time.sleep(0.1)  # the command, the run's coordinator and its workers are up
+        assert len(tagged(tag, "RECYCLE_CHAOS_TEST")) >= 4
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 20  # as a SIGKILLed `recycle train`'s (test_never_hang)
+        while time.monotonic() < deadline and tagged(tag, "RECYCLE_CHAOS_TEST"):
+            time.sleep(0.1)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        leftovers = reap_leaks(tag, "RECYCLE_CHAOS_TEST")
+    assert leftovers == [], "processes outlived a SIGKILLed `recycle chaos`:\n" + "\n".join(leftovers)
+
+
 @pytest.mark.slow
 @pytest.mark.hard_timeout(240)
 @pytest.mark.parametrize("seed", [1, 2, 3])

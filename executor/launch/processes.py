@@ -47,7 +47,7 @@ class Processes:
         p = ctx.Process(target=worker_child, name=f"recycle-worker-{wkey(w)}", args=(
             f"127.0.0.1:{self.store.port}", w[0], w[1],
             os.path.join(self.run_dir, f"worker-{w[0]}-{w[1]}.log"),
-            self.service.token if self.service else None))
+            self.service.token if self.service else None, os.getpid()))
         p.start()
         self.procs[w] = p
 

@@ -19,7 +19,9 @@ def new_tag() -> str:
 
 
 def tagged_env(tag: str) -> dict[str, str]:
-    return {**os.environ, TAG_VAR: tag}
+    """The environment of a command a chaos run starts: tagged, and told to leave when
+    `recycle chaos` itself dies (recycle/cli.py DIE_WITH_PARENT)."""
+    return {**os.environ, TAG_VAR: tag, "RECYCLE_DIE_WITH_PARENT": "1"}
 
 
 def tagged(tag: str, var: str = TAG_VAR) -> list[int]:
