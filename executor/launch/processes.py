@@ -43,7 +43,7 @@ class Processes:
         if ROOT not in sys.path:
             sys.path.insert(0, ROOT)
         ctx = multiprocessing.get_context("forkserver")
-        ctx.set_forkserver_preload(["executor.worker"])
+        ctx.set_forkserver_preload(["executor.forkserver_guard", "executor.worker"])
         p = ctx.Process(target=worker_child, name=f"recycle-worker-{wkey(w)}", args=(
             f"127.0.0.1:{self.store.port}", w[0], w[1],
             os.path.join(self.run_dir, f"worker-{w[0]}-{w[1]}.log"),
