@@ -81,6 +81,7 @@ class RunLog:
     iters: list[tuple[float, int]] = field(default_factory=list)  # (t, iterations done)
     starts: list[float] = field(default_factory=list)  # replacement start to back, seconds
     last_back: Optional[float] = None  # when the last replacement was back
+    first_kill: Optional[float] = None  # the trace's first SIGKILL
     kills: int = 0  # SIGKILLs sent (one process may get two in one tick)
     deaths: int = 0  # worker processes that died
     halted: bool = False
@@ -123,6 +124,7 @@ def parse_lines(lines: list[tuple[float, str]]) -> RunLog:
                 log.starts.append(t - started.pop(w))
         elif _KILL.search(text):
             log.kills += 1
+            log.first_kill = t if log.first_kill is None else log.first_kill
         elif _DIED.match(text):
             log.deaths += 1
         elif "training halted" in text:
@@ -142,14 +144,19 @@ def window_progress(log: RunLog, window_s: float, halted: bool = False) -> float
     return log.done_by(log.t0 + window_s)
 
 
-def rate_after(log: RunLog, since: float) -> Optional[float]:
-    """Iterations per second from `since` to the run's last iteration (None: under a
-    second of it): a trace run's own failure-free rate once the window is over and every
-    replacement is back, on the machine as loaded then."""
-    pts = [(t, c) for t, c in log.iters if t >= since]
-    if len(pts) < 2 or pts[-1][0] - pts[0][0] < 1.0:
+def own_rate(log: RunLog, window_s: float) -> Optional[float]:
+    """The run's failure-free rate (iterations per second) on the machine as loaded during
+    the run: over its stretches with every worker up, from t0 to the trace's first
+    SIGKILL and from a second after the window's end (and after the last replacement is
+    back) to its last iteration. None if those stretches last under a second."""
+    end = log.iters[-1][0] if log.iters else log.t0
+    pre = (log.t0, min(end, log.first_kill if log.first_kill is not None else log.t0 + window_s))
+    post = (max(log.t0 + window_s, log.last_back or 0.0) + 1.0, end)
+    spans = [(a, b) for a, b in (pre, post) if b > a]
+    seconds = sum(b - a for a, b in spans)
+    if seconds < 1.0:
         return None
-    return (pts[-1][1] - pts[0][1]) / (pts[-1][0] - pts[0][0])
+    return sum(log.done_by(b) - log.done_by(a) for a, b in spans) / seconds
 
 
 def median_or(values, default: float = 0.0) -> float:
@@ -168,6 +175,33 @@ def restore_events(summary: dict) -> int:
     summary's `snapshot_restores` counts the workers that loaded one)."""
     return sum(1 for p in summary.get("plans") or []
                if any(m.get("source") == "snapshot" for m in p.get("moves") or []))
+
+
+def closeness(a: dict, b: dict) -> dict:
+    """How two runs' summaries agree: the first iteration whose losses differ at all, the
+    largest loss difference, and the largest difference of a loss or stage checksum scaled
+    as `compare` scales it (|x - y| / max(1, |x|, |y|): at most 1e-5 is compare's pass)."""
+    la, lb = a["losses"], b["losses"]
+    pairs = list(zip(la, lb)) + list(zip(a["param_checksums"], b["param_checksums"]))
+    return {"first_difference": next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y),
+                                     None),
+            "max_loss_diff": max((abs(x - y) for x, y in zip(la, lb)), default=0.0),
+            "max_scaled_diff": max((abs(x - y) / max(1.0, abs(x), abs(y)) for x, y in pairs),
+                                   default=0.0),
+            "same_length": len(la) == len(lb) and len(a["param_checksums"]) == len(b["param_checksums"])}
+
+
+def first_replan(summary: dict) -> Optional[int]:
+    """The first iteration trained under a plan version after v0 (None: never re-planned)."""
+    its = [p["first_iteration"] for p in summary.get("plans") or [] if p.get("version", 0) > 0]
+    return min(its) if its else None
+
+
+def identical_until_replan(c: dict, replan: Optional[int]) -> bool:
+    """The losses were bit-identical to the failure-free run's until the first re-plan."""
+    if not c["same_length"]:
+        return False
+    return c["first_difference"] is None or (replan is not None and c["first_difference"] >= replan)
 
 
 def simulated(sim_json: dict, policy: str = "recycle") -> dict:

@@ -9,8 +9,9 @@ for this model and train past the window's end.
 Realised progress: iterations the trace run completed in the trace's compressed window
 (wall [t0, t0 + hours*3600/X], t0 when every worker is in and the trace's clock starts),
 over those the failure-free run of the same round completed in its own window of the same
-length; and, less exposed to the load of a shared machine, over the trace run's own rate
-after the window (every replacement back, no more events). Simulated progress: `recycle
+length; and, less exposed to the load other jobs put on a shared machine, over the trace
+run's own failure-free rate (its stretches with every worker up: before the first kill and
+after the window, once every replacement is back). Simulated progress: `recycle
 simulate`'s `recycle` policy on the same window (written as a spot trace), grid, M,
 --gpus-per-node, --placement and --snapshot-every, on the profiled spec with its time unit
 set so that the failure-free iteration lasts what it lasted in the runs (times X: the
@@ -43,8 +44,9 @@ from dataclasses import dataclass
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from benchmarks.trace_progress import (delayed_events, median_or, parse_lines,  # noqa: E402
-                                       rate_after, recovery_seconds, restore_events,
+from benchmarks.trace_progress import (closeness, delayed_events, first_replan, identical_until_replan,
+                                       median_or, parse_lines,  # noqa: E402
+                                       own_rate, recovery_seconds, restore_events,
                                        simulated, window_progress, write_eventless,
                                        write_failstop, write_window)
 from executor.launch.trace_replay import load_window  # noqa: E402
@@ -108,13 +110,9 @@ def train(args: list[str], summary: str, timeout: float) -> dict:
         return {"log": log, "summary": json.load(fh), "path": summary, "wall": wall}
 
 
-def differences(a: str, b: str) -> tuple[list[str], float]:
-    """compare()'s differences of two summaries (tolerance 1e-5, `recycle compare`'s), and
-    the largest loss difference."""
-    from executor.compute.reference import Summary, compare
-    x, y = Summary.load(a), Summary.load(b)
-    diff = max((abs(p - q) for p, q in zip(x.losses, y.losses)), default=0.0)
-    return compare(x, y, 1e-5), diff
+def load(path: str) -> dict:
+    with open(path) as fh:
+        return json.load(fh)
 
 
 def simulate(job: str, trace: str, hours: float, case: Case, unit_s: float, costs: dict,
@@ -203,7 +201,7 @@ def main() -> None:
                         os.path.join(work, f"{tag}.json"), 120 + 10 * window_s)
             log = res["log"]
             res["progress"] = window_progress(log, window_s, halted=log.halted)
-            res["tail_rate"] = rate_after(log, max(log.t0 + window_s, log.last_back or 0) + 1)
+            res["own_rate"] = own_rate(log, window_s)
             res["round"] = r
             (free if c is None else got[c]).append(res)
             print(f"{tag}: {res['progress']:.1f} iterations in the {window_s:.1f} s window, "
@@ -217,8 +215,12 @@ def main() -> None:
 def case_row(c: Case, runs, free, ref, job, P0, a, work, start_s, window_s) -> dict:
     X, hours = a.time_scale, a.trace_hours
     done = [b for b in runs if b["summary"] is not None]  # not halted
-    exact = [differences(b["path"], free[b["round"]]["path"]) for b in done]
-    exact_ref = [differences(b["path"], ref) for b in done]
+    vs_free = [closeness(b["summary"], free[b["round"]]["summary"]) for b in done]
+    vs_ref = [closeness(b["summary"], load(ref)) for b in done]
+    # fp32 rounding: a re-routed micro-batch sums in another order, and Adam grows such
+    # differences over hundreds of iterations (the failure-free runs drift from the
+    # one-process reference alike); a wrong state would jump at the event instead
+    envelope = max([1e-5] + [closeness(f["summary"], load(ref))["max_scaled_diff"] for f in free])
     iter_wall = statistics.mean(window_s / f["progress"] for f in free)
     costs = {"iter_s": iter_wall * X,
              "detect_s": X * median_or([s for b in done for s in recovery_seconds(b["summary"])]),
@@ -234,15 +236,15 @@ def case_row(c: Case, runs, free, ref, job, P0, a, work, start_s, window_s) -> d
     write_failstop(delayed, delayed_events(tr, costs["start_s"]))
     sim_d = simulate(job, delayed, hours, c, unit_s, costs, a.snapshot_every, "failstop")
     realised = [b["progress"] / free[b["round"]]["progress"] for b in runs]
-    own = [b["progress"] / (b["tail_rate"] * window_s) for b in runs if b["tail_rate"]]
-    kept = statistics.mean(realised)
+    own = [b["progress"] / (b["own_rate"] * window_s) for b in runs if b["own_rate"]]
+    kept = statistics.median(realised)  # the machine's load moves single rounds
     return {
         "case": c.name, "trace": c.path, "gpus_per_node": c.gpus_per_node,
         "placement": c.placement, "node_events": node_events,
         "worker_events": len(tr.events), "worker_failures": tr.failures,
         "realised": realised, "realised_mean": kept, "realised_own_rate": own,
         "simulated": sim, "ratio": kept / sim["kept"] if sim["kept"] else None,
-        "ratio_own_rate": statistics.mean(own) / sim["kept"] if own and sim["kept"] else None,
+        "ratio_own_rate": statistics.median(own) / sim["kept"] if own and sim["kept"] else None,
         "simulated_delayed": sim_d,
         "ratio_delayed": kept / sim_d["kept"] if sim_d["kept"] else None,
         "window_iterations": [b["progress"] for b in runs],
@@ -252,10 +254,11 @@ def case_row(c: Case, runs, free, ref, job, P0, a, work, start_s, window_s) -> d
         "deaths": [b["log"].deaths for b in runs], "halts": sum(b["log"].halted for b in runs),
         "halt_reasons": [b["log"].halt_reason for b in runs if b["log"].halted],
         "wall_s": [round(b["wall"], 1) for b in runs],
-        "exact": bool(done) and all(not d for d, _ in exact + exact_ref),
-        "differences": [d[:3] for d, _ in exact + exact_ref if d],
-        "max_loss_diff_vs_failure_free": max((x for _, x in exact), default=None),
-        "max_loss_diff_vs_reference": max((x for _, x in exact_ref), default=None),
+        "vs_failure_free": vs_free, "vs_reference": vs_ref, "rounding_envelope": envelope,
+        "first_replan": [first_replan(b["summary"]) for b in done],
+        "identical_until_replan": bool(done) and all(
+            identical_until_replan(c, first_replan(b["summary"])) for c, b in zip(vs_free, done)),
+        "within_rounding": bool(done) and all(c["max_scaled_diff"] <= envelope for c in vs_free),
         "costs": costs, "unit_s": unit_s,
     }
 
@@ -266,23 +269,23 @@ def write(rows, a, N, window_s, P0, load0, free, ref) -> None:
         "" if len(sys.argv) == 1 else " " + " ".join(shlex.quote(x) for x in sys.argv[1:]))
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
-    free_ref = [differences(f["path"], ref) for f in free]
+    free_ref = [closeness(f["summary"], load(ref)) for f in free]
     head = (f"Made by `{cmd}` at commit {commit} ({platform.machine()}, {os.cpu_count()} "
             f"cores shared with other jobs, 1-min load {load0:.1f} at the start and "
             f"{os.getloadavg()[0]:.1f} at the end, CPU workers, Python "
             f"{platform.python_version()}, {time.strftime('%Y-%m-%d', time.gmtime())}).")
     mbs = int(a.model_args.split("--micro-batch-size")[1].split()[0]) \
         if "--micro-batch-size" in a.model_args else 4
-    text = markdown(rows, head, a, N, window_s, a.d * a.m * mbs,
-                    max(x for _, x in free_ref), all(not d for d, _ in free_ref))
+    text = markdown(rows, head, a, N, window_s, a.d * a.m * mbs, free_ref)
     print(text)
     with open(os.path.join(ROOT, a.out), "w") as fh:
         fh.write(text)
     data = {"command": cmd, "commit": commit, "iterations": N, "time_scale": a.time_scale,
             "window_s": window_s, "period_units": P0, "rows": rows,
             "free_window_iterations": [f["progress"] for f in free],
-            "free_tail_rates": [f["tail_rate"] for f in free],
-            "failure_free_vs_reference": [d for d, _ in free_ref]}
+            "free_own_rates": [f["own_rate"] for f in free],
+            "free_window_rates": [f["progress"] / window_s for f in free],
+            "failure_free_vs_reference": free_ref}
     with open(os.path.join(ROOT, os.path.splitext(a.out)[0] + ".json"), "w") as fh:
         json.dump(data, fh, indent=1, default=str)
     print(f"wrote {a.out}")

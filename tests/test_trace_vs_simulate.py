@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.trace_progress import (delayed_events, parse_lines, rate_after,
+from benchmarks.trace_progress import (closeness, delayed_events, first_replan,
+                                       identical_until_replan, own_rate, parse_lines,
                                        recovery_seconds, restore_events, simulated,
                                        window_progress, write_eventless, write_failstop,
                                        write_window)
@@ -71,8 +72,13 @@ def test_progress_in_the_window_from_the_run_lines():
     # 10 iterations done at 11.0, 20 at 13.0: 15 at 12.0, linear in between
     assert window_progress(log, 2.0) == pytest.approx(15.0)
     assert window_progress(log, 0.5) == pytest.approx(1.0)  # iteration 0 done at 10.5
-    assert rate_after(log, 13.0) == pytest.approx(10.0)  # 20 iterations in 2 s
-    assert rate_after(log, 14.5) is None
+    # every worker up: t0 to the first SIGKILL (15 iterations in 2 s), and from a second
+    # after the window's end or the last replacement's return to the end (27 -> 40 in 1.3 s)
+    assert own_rate(log, 2.0) == pytest.approx(28 / 3.3)
+    assert own_rate(log, 6.0) == pytest.approx(15 / 2)  # no stretch after the window
+    assert own_rate(parse_lines(list(zip(TIMES[:5], LINES[:5]))), 2.0) == 10.0  # to its end
+    early = parse_lines([(10.0, LINES[1]), (10.3, LINES[4]), (10.5, LINES[2])])
+    assert own_rate(early, 2.0) is None  # 0.3 s with every worker up
     with pytest.raises(ValueError, match="give more --iterations"):
         window_progress(log, 6.0)  # it stopped training at 15.0, inside the window
     halted = parse_lines(list(zip(TIMES, LINES[:4])) + [(12.0, "training halted: no copy")])
@@ -117,7 +123,24 @@ def test_simulate_on_the_window_restores_each_emptied_stage_from_its_snapshot(tm
     assert later["kept"] < now["kept"]  # replacements five minutes late cost more
 
 
+def test_agreement_of_two_summaries():
+    a = {"losses": [2.0, 1.9, 1.8, 1.7], "param_checksums": [10.0, -0.5]}
+    b = {"losses": [2.0, 1.9, 1.8000001, 1.70001], "param_checksums": [10.0001, -0.5]}
+    c = closeness(b, a)
+    assert c["first_difference"] == 2 and c["same_length"]
+    assert c["max_loss_diff"] == pytest.approx(1e-5, rel=1e-3)
+    assert c["max_scaled_diff"] == pytest.approx(1e-4 / 10.0001)  # the checksum, scaled
+    assert identical_until_replan(c, 2) and not identical_until_replan(c, 3)
+    assert identical_until_replan(closeness(a, a), None)
+    assert not identical_until_replan(closeness(a, dict(a, losses=a["losses"][:3])), None)
+    assert first_replan({"plans": [{"version": 0, "first_iteration": 0},
+                                   {"version": 3, "first_iteration": 40},
+                                   {"version": 2, "first_iteration": 12}]}) == 12
+    assert first_replan({"plans": [{"version": 0, "first_iteration": 0}]}) is None
+
+
 def test_the_results_table_shows_each_case_and_its_ratio():
+    agree = {"first_difference": 50, "max_scaled_diff": 3e-6, "same_length": True}
     row = {"case": "p3-g1-stages", "gpus_per_node": 1, "placement": "stages",
            "node_events": 67, "deaths": [7, 8], "halts": 0, "halt_reasons": [],
            "elastic": [{"trace_restarts": 7, "moves": 2, "restore_events": 1}] * 2,
@@ -125,14 +148,16 @@ def test_the_results_table_shows_each_case_and_its_ratio():
            "simulated_delayed": {"kept": 0.95}, "window_iterations": [400, 410],
            "free_window_iterations": [450, 460], "realised": [0.89, 0.89],
            "realised_own_rate": [0.9, 0.92], "ratio": 0.89 / 0.98, "ratio_own_rate": 0.93,
-           "ratio_delayed": 0.89 / 0.95, "exact": True, "max_loss_diff_vs_failure_free": 1e-7,
-           "max_loss_diff_vs_reference": 2e-6, "wall_s": [60, 61],
+           "ratio_delayed": 0.89 / 0.95, "vs_failure_free": [agree, agree],
+           "vs_reference": [agree, dict(agree, max_scaled_diff=2e-5)], "first_replan": [48, 49],
+           "identical_until_replan": True, "within_rounding": True, "wall_s": [60, 61],
            "costs": {"iter_s": 18.0, "detect_s": 36.0, "start_s": 90.0}}
     args = SimpleNamespace(time_scale=180.0, d=2, s=3, m=2, model_args="--layers 3",
                            snapshot_every=5, checkpoint_every=50, trace_hours=2.0,
                            trace_start="1h", rounds=2)
-    text = markdown([row], "Made by test.", args, 700, 40.0, 16, 1e-6, True)
+    text = markdown([row], "Made by test.", args, 700, 40.0, 16, [dict(agree, max_scaled_diff=4e-5)])
     line = next(x for x in text.splitlines() if x.startswith("| P3, 1 GPU a node, stages"))
     assert "| 67 / 7, 8 / 7, 7 |" in line and "**0.91**" in line and "0.980" in line
     assert "6480 / 7280" in line  # samples in the window: 16 per iteration
-    assert "| p3-g1-stages | yes | 1e-07 / 2e-06 |" in text
+    assert "| p3-g1-stages | yes (50/48, 50/49) | 3e-06, 3e-06 / 3e-06, 2e-05 | yes |" in text
+    assert "no further from it than that (4e-05)" in text
