@@ -168,3 +168,15 @@ def test_a_straggler_is_re_planned_by_recycle_and_slows_the_synchronous_policies
     assert out["recycle-fixed"].lost == 0 and out["recycle-fixed"].stalled_s == 0
     for name in ("checkpoint-restart", "drop-replica", "oobleck"):
         assert out[name].microbatches == pytest.approx(100 * r0 + 100 * r0 / 2), name
+
+
+def test_a_spare_replacing_a_node_at_once_does_not_cut_the_detection_stall_short():
+    """A spot trace's removal with a waiting spare is a failure and a recovery at the same
+    instant: the recovery's decision (no stall: the fresh worker loads while others train)
+    once reset the failure's detection stall, so spot traces cost no detection at all."""
+    job = JobSpec.uniform(2, 2, 4)
+    trace = [Event(100.0, "fail", ((0, 1),)), Event(100.0, "recover", ((0, 1),)),
+             Event(200.0, "fail", ((1, 0),)), Event(203.0, "recover", ((1, 0),))]
+    _, out = run(job, trace, 400.0, PARAMS)
+    for name in ("recycle", "recycle-fixed"):
+        assert out[name].stalled_s == pytest.approx(2 * PARAMS.detect_s), name

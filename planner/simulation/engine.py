@@ -113,7 +113,9 @@ class Run:
         if d.note:
             self.out.notes.append(f"{d.note} at {t:.0f}s")
         self.rate, self.iter_s = d.rate, d.iter_s
-        self.resume_at = t + d.stall_s
+        # a stall under way (detection after a failure at this very time, a restart) is not
+        # cut short by a later decision: a spare that replaces a node at once stalls no less
+        self.resume_at = max(self.resume_at, t + d.stall_s)
 
 
 def batches(events: list[Event]) -> list[tuple[float, str, list[Event]]]:

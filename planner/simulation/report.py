@@ -63,6 +63,7 @@ def to_json(result: Result, command: str = "") -> str:
                   "hours": result.duration_s / 3600},
         "failure_free_samples_per_s": result.base_rate * result.model.samples_per_microbatch,
         "policies": rows(result),
+        "policy_stats": result.policy_stats,  # the recycle policy's moves and restores
         "series": {"hours": hours, "throughput": ser},
     }, indent=1, default=lambda x: None)
 
