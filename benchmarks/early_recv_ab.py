@@ -23,10 +23,10 @@ from planner.plan import Mode
 ITERS, WARMUP = 14, 3
 
 
-def child_at_action(store, replica, stage, log_path, token=None):
+def child_at_action(store, replica, stage, log_path, token=None, coordinator=None):
     """The benchmark worker with every receive posted at its action."""
     comm.World.post_early = lambda self, *a, **k: False
-    timed_worker.child(store, replica, stage, log_path, token)
+    timed_worker.child(store, replica, stage, log_path, token, coordinator)
 
 
 def _run(early: bool, split: bool) -> float:

@@ -23,7 +23,7 @@ from planner.job import JobSpec
 ITERS, WARMUP = 14, 3
 
 
-def child_inline(store, replica, stage, log_path, token=None):
+def child_inline(store, replica, stage, log_path, token=None, coordinator=None):
     """executor.worker.child with the loader thread off: every micro-batch inline at F."""
     init = agent.Agent.__init__
 
@@ -31,7 +31,7 @@ def child_inline(store, replica, stage, log_path, token=None):
         init(self, *a, **k)
         self.batches.ahead = False
     agent.Agent.__init__ = no_loader
-    worker.child(store, replica, stage, log_path, token)
+    worker.child(store, replica, stage, log_path, token, coordinator)
 
 
 def _run(loader: bool) -> tuple[float, float]:

@@ -113,10 +113,11 @@ def install() -> None:
     rendezvous.StorePlanSource.send = timed_send
 
 
-def child(store: str, replica: int, stage: int, log_path: str, token: str | None = None) -> None:
+def child(store: str, replica: int, stage: int, log_path: str, token: str | None = None,
+          coordinator: int | None = None) -> None:
     """executor.worker.child's signature: the launcher's process target."""
     install()
-    worker.child(store, replica, stage, log_path, token)
+    worker.child(store, replica, stage, log_path, token, coordinator)
 
 
 if __name__ == "__main__":

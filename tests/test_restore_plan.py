@@ -73,3 +73,29 @@ def test_every_member_ends_with_its_stage_at_the_chosen_iteration(S, data):
         else:
             prov = p.providers[h.stage]
             assert w in p.takers[h.stage] and members[prov].can_give(h.stage, p.iteration)
+
+
+def test_a_held_snapshot_restored_is_a_copy_the_optimizer_cannot_write_through():
+    """`load_state_dict` keeps tensors it is given when dtype and device match: a restore
+    from a held snapshot must not hand it views of the holder's payload."""
+    import torch
+
+    from executor.runtime.peer_snapshots.host import Held
+    from executor.runtime.peer_snapshots.wire import byte_views, flatten, layout
+    from executor.runtime.stage_state.sync import held_state
+
+    p = torch.nn.Parameter(torch.ones(4))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    p.grad = torch.ones(4)
+    opt.step()
+    tree, tensors = flatten({"optim": opt.state_dict()})
+    specs, total = layout(tensors)
+    payload = bytearray(total)
+    for (_, _, off, n), view in zip(specs, byte_views(tensors)):
+        payload[off:off + n] = view
+    held = Held(1, {"tree": tree, "tensors": specs}, payload)
+    before = bytes(payload)
+    opt.load_state_dict(held_state(held)["optim"])
+    p.grad = torch.ones(4)
+    opt.step()  # moments change in place
+    assert bytes(payload) == before

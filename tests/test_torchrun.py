@@ -263,11 +263,13 @@ def test_a_lost_torchrun_node_holding_a_whole_stage_is_restored_from_peer_memory
         assert f"SIGKILL worker 0:{lost} mid-iteration 3" in out, out
         assert f"worker 0:{lost} failed" in out and f"worker 1:{lost} failed" in out, out
         assert f"moves from stage {kept} to stage {lost} (state from a snapshot)" in out, out
-        assert "rolled back to iteration 1 from peer-memory snapshots" in kept_log, kept_log
+        # to the snapshot of 1, or of 3 when the lost node's second worker, stopped by its
+        # agent a moment after the SIGKILL, still finished iteration 3 and sent it
+        assert re.search(r"rolled back to iteration [13] from peer-memory snapshots",
+                         kept_log), kept_log
         got = Summary.load(str(summary))
         el = got.elastic
         assert (el["moves"], el["joins"], el["snapshot_restores"]) == (1, 0, 1), got.plans
-        assert el["retrained_iterations"] >= 1, el  # back to iteration 1: 2 trains again
         last = got.plans[-1]  # never rejoined: the mover's slot and the dead one's stay out
         assert len(last["microbatches"]) == 2 and last["moves"][0]["source"] == "snapshot"
         diffs = compare(got, train_reference(CFG, D, M, iters, S), 1e-5)

@@ -72,8 +72,16 @@ def _copy_of(agent, stage: int, k: int) -> dict:
         return snaps.local.state(k)
     if k == agent.origin and stage == agent.me[1]:
         return agent.initial_state(stage)
-    held = snaps.host.get(stage, k)
-    return unflatten(held.header["tree"], tensors_of(held.payload, held.header["tensors"]))
+    return held_state(snaps.host.get(stage, k))
+
+
+def held_state(held) -> dict:
+    """A held snapshot's state, in tensors of its own. The payload's views would do for a
+    read, but `Optimizer.load_state_dict` keeps a tensor whose dtype and device already
+    match: Adam's moments would be the held snapshot, and every step would overwrite the
+    copy the next restore of that stage reads (a trace replay trained inexact so)."""
+    tensors = [t.clone() for t in tensors_of(held.payload, held.header["tensors"])]
+    return unflatten(held.header["tree"], tensors)
 
 
 def restore_from_snapshots(agent, plan) -> int:
