@@ -59,8 +59,8 @@ def markdown(rows: list[dict], head: str, a, N: int, window_s: float,
         f"per round). Simulated: `recycle simulate`, policy "
         f"`recycle`, same window, grid, placement and K, costs below.",
         "",
-        "| trace window, nodes | node events / workers killed / restarted | moves / snapshot "
-        "restores / halts: run | the same, simulated | samples in the window: trace / "
+        "| trace window, nodes | node events / workers killed / restarted (completed runs) | "
+        "moves / snapshot restores (completed runs) / halts: run | the same, simulated | samples in the window: trace / "
         "failure-free | realised, per round | realised (median) | simulated | **realised / "
         "simulated** | the same, over the run's own rate | simulated, replacements delayed "
         "as measured | realised / that |",
@@ -123,14 +123,11 @@ def markdown(rows: list[dict], head: str, a, N: int, window_s: float,
     return "\n".join(md) + "\n"
 
 
-EXPLAIN = """What makes realised / simulated differ from 1:
-- Process start and state load do not compress: a replacement takes about {start:.1f} s of wall
-  time to start and load its stage, {X:g}x that on the trace's clock, while the simulator's
-  new node trains at once (the delayed column moves each recovery back by that).
-- The simulator charges a re-routed plan its planned period; here 6 processes share 2 cores,
-  so fewer of them each get more CPU, and a starting one takes CPU from those training.
-- The run re-plans once per death when a trace instant removes several nodes, and a move in
-  the first plan can empty a stage the next death needs: a snapshot rollback, or a halt (h)
-  that the simulator, which sees one event, never has on these windows.
-- Above all, the load other jobs put on this shared machine moves a run's rate by more than
-  the trace costs, so single rounds scatter around the median."""
+EXPLAIN = """What makes realised / simulated differ from 1: process start and state load do not
+compress (a replacement takes about {start:.1f} s to start and load its stage, {X:g}x that on the
+trace's clock, while the simulator's new node trains at once: the delayed column); the run
+re-plans once per death when one trace instant removes several nodes, so a move in the first
+plan can empty a stage the next death needs (a snapshot rollback, or a halt, h, that the
+simulator never has); 6 worker processes share 2 cores, so a re-routed plan does not run at
+its planned period; and the load of other jobs on this machine moves single rounds by more
+than the trace costs."""
