@@ -177,18 +177,29 @@ def restore_events(summary: dict) -> int:
                if any(m.get("source") == "snapshot" for m in p.get("moves") or []))
 
 
+JUMP_FROM, JUMP_TO, JUMP_WITHIN = 1e-6, 1e-5, 50
+
+
 def closeness(a: dict, b: dict) -> dict:
     """How two runs' summaries agree: the first iteration whose losses differ at all, the
-    largest loss difference, and the largest difference of a loss or stage checksum scaled
-    as `compare` scales it (|x - y| / max(1, |x|, |y|): at most 1e-5 is compare's pass)."""
+    first whose losses differ by over 1e-5, the largest loss difference, the largest
+    difference of a loss or stage checksum scaled as `compare` scales it (|x - y| /
+    max(1, |x|, |y|)), and `jump`: the first iteration whose loss differs by over
+    JUMP_TO when none of the JUMP_WITHIN before it differed by JUMP_FROM. fp32 rounding
+    (a micro-batch summed in another order) grows gradually, about 10x in 130 iterations
+    here; a wrong state shows at once."""
     la, lb = a["losses"], b["losses"]
+    d = [abs(x - y) for x, y in zip(la, lb)]
     pairs = list(zip(la, lb)) + list(zip(a["param_checksums"], b["param_checksums"]))
-    return {"first_difference": next((i for i, (x, y) in enumerate(zip(la, lb)) if x != y),
-                                     None),
-            "max_loss_diff": max((abs(x - y) for x, y in zip(la, lb)), default=0.0),
+    return {"first_difference": next((i for i, x in enumerate(d) if x > 0), None),
+            "first_over_1e-5": next((i for i, x in enumerate(d) if x > JUMP_TO), None),
+            "jump": next((i for i, x in enumerate(d) if x > JUMP_TO and
+                          max(d[max(0, i - JUMP_WITHIN):i], default=0.0) < JUMP_FROM), None),
+            "max_loss_diff": max(d, default=0.0),
             "max_scaled_diff": max((abs(x - y) / max(1.0, abs(x), abs(y)) for x, y in pairs),
                                    default=0.0),
-            "same_length": len(la) == len(lb) and len(a["param_checksums"]) == len(b["param_checksums"])}
+            "same_length": len(la) == len(lb) and
+            len(a["param_checksums"]) == len(b["param_checksums"])}
 
 
 def first_replan(summary: dict) -> Optional[int]:

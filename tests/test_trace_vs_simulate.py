@@ -125,14 +125,20 @@ def test_simulate_on_the_window_restores_each_emptied_stage_from_its_snapshot(tm
 
 def test_agreement_of_two_summaries():
     a = {"losses": [2.0, 1.9, 1.8, 1.7], "param_checksums": [10.0, -0.5]}
-    b = {"losses": [2.0, 1.9, 1.8000001, 1.70001], "param_checksums": [10.0001, -0.5]}
+    b = {"losses": [2.0, 1.9, 1.8000001, 1.70003], "param_checksums": [10.0001, -0.5]}
     c = closeness(b, a)
-    assert c["first_difference"] == 2 and c["same_length"]
-    assert c["max_loss_diff"] == pytest.approx(1e-5, rel=1e-3)
-    assert c["max_scaled_diff"] == pytest.approx(1e-4 / 10.0001)  # the checksum, scaled
+    assert c["first_difference"] == 2 and c["first_over_1e-5"] == 3 and c["same_length"]
+    assert c["max_loss_diff"] == pytest.approx(3e-5, rel=1e-3)
+    assert c["max_scaled_diff"] == pytest.approx(3e-5 / 1.70003)
+    assert c["jump"] == 3  # 1e-7 then 3e-5: a wrong state, not rounding grown
     assert identical_until_replan(c, 2) and not identical_until_replan(c, 3)
     assert identical_until_replan(closeness(a, a), None)
     assert not identical_until_replan(closeness(a, dict(a, losses=a["losses"][:3])), None)
+    # rounding grows about 10x in 130 iterations: from 1e-7 to over 1e-5 with no jump
+    grown = {"losses": [1.0 + 1e-7 * 1.02 ** i for i in range(300)], "param_checksums": [1.0]}
+    flat = {"losses": [1.0] * 300, "param_checksums": [1.0]}
+    g = closeness(grown, flat)
+    assert g["first_over_1e-5"] is not None and g["jump"] is None
     assert first_replan({"plans": [{"version": 0, "first_iteration": 0},
                                    {"version": 3, "first_iteration": 40},
                                    {"version": 2, "first_iteration": 12}]}) == 12
@@ -140,24 +146,31 @@ def test_agreement_of_two_summaries():
 
 
 def test_the_results_table_shows_each_case_and_its_ratio():
-    agree = {"first_difference": 50, "max_scaled_diff": 3e-6, "same_length": True}
+    agree = {"first_difference": 50, "first_over_1e-5": 400, "jump": None,
+             "max_loss_diff": 3e-5, "max_scaled_diff": 3e-5, "same_length": True}
     row = {"case": "p3-g1-stages", "gpus_per_node": 1, "placement": "stages",
            "node_events": 67, "deaths": [7, 8], "halts": 0, "halt_reasons": [],
            "elastic": [{"trace_restarts": 7, "moves": 2, "restore_events": 1}] * 2,
            "simulated": {"kept": 0.98, "moves": 2, "snapshot_restores": 0},
            "simulated_delayed": {"kept": 0.95}, "window_iterations": [400, 410],
            "free_window_iterations": [450, 460], "realised": [0.89, 0.89],
+           "realised_median": 0.89, "rounds": [0, 1], "halted_rounds": [],
            "realised_own_rate": [0.9, 0.92], "ratio": 0.89 / 0.98, "ratio_own_rate": 0.93,
            "ratio_delayed": 0.89 / 0.95, "vs_failure_free": [agree, agree],
            "vs_reference": [agree, dict(agree, max_scaled_diff=2e-5)], "first_replan": [48, 49],
-           "identical_until_replan": True, "within_rounding": True, "wall_s": [60, 61],
+           "identical_until_replan": True, "no_jump": True, "wall_s": [60, 61],
            "costs": {"iter_s": 18.0, "detect_s": 36.0, "start_s": 90.0}}
     args = SimpleNamespace(time_scale=180.0, d=2, s=3, m=2, model_args="--layers 3",
                            snapshot_every=5, checkpoint_every=50, trace_hours=2.0,
                            trace_start="1h", rounds=2)
-    text = markdown([row], "Made by test.", args, 700, 40.0, 16, [dict(agree, max_scaled_diff=4e-5)])
+    text = markdown([row], "Made by test.", args, 700, 40.0, 16, [agree])
     line = next(x for x in text.splitlines() if x.startswith("| P3, 1 GPU a node, stages"))
     assert "| 67 / 7, 8 / 7, 7 |" in line and "**0.91**" in line and "0.980" in line
     assert "6480 / 7280" in line  # samples in the window: 16 per iteration
-    assert "| p3-g1-stages | yes (50/48, 50/49) | 3e-06, 3e-06 / 3e-06, 2e-05 | yes |" in text
-    assert "no further from it than that (4e-05)" in text
+    assert "| p3-g1-stages | 50/48, 50/49 | 400, 400 | -, - | 3e-05, 3e-05 | yes |" in text
+    assert "| 0.890, 0.890 | 0.890 | 0.980 | **0.91** | 0.93 (0.900, 0.920) |" in line
+    row.update(halted_rounds=[1], halts=1, no_jump=False,
+               halt_reasons=["training halted: no copy; newest checkpoint /tmp/x"])
+    text = markdown([row], "Made by test.", args, 700, 40.0, 16, [agree])
+    assert "| 0.890, 0.890h | 0.890 |" in text and "| NO |" in text
+    assert "- p3-g1-stages, round 1: training halted: no copy\n" in text
