@@ -53,6 +53,25 @@ def test_a_node_removed_and_a_spare_added_kill_and_restart_workers_exactly(tmp_p
     assert [[0, 1]] in failed and failed[-1] == [], res.summary.plans
 
 
+def test_nodes_removed_at_one_instant_are_planned_around_in_one_version(tmp_path):
+    """Two nodes gone at the same trace instant: one plan without both (fail_many), never a
+    plan for the first death alone, whose moves the second could undo."""
+    path = tmp_path / "spot.csv"
+    lines = [f"0,add,node{k}" for k in range(6)] + ["1500,remove,node1", "1500,remove,node3"]
+    path.write_text("\n".join(lines) + "\n")
+    tr = load_window(str(path), Placement(3, 2), 0, 1)
+    replay = TraceReplay(tr, time_scale=10.0)
+    res = run(tmp_path, 3, 2, 40, faults=Faults(trace=replay), detect_stragglers=False)
+    assert_exact(res, 3, 2, 40, tmp_path)
+    assert replay.kills == 2, res.events
+    plans = res.summary.plans
+    first = next(k for k, p in enumerate(plans) if p["failed"])
+    assert len(plans[first]["failed"]) == 2, plans
+    # the version right after the last one without failures: nothing was published between
+    # (planned per death, a version for the first death alone came in between, untrained)
+    assert plans[first]["version"] == plans[first - 1]["version"] + 1, plans
+
+
 def test_recycle_train_replays_two_hours_of_the_p3_trace_exactly(tmp_path):
     """`recycle train --trace`: an hour into the real P3 trace, two hours of it at 1500x on
     a 2x3 grid (one worker a node): nodes removed and spares added as the trace says, and
