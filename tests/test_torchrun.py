@@ -75,10 +75,8 @@ def wait_until(check, timeout_s: float) -> bool:
 def stop(procs, logs) -> None:
     """SIGKILL every process group still running (workers are in their agent's group)."""
     for p in procs:
-        try:
+        if p.poll() is None:  # (a reaped leader's pid may be another's group by now)
             os.killpg(p.pid, signal.SIGKILL)
-        except OSError:
-            pass
         p.wait()
     for f in logs:
         f.close()
@@ -263,7 +261,10 @@ def test_a_lost_torchrun_node_holding_a_whole_stage_is_restored_from_peer_memory
         assert f"SIGKILL worker 0:{lost} mid-iteration 3" in out, out
         assert f"worker 0:{lost} failed" in out and f"worker 1:{lost} failed" in out, out
         assert f"moves from stage {kept} to stage {lost} (state from a snapshot)" in out, out
-        assert "rolled back to iteration 1 from peer-memory snapshots" in kept_log, kept_log
+        # to iteration 1's snapshot; or 3's, when 1:L finished iteration 3 re-routed before
+        # its agent's SIGTERM reached it (a loaded machine) and its holder got that snapshot
+        back = re.search(r"rolled back to iteration (\d+) from peer-memory snapshots", kept_log)
+        assert back and int(back[1]) in (1, 3), kept_log
         got = Summary.load(str(summary))
         assert got.elastic == {"moves": 1, "joins": 0, "snapshot_restores": 1}, got.plans
         last = got.plans[-1]  # never rejoined: the mover's slot and the dead one's stay out
