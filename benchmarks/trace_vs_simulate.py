@@ -33,6 +33,7 @@ import math
 import os
 import platform
 import shlex
+import shutil
 import statistics
 import subprocess
 import sys
@@ -199,6 +200,8 @@ def main() -> None:
                       str(c.gpus_per_node), "--placement", c.placement])
             res = train(common + extra + ["--run-dir", os.path.join(work, tag)],
                         os.path.join(work, f"{tag}.json"), 120 + 10 * window_s)
+            # ~15 MB of DCP checkpoints a run; the logs and summary are what we read
+            shutil.rmtree(os.path.join(work, tag, "checkpoints"), ignore_errors=True)
             log = res["log"]
             res["progress"] = window_progress(log, window_s, halted=log.halted)
             res["own_rate"] = own_rate(log, window_s)
@@ -210,6 +213,7 @@ def main() -> None:
                   flush=True)
     rows = [case_row(c, got[c], free, ref, job, P0, a, work, start_s, window_s) for c in cases]
     write(rows, a, N, window_s, P0, load0, free, ref)
+    print(f"run logs, worker logs and summaries in {work}")
 
 
 def case_row(c: Case, runs, free, ref, job, P0, a, work, start_s, window_s) -> dict:
