@@ -72,6 +72,22 @@ def test_nodes_removed_at_one_instant_are_planned_around_in_one_version(tmp_path
     assert plans[first]["version"] == plans[first - 1]["version"] + 1, plans
 
 
+def test_a_node_removed_readded_and_removed_in_one_instant_kills_one_process(tmp_path):
+    """P3 removes a node, adds a spare and removes that within one millisecond: one process
+    dies, so one SIGKILL is counted (the replay counted two: the process was not reaped
+    yet when the second removal came)."""
+    path = tmp_path / "spot.csv"
+    lines = [f"0,add,node{k}" for k in range(6)]
+    lines += ["1500,remove,node1", "1500,add,node9", "1500,remove,node9"]
+    path.write_text("\n".join(lines) + "\n")
+    tr = load_window(str(path), Placement(3, 2), 0, 1)
+    replay = TraceReplay(tr, time_scale=10.0)
+    res = run(tmp_path, 3, 2, 40, faults=Faults(trace=replay), detect_stragglers=False)
+    assert_exact(res, 3, 2, 40, tmp_path)
+    assert (replay.kills, replay.restarts) == (1, 0), res.events
+    assert sum("trace: node removed, SIGKILL" in e for e in res.events) == 1, res.events
+
+
 def test_recycle_train_replays_two_hours_of_the_p3_trace_exactly(tmp_path):
     """`recycle train --trace`: an hour into the real P3 trace, two hours of it at 1500x on
     a 2x3 grid (one worker a node): nodes removed and spares added as the trace says, and

@@ -17,6 +17,8 @@ class TraceFaults:
         """Workers down at the window's start never start; their first process is a
         replacement (incarnation 2), so the plan that admits it is told from v0's."""
         self.trace_t0 = None  # the trace's clock starts once every worker is in (trace_tick)
+        self.trace_killed: set[int] = set()  # pids: a node removed, re-added and removed
+        # again within one instant (P3 does so) takes one process, not two
         for w in self.trace.initial_failed:
             self.store.add(f"inc/{wkey(w)}", 1)
 
@@ -32,8 +34,9 @@ class TraceFaults:
                 for w in e.workers:
                     self.trace.failed(w)
                     p = self.procs.get(w)
-                    if p is not None and p.exitcode is None:
+                    if p is not None and p.exitcode is None and p.pid not in self.trace_killed:
                         os.kill(p.pid, signal.SIGKILL)
+                        self.trace_killed.add(p.pid)
                         removed.append(w)
                         self.trace.kills += 1
                         self.record.kills_at.append((time.time(), w, self.committed + 1))
