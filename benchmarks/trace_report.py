@@ -125,9 +125,7 @@ def markdown(rows: list[dict], head: str, a, N: int, window_s: float,
 
 EXPLAIN = """What makes realised / simulated differ from 1: process start and state load do not
 compress (a replacement takes about {start:.1f} s to start and load its stage, {X:g}x that on the
-trace's clock, while the simulator's new node trains at once: the delayed column); the run
-re-plans once per death when one trace instant removes several nodes, so a move in the first
-plan can empty a stage the next death needs (a snapshot rollback, or a halt, h, that the
-simulator never has); 6 worker processes share 2 cores, so a re-routed plan does not run at
-its planned period; and the load of other jobs on this machine moves single rounds by more
-than the trace costs."""
+trace's clock, while the simulator's new node trains at once: the delayed column); 6 worker
+processes share 2 cores, so a re-routed plan does not run at its planned period, and a
+starting process takes CPU from those training; and the load of other jobs on this machine
+moves single rounds by more than the trace costs."""
