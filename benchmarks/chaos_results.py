@@ -12,6 +12,13 @@ import platform
 
 from recycle.chaos.report import recovery_stats, summarize
 
+# (kind, why) of a scheduled fault -> how the table names it
+KINDS = ((("kill", "stage"), "a whole stage lost"), (("kill", "node"), "a whole node lost"),
+         (("rejoin", "node"), "a node added back"), (("kill", "holder"), "a snapshot holder killed"),
+         (("kill", "move"), "a kill in the iteration of a move"),
+         (("kill", "donor"), "a donor killed (the peer a failed worker's micro-batches went to)"),
+         (("stall", None), "a worker stalled"))
+
 MODES = (("local", "local, all"), ("local-clean", "local, no other fault in flight"),
          ("service", "service, all (outage included)"),
          ("service-up", "service, not overlapping its outage"),
@@ -33,6 +40,10 @@ def main(argv=None) -> int:
     for r in runs:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     stats = recovery_stats(runs)
+    having = {name: sum(any((f["kind"], f.get("why")) == kind for f in r["schedule"]["faults"])
+                        for r in runs) for kind, name in KINDS}
+    having["the service killed and restarted"] = sum(bool(r["schedule"].get("outage"))
+                                                     for r in runs)
     el = summarize(runs)["elastic"]
     lines = ["# Chaos soak: random kills, rejoins, stalls, donor kills, whole stages and nodes "
              "lost, nodes added, snapshot holders killed, kills during moves, service crashes",
@@ -52,6 +63,8 @@ def main(argv=None) -> int:
               f"{el['runs']}; plans moved a worker {el['moves']} times in "
               f"{el['runs_with_moves']} runs, and restored a stage from peer memory (or "
               f"rebuilt it from the seed) {el['snapshot_restores']} times.", "",
+              "Runs with each kind of fault: " + "; ".join(f"{name} {n}" for name, n in
+                                                            having.items()) + ".", "",
               "Time to recover (s): from a SIGKILL to every survivor training under the next "
               "plan (a single kill; a worker of a stage or node lost together: the plan moves "
               "a worker in and may roll back to a snapshot); from a restart to every member "
