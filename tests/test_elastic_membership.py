@@ -4,14 +4,15 @@ a valid assignment of the live workers. Pure and fast."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.control.membership import Halt, Membership, Publish, Reject
+from planner.control.membership import Halt, Membership, Pause, Publish, Reject, Unchanged
 from planner.job import JobSpec
 from planner.plan import home_of
 
 
-def elastic(D, S, snapshots=False):
+def elastic(D, S, snapshots=False, pause=False):
     job = JobSpec.uniform(D, S, 2 * D)
-    m, d = Membership.start(D, S, job=job, snapshots=snapshots, horizon=1e9).first()
+    m, d = Membership.start(D, S, job=job, snapshots=snapshots, horizon=1e9,
+                            pause=pause).first()
     assert isinstance(d, Publish) and d.roles is None
     return m
 
@@ -50,6 +51,39 @@ def test_fewer_live_workers_than_stages_halts():
     assert isinstance(d, Halt) and "cannot serve 3 stages" in d.reason
 
 
+def test_fewer_live_workers_than_stages_pauses_until_enough_are_back():
+    # a run that keeps snapshots loses nothing when 2 of 6 workers live on 3 stages: it
+    # pauses (no version), counts the deaths and returns, and resumes once 3 are back
+    m = elastic(2, 3, snapshots=True, pause=True)
+    m, d = m.fail_many([((0, 0), None), ((1, 0), None), ((0, 1), None)])
+    assert isinstance(d, Publish)  # 3 live: stage 0 restored from its snapshot
+    m = m.entered(m.version)
+    v = m.version
+    m, d = m.fail((1, 1))
+    assert isinstance(d, Pause) and d.reason == "2 live workers cannot serve 3 stages"
+    assert m.state == "paused" and m.version == v and (1, 1) in m.failed
+    assert isinstance(m.resync(v)[1], Unchanged) and isinstance(m.improved()[1], Unchanged)
+    m, d = m.fail((0, 2))  # a death while paused: still paused, one live worker
+    assert isinstance(d, Pause) and d.reason == "1 live worker cannot serve 3 stages"
+    m, d = m.recover((0, 0), 2)  # back with no state: 2 live, still paused
+    assert isinstance(d, Pause) and m.incarnation((0, 0)) == 2 and (0, 0) in m.moving
+    m, d = m.recover((1, 0), 2)  # 3 live: a version that serves every stage
+    assert isinstance(d, Publish) and m.state == "running" and m.reason is None
+    assert d.version == v + 1 and d.incarnations[0][0] == d.incarnations[1][0] == 2
+    assert {x.stage for x in d.roles} == {0, 1, 2}
+    # both returned workers hold nothing: they join (from_stage None), none is a donor
+    joins = {x.worker for x in d.moves if x.from_stage is None}
+    assert joins == {"0.0", "1.0"}, d.moves
+    assert all(x.source != "peer" or x.from_stage is not None for x in d.moves)
+
+
+def test_without_snapshots_or_pause_too_few_workers_still_halts():
+    _, d = elastic(1, 3, snapshots=False, pause=True).fail((0, 1))
+    assert isinstance(d, Halt)
+    _, d = elastic(1, 3, snapshots=True, pause=False).fail((0, 1))
+    assert isinstance(d, Halt) and "cannot serve 3 stages" in d.reason
+
+
 def test_a_recovered_worker_takes_a_slot_and_its_incarnation_is_named():
     m = elastic(3, 3)
     for w in [(0, 1), (0, 2), (1, 2)]:
@@ -62,15 +96,19 @@ def test_a_recovered_worker_takes_a_slot_and_its_incarnation_is_named():
 @settings(max_examples=150, deadline=None)
 @given(st.integers(2, 3), st.integers(2, 3),
        st.lists(st.tuples(st.booleans(), st.integers(0, 2), st.integers(0, 2)), max_size=10),
-       st.booleans())
-def test_every_version_is_a_valid_assignment_of_the_live_workers(D, S, steps, snapshots):
-    m = elastic(D, S, snapshots)
+       st.booleans(), st.booleans())
+def test_every_version_is_a_valid_assignment_of_the_live_workers(D, S, steps, snapshots, pause):
+    m = elastic(D, S, snapshots, pause)
     for kill, r, s in steps:
         w = (r % D, s % S)
         m2, d = m.fail(w) if kill else m.recover(w)
         if isinstance(d, Halt):
             assert m2.state == "halted"
             break
+        if isinstance(d, Pause):
+            assert pause and snapshots and m2.state == "paused" and len(m2.live()) < S
+            m = m2
+            continue
         if not isinstance(d, Publish):
             assert m2 is m
             continue

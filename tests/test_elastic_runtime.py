@@ -67,3 +67,25 @@ def test_losing_a_stage_without_snapshots_still_halts_with_the_reason(tmp_path):
     res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]))
     assert res.summary is None and "stage 1 has no live replica" in res.halted
     assert "no snapshot in peer memory" in res.halted
+
+
+def test_fewer_live_workers_than_stages_pause_until_a_restart_is_back(tmp_path):
+    # three of four workers die one by one; the last death leaves 1 live worker for 2
+    # stages: nothing is lost (stage 1's state is in peer memory or the seed), so the run
+    # pauses instead of halting, and resumes when 1:1's restart is in, exact
+    res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 0, 2), (0, 1, 3), (1, 1, 4)],
+                                               restarts=[(1, 1, 5)]), snapshot_every=1)
+    assert_exact(res, 2, 2, 8, tmp_path)
+    el = res.summary.elastic
+    assert el["pauses"] == 1 and el["paused_s"] > 0 and el["snapshot_restores"] == 1, el
+    paused = [e for e in res.events if e.startswith("training paused")]
+    assert paused == ["training paused: 1 live worker cannot serve 2 stages; waiting for "
+                      "workers to come back (every stage's state stays in peer memory)"]
+    assert any(e.startswith("training resumes after") for e in res.events), res.events
+
+
+def test_a_pause_nobody_comes_back_to_halts_with_the_reason(tmp_path):
+    res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 0, 2), (0, 1, 3), (1, 1, 4)]),
+              snapshot_every=1)
+    assert res.summary is None
+    assert res.halted == "1 live worker cannot serve 2 stages, and no worker is due back"

@@ -1,10 +1,11 @@
 """Bringing dead workers back (local processes, or torchrun's restarts): when a due
---rejoin/--restart starts its new process, which iteration training holds for it, and when
-the plan admitting it is published (rejoins.py keeps the schedule; planner/control/membership.py
+--rejoin/--restart starts its new process, which iteration training holds for it, when
+the plan admitting it is published, and how long a paused run waits for them (rejoins.py keeps the schedule; planner/control/membership.py
 decides the plan)."""
 from __future__ import annotations
 
 import time
+from typing import Optional
 
 from executor.launch.rejoins import Rejoin
 from executor.runtime.rendezvous import set_counter, wkey
@@ -70,3 +71,23 @@ class Admission:
         self.event(f"worker {wkey(w)} is back (incarnation {inc}): publishing the plan that "
                    "includes it")
         self.decide(*self.members.recover(w, inc))
+
+    def coming_back(self) -> bool:
+        """May a dead worker still come back: a process of it starting, a due rejoin, or a
+        trace with nodes yet to add?"""
+        starting = any(w in self.failed and p.exitcode is None for w, p in self.procs.items())
+        trace = self.trace is not None and (
+            self.trace.back or self.trace.applied() < len(self.trace.trace.events))
+        return bool(starting or self.asking or self.rejoins.pending or trace)
+
+    def pause_over(self) -> Optional[str]:
+        """A paused run (Membership.Pause) waits while a worker may come back: as long as
+        the trace runs, else the rejoin limit. The halt reason once it gives up."""
+        if self.paused_since is None:
+            return None
+        if not self.coming_back():
+            return f"{self.members.reason}, and no worker is due back"
+        waited = time.monotonic() - self.paused_since
+        if self.trace is None and waited > self.rejoins.limit:
+            return f"{self.members.reason}, and none came back within {waited:.0f} s"
+        return None

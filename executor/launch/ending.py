@@ -89,7 +89,8 @@ class RunEnd:
 
     def elastic_counts(self, plans: list[dict]) -> dict:
         """Moves and snapshot restores of the plan versions trained under, the iterations
-        trained again after rollbacks to snapshots, the samples trained (each global batch
+        trained again after rollbacks to snapshots, the pauses (fewer live workers than stages)
+        and their wall time, the samples trained (each global batch
         once) and the wall time; and the trace's counts."""
         moves = [m for p in plans for m in p.get("moves", [])]
         cfg = self.cfg
@@ -97,6 +98,7 @@ class RunEnd:
                "joins": sum(1 for m in moves if m["from_stage"] is None),
                "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot"),
                "retrained_iterations": self.retrained,
+               "pauses": self.record.pauses, "paused_s": round(self.record.paused_s, 3),
                "samples": (self.iterations - self.start) * self.n * cfg.micro_batch_size,
                "wall_s": round(time.monotonic() - self.began, 3)}
         if self.trace is not None:

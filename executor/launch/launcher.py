@@ -97,7 +97,9 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         trace = self.trace = faults.trace  # a failure trace replayed (trace_replay.py)
         self.members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=job,
-            snapshots=spec.snapshot_every > 0, horizon=LOCAL_HORIZON).with_speeds(job.speed)
+            snapshots=spec.snapshot_every > 0, horizon=LOCAL_HORIZON,
+            pause=True).with_speeds(job.speed)
+        self.paused_since: Optional[float] = None  # fewer live workers than stages (admission.py)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
@@ -169,6 +171,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                     return self.halt(self.fatal)
                 if self.no_copy is not None:
                     return self.halt(self.no_copy)
+                if (why := self.pause_over()) is not None:
+                    return self.halt(why)
                 if self.complete():
                     self.publish(final=True)
                     self.reap(self.timeout * 2)
@@ -224,7 +228,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
             self.admit(w, inc)
         if self.service is not None:
             self.publish()
-        elif self.suspect_since is not None and now - self.suspect_since > self.timeout + 0.3:
+        elif (self.suspect_since is not None and now - self.suspect_since > self.timeout + 0.3
+              and self.paused_since is None):
             # Comm trouble with nobody dead: a new version makes every worker re-sync. Wait
             # out one comm timeout first, so a worker still blocked in the old version can
             # reach the new one; re-publishing sooner let workers chase versions forever.

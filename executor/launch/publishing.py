@@ -2,8 +2,10 @@
 the store (local), or taken from the plan service, which decides them (--service)."""
 from __future__ import annotations
 
+import time
+
 from executor.runtime.rendezvous import publish_plan, read_int, wkey
-from planner.control.membership import Halt, Membership, Publish
+from planner.control.membership import Halt, Membership, Pause, Publish
 from planner.solvers.backends import solve
 from planner.plan import home_id
 from planner.speeds import with_speeds
@@ -37,8 +39,20 @@ class Publishing:
         self.members = members
         if isinstance(decision, Halt):
             raise Halted(decision.reason)
+        if isinstance(decision, Pause):  # nobody trains until enough workers are back
+            if self.paused_since is None:
+                self.paused_since = time.monotonic()
+                self.record.pauses += 1
+                self.event(f"training paused: {decision.reason}; waiting for workers to "
+                           "come back (every stage's state stays in peer memory)")
+            return
         if not isinstance(decision, Publish):
             return
+        if self.paused_since is not None:
+            waited = time.monotonic() - self.paused_since
+            self.record.paused_s += waited
+            self.paused_since = None
+            self.event(f"training resumes after {waited:.1f} s paused")
         if decision.same_plan and self.plan is not None:
             plan = self.plan
         else:

@@ -25,6 +25,8 @@ class RunRecord:
     # iteration -> the plan version its step ran under (the losses' `done` messages say):
     # by the time an iteration's line is printed, a newer plan may be in force already.
     trained: dict = field(default_factory=dict)
+    pauses: int = 0  # times fewer live workers than stages stopped training (Membership.Pause)
+    paused_s: float = 0.0  # wall seconds spent so, until the resuming version
 
     def published(self, plan) -> None:
         self.plans[plan.version] = plan

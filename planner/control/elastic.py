@@ -12,7 +12,8 @@ Policy (docs/design.md, "Roles"):
 - A stage that lost every live worker takes a worker from the stage that misses it
   least; its state comes from the stage's peer-memory snapshot (every live stage rolls
   back to the snapshot's iteration). Without snapshots there is no copy: the run halts.
-- Fewer live workers than stages: no assignment serves every stage; the run halts.
+- Fewer live workers than stages: no assignment serves every stage; the run halts (or,
+  with snapshots in a local run, pauses until workers are back: membership.py).
 """
 from __future__ import annotations
 
@@ -60,8 +61,8 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
     try:
         a = choose_roles(job, live, horizon)
     except NoRolesError as exc:
-        # The runtime has no paused state (yet): halting with a checkpoint is what it does;
-        # the simulator's recycle policy models a pause (docs/simulator.md).
+        # Membership pauses before asking when it may (a local run with snapshots); here
+        # (the service, or no snapshots) the run halts with its newest checkpoint.
         return None, f"{exc}: the run halts; resume from checkpoint once workers are back"
     lost = a.snapshot_stages
     if lost and not snapshots:

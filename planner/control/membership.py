@@ -13,6 +13,10 @@ Rules (docs/design.md, "Membership"):
   one incarnation per worker, and a report about an older one is stale.
 - A death is a failure event at once: the survivors train re-routed until the worker is
   back. Losing every worker of a stage leaves no plan: the run halts.
+- Elastic with snapshots and `pause`: fewer live workers than stages is no plan yet, but
+  no loss either (peer memory still holds every stage): the membership pauses, keeps
+  counting deaths and returns, and resumes with the first version that serves every
+  stage. Workers that came back during the pause hold no state (`moving`).
 - A newer process of a failed worker is admitted by a plan that names its incarnation; a
   newer process of a worker the plan still counts as live replaces it (same failed set).
 - A suspect with nobody dead is answered by the same failed set as a new version, so that
@@ -31,7 +35,7 @@ from planner.failures import NoPlanError, Worker
 from planner.job import JobSpec
 from planner.plan import Move, Plan, Role, home_id, home_of
 
-State = Literal["running", "halted", "finished"]
+State = Literal["running", "paused", "halted", "finished"]
 Grid = tuple[tuple[int, ...], ...]
 
 
@@ -60,6 +64,13 @@ class Halt:
 
 
 @dataclass(frozen=True)
+class Pause:
+    """Too few live workers to serve every stage, but nothing lost: nobody trains until
+    enough are back (a later transition publishes); the driver may give up and halt."""
+    reason: str
+
+
+@dataclass(frozen=True)
 class Reject:
     """The observation conflicts with the membership (a stale or repeated report): nothing
     changes; the service answers it with a 409 and this reason."""
@@ -72,7 +83,7 @@ class Unchanged:
     why: str = ""
 
 
-Decision = Union[Publish, Halt, Reject, Unchanged]
+Decision = Union[Publish, Pause, Halt, Reject, Unchanged]
 
 
 def _name(w: Worker) -> str:
@@ -100,6 +111,9 @@ class Membership:
     # every worker has entered that version (`entered`), they count as holding no state, so
     # a stage whose only other holders die meanwhile is known to need a snapshot.
     moving: frozenset = frozenset()
+    # With snapshots: fewer live workers than stages pauses rather than halts (the local
+    # coordinator waits for its restarts; the service halts, it has no paused state).
+    pause: bool = False
 
     # ---- construction and lookups -----------------------------------------------------
     @classmethod
@@ -107,13 +121,14 @@ class Membership:
               incarnations: Optional[Iterable[Iterable[int]]] = None, version: int = -1,
               state: State = "running", reason: Optional[str] = None,
               job: Optional[JobSpec] = None, roles: Optional[Iterable[Role]] = None,
-              snapshots: bool = False, horizon: float = 0.0) -> "Membership":
+              snapshots: bool = False, horizon: float = 0.0,
+              pause: bool = False) -> "Membership":
         grid = (tuple(tuple(row) for row in incarnations) if incarnations is not None
                 else tuple((1,) * stages for _ in range(replicas)))
         return cls(replicas, stages, grid, frozenset(tuple(w) for w in failed), version,
                    state=state, reason=reason, job=job,
                    roles=None if roles is None else tuple(roles), snapshots=snapshots,
-                   horizon=horizon)
+                   horizon=horizon, pause=pause)
 
     @classmethod
     def following(cls, plan: Plan, **kw) -> "Membership":
@@ -285,12 +300,18 @@ class Membership:
         """Elastic: the roles for the new live set (elastic.reassign), or a halt."""
         stateless = tuple(fresh) + tuple(sorted(w for w in self.moving
                                                 if w not in failed and w not in fresh))
+        live = self.replicas * self.stages - len(failed)
+        if self.pause and self.snapshots and live < self.stages:
+            why = f"{live} live worker{'s' if live != 1 else ''} cannot serve {self.stages} stages"
+            paused = replace(self, failed=frozenset(failed), incarnations=grid, state="paused",
+                             reason=why, moving=frozenset(stateless))
+            return paused, Pause(why)
         out, why = reassign(self.job, failed, self.roles, stateless, self.horizon,
                             self.snapshots)
         if out is None:
             halted = replace(self, failed=frozenset(failed), state="halted", reason=why)
             return halted, Halt(why)
-        new = replace(self, roles=out.roles,
+        new = replace(self, roles=out.roles, state="running", reason=None,
                       moving=frozenset(home_of(m.worker) for m in out.moves))
         return new._publish(failed, grid, cause, moves=out.moves)
 

@@ -234,6 +234,8 @@ def train_cmd(
                   + (f", {el['moves']} moves, {el['snapshot_restores']} snapshot restores "
                      f"({el['retrained_iterations']} iterations trained again)"
                      if el.get("moves") or el.get("snapshot_restores") else "")
+                  + (f", paused {el['pauses']} time(s) for {el['paused_s']:.1f} s"
+                     if el.get("pauses") else "")
                   + f"; {el.get('samples', '?')} samples in {el.get('wall_s', 0):.1f} s, no halt; "
                   f"logs in {result.run_dir}" + (f"; summary in {summary}" if summary else ""))
 
