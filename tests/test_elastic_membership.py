@@ -77,6 +77,14 @@ def test_fewer_live_workers_than_stages_pauses_until_enough_are_back():
     assert all(x.source != "peer" or x.from_stage is not None for x in d.moves)
 
 
+def test_too_few_workers_at_the_start_halts_even_with_pause():
+    job = JobSpec.uniform(2, 3, 4)
+    m = Membership.start(2, 3, failed=[(0, 0), (1, 0), (0, 1), (1, 1)], job=job,
+                         snapshots=True, pause=True)
+    m, d = m.first()
+    assert isinstance(d, Halt) and "cannot serve 3 stages" in d.reason and m.pause
+
+
 def test_without_snapshots_or_pause_too_few_workers_still_halts():
     _, d = elastic(1, 3, snapshots=False, pause=True).fail((0, 1))
     assert isinstance(d, Halt)

@@ -88,6 +88,25 @@ def test_a_node_removed_readded_and_removed_in_one_instant_kills_one_process(tmp
     assert sum("trace: node removed, SIGKILL" in e for e in res.events) == 1, res.events
 
 
+def test_a_trace_that_leaves_fewer_workers_than_stages_pauses_until_a_node_is_added(tmp_path):
+    """Five of six nodes removed at one instant leave one worker for two stages: the run
+    pauses (peer memory, or the seed, still has every stage) and resumes, exact, once the
+    trace adds a node; before, it halted at the removal."""
+    path = tmp_path / "spot.csv"
+    lines = [f"0,add,node{k}" for k in range(6)]
+    lines += [f"1500,remove,node{k}" for k in range(5)] + ["3000,add,node9"]
+    path.write_text("\n".join(lines) + "\n")
+    tr = load_window(str(path), Placement(3, 2), 0, 1)
+    replay = TraceReplay(tr, time_scale=10.0)
+    res = run(tmp_path, 3, 2, 40, faults=Faults(trace=replay), snapshot_every=2,
+              detect_stragglers=False)
+    assert_exact(res, 3, 2, 40, tmp_path)
+    assert (replay.kills, replay.restarts) == (5, 1), res.events
+    assert res.summary.elastic["pauses"] == 1, res.events
+    assert "training paused: 1 live worker cannot serve 2 stages; waiting for workers to " \
+        "come back (every stage's state stays in peer memory)" in res.events
+
+
 def test_recycle_train_replays_two_hours_of_the_p3_trace_exactly(tmp_path):
     """`recycle train --trace`: an hour into the real P3 trace, two hours of it at 1500x on
     a 2x3 grid (one worker a node): nodes removed and spares added as the trace says, and

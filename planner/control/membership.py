@@ -174,7 +174,10 @@ class Membership:
     def first(self) -> tuple["Membership", Decision]:
         """The run's first version (every worker at the incarnation it has)."""
         if self.job is not None and self.failed:  # workers down from the start
-            return self._reassigned(self.failed, (), self.incarnations, "start")
+            # too few to start is a halt, not a pause: no worker has entered a version yet
+            m, d = replace(self, pause=False)._reassigned(self.failed, (), self.incarnations,
+                                                          "start")
+            return replace(m, pause=self.pause), d
         return self._publish(self.failed, self.incarnations, "start")
 
     def fail(self, w: Worker, incarnation: Optional[int] = None,
