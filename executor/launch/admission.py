@@ -1,7 +1,7 @@
 """Bringing dead workers back (local processes, or torchrun's restarts): when a due
 --rejoin/--restart starts its new process, which iteration training holds for it, when
-the plan admitting it is published, and how long a paused run waits for them (rejoins.py keeps the schedule; planner/control/membership.py
-decides the plan)."""
+the plan admitting it is published, and how long a paused run waits for them (rejoins.py
+keeps the schedule; planner/control/membership.py decides the plan)."""
 from __future__ import annotations
 
 import time

@@ -89,9 +89,9 @@ class RunEnd:
 
     def elastic_counts(self, plans: list[dict]) -> dict:
         """Moves and snapshot restores of the plan versions trained under, the iterations
-        trained again after rollbacks to snapshots, the pauses (fewer live workers than stages)
-        and their wall time, the samples trained (each global batch
-        once) and the wall time; and the trace's counts."""
+        trained again after rollbacks to snapshots, the pauses (fewer live workers than
+        stages) and their wall time, the samples trained (each global batch once) and the
+        wall time; and the trace's counts."""
         moves = [m for p in plans for m in p.get("moves", [])]
         cfg = self.cfg
         out = {"moves": sum(1 for m in moves if m["from_stage"] is not None),
