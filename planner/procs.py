@@ -46,6 +46,12 @@ def watch_parent(interval_s: float = 0.5) -> None:
     threading.Thread(target=watch, name="recycle-parent-watch", daemon=True).start()
 
 
+# Set by a command that starts `recycle` commands in sessions of their own (`recycle chaos`):
+# a SIGKILLed parent runs no cleanup and its kill of their process groups never comes,
+# so each such command leaves once it has been re-parented (recycle/cli.py main).
+DIE_WITH_PARENT = "RECYCLE_DIE_WITH_PARENT"
+
+
 def die_with(pid: int) -> None:
     """Exit (code 1) once process `pid` has ended, watched from a daemon thread: for a
     child whose parent is not the process it serves (a worker forked by a forkserver

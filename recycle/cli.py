@@ -57,15 +57,9 @@ _register_parts()
 PIPE_COLUMNS = 200
 
 
-# Set by a command that starts `recycle` commands in sessions of their own (`recycle chaos`):
-# a SIGKILLed parent runs no cleanup and its kill of their process groups never comes,
-# so each such command leaves once it has been re-parented.
-DIE_WITH_PARENT = "RECYCLE_DIE_WITH_PARENT"
-
-
 def main() -> None:
+    from planner.procs import DIE_WITH_PARENT, watch_parent
     if os.environ.pop(DIE_WITH_PARENT, "") == "1":  # popped: not for this one's children
-        from planner.procs import watch_parent
         watch_parent()
     if not sys.stdout.isatty() and not os.environ.get("COLUMNS", "").isdigit():
         os.environ["COLUMNS"] = str(PIPE_COLUMNS)  # rich reads it per print; COLUMNS wins

@@ -76,8 +76,7 @@ class Admission:
         """May a dead worker still come back: a process of it starting, a due rejoin, or a
         trace with nodes yet to add?"""
         starting = any(w in self.failed and p.exitcode is None for w, p in self.procs.items())
-        trace = self.trace is not None and (
-            self.trace.back or self.trace.applied() < len(self.trace.trace.events))
+        trace = self.trace is not None and self.trace.may_add()
         return bool(starting or self.asking or self.rejoins.pending or trace)
 
     def pause_over(self) -> Optional[str]:

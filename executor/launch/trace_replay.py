@@ -108,6 +108,11 @@ class TraceReplay:
     def applied(self) -> int:
         return self.next_event
 
+    def may_add(self) -> bool:
+        """May the trace still bring a worker back: one added and not yet restarted, or
+        events left to replay?"""
+        return bool(self.back) or self.next_event < len(self.trace.events)
+
     def line(self) -> str:
         return (f"trace: {self.next_event}/{len(self.trace.events)} events replayed at "
                 f"{self.time_scale:g}x, {self.kills} workers killed, {self.restarts} restarted")

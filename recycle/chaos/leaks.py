@@ -11,6 +11,8 @@ import signal
 import time
 import uuid
 
+from planner.procs import DIE_WITH_PARENT
+
 TAG_VAR = "RECYCLE_CHAOS_TAG"
 
 
@@ -20,8 +22,8 @@ def new_tag() -> str:
 
 def tagged_env(tag: str) -> dict[str, str]:
     """The environment of a command a chaos run starts: tagged, and told to leave when
-    `recycle chaos` itself dies (recycle/cli.py DIE_WITH_PARENT)."""
-    return {**os.environ, TAG_VAR: tag, "RECYCLE_DIE_WITH_PARENT": "1"}
+    `recycle chaos` itself dies (planner/procs.py DIE_WITH_PARENT)."""
+    return {**os.environ, TAG_VAR: tag, DIE_WITH_PARENT: "1"}
 
 
 def tagged(tag: str, var: str = TAG_VAR) -> list[int]:
