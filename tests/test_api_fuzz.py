@@ -19,7 +19,10 @@ from schemathesis.checks import (content_type_conformance, negative_data_rejecti
                                  not_a_server_error, response_schema_conformance,
                                  status_code_conformance)
 
+from api.jobs.runtime import ServiceConfig
 from api_support import ThreadServer, admin_headers, spec
+
+LIMIT = ServiceConfig().max_body_bytes
 
 
 
@@ -57,6 +60,13 @@ def one_line_reason(resp) -> None:
         assert "Traceback" not in detail
 
 
+def refused(status: int, sent: int) -> bool:
+    """How a guarded operation answers a request without valid credentials: 401/403, or
+    413 for a body over the limit, which the service refuses before it reads anything,
+    credentials included (api/app.py BodyLimit)."""
+    return status in (401, 403) or (status == 413 and sent > LIMIT)
+
+
 def fuzz(op, target_id, headers_list, on_response, mode, examples):
     """Fuzz `op` once per header set; the headers are fixed into the strategy, so the
     negative mode breaks the parameters and body, not our credentials."""
@@ -91,12 +101,28 @@ def test_fuzz_without_valid_credentials(env):
 
     def check(op, case, resp):
         if "x-auth" in op.definition.raw:
-            assert resp.status_code in (401, 403), f"{op.label}: {resp.status_code}"
+            sent = len(resp.request.body or b"")
+            assert refused(resp.status_code, sent), f"{op.label}: {resp.status_code} ({sent} B)"
             one_line_reason(resp)
 
     for op in operations(schema):
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):
             fuzz(op, target["id"], headers, check, mode, examples=12)
+    assert server.service.store.snapshot() == before
+
+
+def test_an_oversized_body_without_credentials_is_refused_unread(env):
+    """The fuzz once sent a node event of over 1 MiB with a forged token: 413, which the
+    check took for a guarded operation let through. It is refused before anything is read."""
+    server, _, _, target, _ = env
+    before = server.service.store.snapshot()
+    body = b'{"event": "add", "nodes": ["' + b"x" * LIMIT + b'"]}'
+    r = httpx.post(f"{server.url}/v1/jobs/{target['id']}/nodes", content=body, timeout=10,
+                   headers={"Authorization": f"Bearer {target['id']}.forged",
+                            "Content-Type": "application/json"})
+    assert r.status_code == 413 and refused(r.status_code, len(body)), r.text
+    one_line_reason(r)
+    assert not refused(413, LIMIT)  # a 413 for a body within the limit is no refusal
     assert server.service.store.snapshot() == before
 
 
