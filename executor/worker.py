@@ -21,6 +21,7 @@ import torch
 from executor.checkpoint import Manifest
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store, local_workers_hint, pick_device
+from executor.runtime.peer_snapshots.cadence import budget_bytes
 from executor.launch.faults import fault_iterations
 from executor.data.token_file import with_data
 from executor.inputs.worker_settings import WorkerSettings
@@ -85,14 +86,16 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     except ValueError as exc:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
+    local = local_workers_hint() or conf.local_workers
     agent = Agent(conf.model, me, job, conf.iterations, source, store, workload=workload,
                   training=conf.training,
                   timeout_s=timeout, incarnation=incarnation, start_iteration=start,
                   resume_part=resume_part, ckpt_dir=conf.ckpt_dir, ckpt_every=conf.ckpt_every,
-                  device=device, local_workers=local_workers_hint() or conf.local_workers,
+                  device=device, local_workers=local,
                   fault_iterations=fault_iterations(conf.kills, conf.stalls, me),
                   slows=[(i, f) for r, s, i, f in conf.slows if (r, s) == me],
-                  snapshot_every=conf.snapshot_every)
+                  snapshot_every=conf.snapshot_every,
+                  snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1))
     return agent.run()
 
 

@@ -101,7 +101,10 @@ TRAIN = [
     (["--trace", P3, "--trace-start", "400h"], "--trace-start 400 h is past the trace's end (11.4 h)"),
     (["--trace", P3, "--gpus-per-node", "3"], "needs --gpus-per-node (3) to divide the stages"),
     (["--trace", P3, "--external"], "it cannot apply with --external"),
-    (["--snapshot-every", "-1"], "--snapshot-every must be 0 (off) or more iterations, not -1"),
+    (["--snapshot-every", "-1"], "--snapshot-every must be auto, off or a number of iterations (0: off), not '-1'"),
+    (["--snapshot-every", "often"], "--snapshot-every must be auto, off or a number of iterations (0: off), not 'often'"),
+    (["--snapshot-memory", "150%"], "--snapshot-memory must be a share of the host's memory in (0, 100]% or a size like 8G, not '150%'"),
+    (["--snapshot-memory", "lots"], "--snapshot-memory must be a share of the host's memory like 25% or a size like 8G, not 'lots'"),
     # already one line on main; kept so that they stay so
     (["-d", "0"], "replicas: Input should be greater than or equal to 1"),
     (["--reference", "-d", "0"], "replicas: Input should be greater than or equal to 1"),

@@ -128,7 +128,7 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
             p.join(timeout)
         assert [p.exitcode for p in procs.values()] == [0] * 4, _logs(tmp_path)
         logs = _logs(tmp_path)
-        assert logs.count("snapshots: offers=3 ") == 4, logs  # every worker kept its copies
+        assert logs.count("snapshots: every=2 offers=3 ") == 4, logs  # every worker kept its copies
         assert "failed=1" not in logs and "Error" not in logs, logs
     finally:
         mailbox.close()
@@ -267,7 +267,7 @@ def test_train_flag_snapshots_every_iteration_and_refuses_a_negative_k(tmp_path)
                                  "--timeout", "4", "--run-dir", str(tmp_path)])
     logs = _logs(tmp_path)
     assert r.exit_code == 0, r.output + logs
-    lines = [ln for ln in logs.splitlines() if "snapshots: offers=3 " in ln]
+    lines = [ln for ln in logs.splitlines() if "snapshots: every=1 offers=3 " in ln]
     assert len(lines) == 4, logs  # every worker kept a copy of iterations 0, 1, 2
     # each stage's writer sent them; at the end of the run a holder may exit before the
     # last ones arrive (failed), and one offered while another was on its way may have
@@ -277,8 +277,8 @@ def test_train_flag_snapshots_every_iteration_and_refuses_a_negative_k(tmp_path)
     assert len(writers) == 2, lines
     assert all(sum(int(d[k]) for k in ("sent", "dropped", "failed")) >= 2 for d in writers), lines
     assert all(d["sent"] == d["dropped"] == d["failed"] == "0" for d in stats if d not in writers)
-    assert "snapshot_every = 1" in (tmp_path / "run.toml").read_text()
+    assert 'snapshot_every = "1"' in (tmp_path / "run.toml").read_text()
     r = CliRunner().invoke(app, ["train", *SMALL, "--snapshot-every", "-1"])
     err = [ln for ln in (r.stderr or r.output).strip().splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(err) == 1, r.output
-    assert "--snapshot-every must be 0 (off) or more iterations, not -1" in err[0]
+    assert "--snapshot-every must be auto, off or a number of iterations (0: off), not '-1'" in err[0]

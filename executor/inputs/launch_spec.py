@@ -16,6 +16,7 @@ from executor.compute.config import ModelConfig, TrainingSettings
 from executor.inputs.run_config import RunConfig
 from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
 from executor.launch.trace_replay import TraceReplay
+from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET, parse_budget
 from planner.errors import UserError
 from planner.job import JobSpec
 from planner.plan import Mode
@@ -81,8 +82,10 @@ class LaunchSpec:
     model: str = "gpt"  # --model NAME: the Workload every worker loads
     run_config: Optional[RunConfig] = None  # the flag tree, written to RUN_DIR/run.toml
     summary_path: Optional[str] = None  # {losses, param_checksums} JSON, once complete
-    # elastic: every K iterations each stage's state also lives in a peer's memory (0: off)
-    snapshot_every: int = 0
+    # elastic: every K iterations each stage's state also lives in a peer's memory (0: off;
+    # AUTO: K from the measured cost of a snapshot, within `snapshot_memory`; cadence.py)
+    snapshot_every: int = AUTO
+    snapshot_memory: str = DEFAULT_BUDGET
 
     def __post_init__(self):
         self.check()
@@ -110,9 +113,13 @@ class LaunchSpec:
                             f"not {self.store_port}")
         if self.checkpoint_every < 1:
             raise UserError(f"--checkpoint-every must be at least 1, not {self.checkpoint_every}")
-        if self.snapshot_every < 0:
-            raise UserError(f"--snapshot-every must be 0 (off) or more iterations, "
+        if self.snapshot_every < AUTO:
+            raise UserError(f"--snapshot-every must be auto, off or a number of iterations, "
                             f"not {self.snapshot_every}")
+        try:
+            parse_budget(self.snapshot_memory)
+        except ValueError as exc:
+            raise UserError(str(exc)) from None
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise UserError(f"deadline_s must be positive seconds, not {self.deadline_s:g}")
         if self.run_dir:

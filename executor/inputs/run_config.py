@@ -70,7 +70,8 @@ class CheckpointSection:
     checkpoint_dir: Optional[str] = None
     checkpoint_every: int = 1
     resume: Optional[str] = None
-    snapshot_every: int = 0
+    snapshot_every: str = "auto"  # auto, off, or K (executor/runtime/peer_snapshots/cadence.py)
+    snapshot_memory: str = "25%"
 
 
 @dataclass(frozen=True)
@@ -180,8 +181,11 @@ def _check(where: str, hint, value):
         if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
             raise ValueError(f"{where} must be a list of strings, not {value!r}")
         return list(value)
+    is_int = isinstance(value, int) and not isinstance(value, bool)
+    if hint is str and is_int:  # snapshot_every = 4 means "4" (the field may be "auto")
+        return str(value)
     ok = {bool: lambda v: isinstance(v, bool),
-          int: lambda v: isinstance(v, int) and not isinstance(v, bool),
+          int: lambda v: is_int,
           float: lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
           str: lambda v: isinstance(v, str)}[hint]
     if not ok(value):

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Optional
 
 from executor.compute.config import ModelConfig, TrainingSettings
+from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET
 from planner.job import JobSpec
 
 
@@ -23,7 +24,8 @@ class WorkerSettings:
     timeout: float = 5.0
     ckpt_dir: Optional[str] = None
     ckpt_every: int = 1
-    snapshot_every: int = 0  # peer-memory snapshots every K iterations (0: off)
+    snapshot_every: int = AUTO  # peer-memory snapshots every K iterations (0: off, -1: auto)
+    snapshot_memory: str = DEFAULT_BUDGET  # the host-memory budget of auto (cadence.py)
     resume: Optional[str] = None  # the checkpoint a first incarnation starts from
     device: str = "auto"
     local_workers: Optional[int] = None  # workers on this machine (None: torchrun'd)

@@ -99,6 +99,7 @@ class RunEnd:
                "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot"),
                "retrained_iterations": self.retrained,
                "pauses": self.record.pauses, "paused_s": round(self.record.paused_s, 3),
+               **self.snapshots.counts(),
                "samples": (self.iterations - self.start) * self.n * cfg.micro_batch_size,
                "wall_s": round(time.monotonic() - self.began, 3)}
         if self.trace is not None:

@@ -36,6 +36,7 @@ from executor.launch.publishing import Halted, Publishing
 from executor.launch.trace_faults import TraceFaults
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
+from executor.launch.snapshot_figures import SnapshotFigures
 from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.progress_lines import ProgressLines
 from executor.runtime.rendezvous import set_counter, wkey
@@ -80,7 +81,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
             resume=resume, device=spec.device,
             local_workers=None if spec.external else len(self.workers),
             kills=[list(k) for k in faults.kills], stalls=[list(k) for k in faults.stalls],
-            snapshot_every=spec.snapshot_every,
+            snapshot_every=spec.snapshot_every, snapshot_memory=spec.snapshot_memory,
             slows=[list(k) for k in faults.slows],
             service=service.worker_config() if service else None))
         self.procs: dict[Worker, multiprocessing.Process] = {}
@@ -97,7 +98,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         trace = self.trace = faults.trace  # a failure trace replayed (trace_replay.py)
         self.members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=job,
-            snapshots=spec.snapshot_every > 0, horizon=LOCAL_HORIZON,
+            snapshots=spec.snapshot_every != 0, horizon=LOCAL_HORIZON,
             pause=True).with_speeds(job.speed)
         self.paused_since: Optional[float] = None  # fewer live workers than stages (admission.py)
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
@@ -106,6 +107,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.rejoins = RejoinBook(faults.rejoin_entries, spec.external,
                                   4 * spec.timeout + (60.0 if service is not None else 5.0))
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
+        self.snapshots = SnapshotFigures(spec.snapshot_every, self.event)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
         self.byes: set[Worker] = set()  # external workers that said they are leaving
         self.final_checks: dict[int, float] = {}

@@ -43,6 +43,9 @@ def on_done(c, w, m: dict) -> None:
         c.losses.add(m["it"], m["losses"])
     if m["it"] == c.iterations - 1:
         c.final_checks[slot[1]] = m["checksum"]
+        if "snap_bytes" in m:  # the host memory its snapshots hold, and K in force
+            c.snapshots.final(w, m["snap_every"], m["snap_bytes"])
+    c.snapshots.look(c.store)
 
 
 def on_fatal(c, w, m: dict) -> None:

@@ -67,7 +67,8 @@ class Agent:
                  ckpt_dir: Optional[str] = None, ckpt_every: int = 1,
                  device: torch.device = torch.device("cpu"), local_workers: Optional[int] = None,
                  workload: Workload = DEFAULT_WORKLOAD, fault_iterations=(), slows=(),
-                 snapshot_every: int = 0, training: TrainingSettings = TrainingSettings()):
+                 snapshot_every: int = 0, snapshot_budget: int = 2 ** 62,
+                 training: TrainingSettings = TrainingSettings()):
         self.cfg, self.job, self.iterations = cfg, job, iterations
         self.training = training  # optimizer, schedule, clip, precision (compute/config.py)
         # `home` is who this worker is (its first slot, id "R.S": heartbeats, messages,
@@ -102,10 +103,12 @@ class Agent:
         self._lowered: tuple[int, list] = (-1, [])  # (plan version, its steps for us)
         self._losses: dict = {}  # the last stage's losses, from ALLREDUCE to OPT
         self.restored_at = -1  # the iteration of the last rollback to peer-memory snapshots
-        # Peer-memory snapshots every K iterations (docs/executor.md; 0: none): this
-        # worker's host keeps other stages' snapshots, its own stage's copies stay here.
+        # Peer-memory snapshots every K iterations (docs/executor.md; 0: none, -1: auto,
+        # K from their measured cost): this worker's host keeps other stages' snapshots,
+        # its own stage's copies stay here.
         self.snaps = (PeerSnapshots(store, home_id(*self.home), snapshot_every, self.S,
-                                    timeout_s=max(30.0, 4 * timeout_s), log=self.log)
+                                    timeout_s=max(30.0, 4 * timeout_s), log=self.log,
+                                    first=start_iteration, budget=snapshot_budget)
                       if snapshot_every else None)
 
     def _build(self, s: int) -> None:
@@ -415,7 +418,8 @@ class Agent:
         self.last_compute = (it, self.clock.per_microbatch(n, self.stepper.idle_cpu_s))
         self.source.send("done", it=it, losses=losses, compute=round(self.last_compute[1], 7),
                          slot=list(self.me),
-                         checksum=checksum(self.module) if final else None)
+                         checksum=checksum(self.module) if final else None,
+                         **(self._snapshot_figures() if final else {}))
         if self.snaps is not None and self.snaps.due(it):
             self.stepper.settle()  # the snapshot is of the final step (a clip may redo it)
             self.snaps.offer(self.me[1], it, {"model": self.module.state_dict(),
@@ -424,6 +428,13 @@ class Agent:
             self.parts.write(it, self.module, self.opt)
         if sync:
             self.log(f"iteration {it} stepped at {time.time():.6f}")
+
+    def _snapshot_figures(self) -> dict:
+        """For the run's summary: K in force and the host memory snapshots hold here."""
+        if self.snaps is None:
+            return {"snap_every": 0, "snap_bytes": 0}
+        st = self.snaps.stats()
+        return {"snap_every": st["every"], "snap_bytes": st["local_bytes"] + st["held_bytes"]}
 
     # ---- state --------------------------------------------------------------------------
     def initial_state(self, stage: int) -> dict:

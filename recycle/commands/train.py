@@ -86,7 +86,8 @@ def train_cmd(
     resume: Optional[str] = typer.Option(None, "--resume", is_eager=True, callback=_resumed, help="continue from this checkpoint directory (or the newest one under it) with its grid, job, model and settings; of the flags given, --lr and the other training settings (schedule, --iterations, --clip, --precision) are honoured, others must match"),
     checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", "--checkpoint", help="where checkpoints (torch.distributed.checkpoint) go (default: RUN_DIR/checkpoints)"),
     checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
-    snapshot_every: int = typer.Option(0, "--snapshot-every", help="every K iterations also keep each stage's parameters and optimizer state in the host memory of a worker elsewhere (peer-memory snapshots, sent in the background; 0: off)"),
+    snapshot_every: str = typer.Option("auto", "--snapshot-every", help="every K iterations also keep each stage's parameters and optimizer state in the host memory of a worker elsewhere (peer-memory snapshots, sent in the background), so a stage lost whole is restored without a disk: auto (K from the measured cost of a snapshot: the smallest K within 2%% of an iteration), off, or K"),
+    snapshot_memory: str = typer.Option("25%", "--snapshot-memory", help="host memory the snapshots may take, shared by the workers of a host: a share (25%%) or a size (8G); auto turns them off above it"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
     no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
     sync: bool = typer.Option(False, "--sync", help="synchronous optimizer: plans for it, and a barrier after every iteration"),
@@ -122,6 +123,7 @@ def train_cmd(
     from executor.inputs.train_options import check_model_options, check_training, grid_of
     from executor.inputs.train_options import resume_changes
     from executor.launch.launcher import train
+    from executor.runtime.peer_snapshots.cadence import parse_every
     from planner.inputs.limits import load_spec
     from planner.job import JobSpec
 
@@ -179,7 +181,7 @@ def train_cmd(
             timeout=timeout, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
             checkpoint_every=checkpoint_every, resume=resume, external=external,
             store_port=store_port, device=device, model=model, summary_path=summary,
-            snapshot_every=snapshot_every)
+            snapshot_every=parse_every(snapshot_every), snapshot_memory=snapshot_memory)
         from executor.models.balance import split_config
         cfg = split_config(cfg, split, spec, job, service)
         if resumed and split is None and not job and spec.stages == resumed.stages:
@@ -236,6 +238,9 @@ def train_cmd(
                      if el.get("moves") or el.get("snapshot_restores") else "")
                   + (f", paused {el['pauses']} time(s) for {el['paused_s']:.1f} s"
                      if el.get("pauses") else "")
+                  + (f"; snapshots every {el['snapshot_every']} "
+                     f"({el['snapshot_mib_per_worker']:.1f} MiB a worker)"
+                     if el.get("snapshot_every") not in (None, 0, "off") else "")
                   + f"; {el.get('samples', '?')} samples in {el.get('wall_s', 0):.1f} s, no halt; "
                   f"logs in {result.run_dir}" + (f"; summary in {summary}" if summary else ""))
 

@@ -19,6 +19,7 @@ import threading
 import time
 from typing import Callable, Optional
 
+from executor.runtime.peer_snapshots.cadence import Cadence
 from executor.runtime.peer_snapshots.client import publish_address, put_snapshot
 from executor.runtime.peer_snapshots.host import SnapshotHost
 from executor.runtime.peer_snapshots.local import HostCopy, LocalCopies
@@ -45,10 +46,13 @@ class PeerSnapshots:
     def __init__(self, store, worker: str, every: int, stages: int, *,
                  timeout_s: float = 30.0, log: Optional[Callable[[str], None]] = None,
                  bind_host: Optional[str] = None, max_copies: int = 3,
-                 node_of=None):
-        if every < 1:
-            raise ValueError(f"snapshot_every must be at least 1 (0 is no PeerSnapshots), not {every}")
-        self.store, self.worker, self.every, self.stages = store, worker, every, stages
+                 node_of=None, first: int = 0, budget: int = 2 ** 62):
+        if every == 0 or every < -1:
+            raise ValueError(f"snapshot_every must be at least 1 or auto (0 is no "
+                             f"PeerSnapshots), not {every}")
+        self.store, self.worker, self.stages = store, worker, stages
+        # which iterations: every K, or auto (K from the first snapshot's measured cost)
+        self.cadence = Cadence(every, stages, first, store, budget, log or (lambda m: None))
         self.timeout_s, self.node_of = timeout_s, node_of
         self.log = log or (lambda msg: None)
         self.host = SnapshotHost(bind_host or reachable_host(store), io_timeout_s=timeout_s,
@@ -61,12 +65,18 @@ class PeerSnapshots:
         self._closed = False
         self._conn = None  # the thread's own store connection (the agent's is not shared)
         self.sent, self.dropped, self.failed = 0, 0, 0
+        self._calibrating: Optional[tuple[int, float, bool]] = None  # (it, copy_s, writer)
         self.send_s: list[float] = []
         threading.Thread(target=self._run, name="snapshot-sender", daemon=True).start()
 
     # ---- the training thread ------------------------------------------------------------
     def due(self, iteration: int) -> bool:
-        return (iteration + 1) % self.every == 0
+        return self.cadence.due(iteration)
+
+    @property
+    def every(self) -> Optional[int]:
+        """K in force (0: off; None: auto, not chosen yet)."""
+        return None if self.cadence.choice is None else self.cadence.choice.every
 
     def follow(self, plan) -> None:
         """The holders of `plan` (once per version)."""
@@ -82,6 +92,8 @@ class PeerSnapshots:
         as this stage's copy of `iteration`, and with `send` stream it to the stage's
         holder in the background."""
         copy = self.local.take(iteration, state, stage)
+        if iteration == self.cadence.first and self.cadence.choice is None:
+            self._calibrating = (iteration, self.local.copy_s[-1], send)
         holder = self.holder_of(stage) if send else None
         if holder == self.worker:
             holder = None  # (never chosen: a holder is never of its own stage)
@@ -111,13 +123,23 @@ class PeerSnapshots:
                     return
                 (stage, copy, holder), self._queue = self._queue, None
             try:
+                cpu0 = time.thread_time()  # the send's CPU: what it takes from the trainers
                 if holder is not None:
                     self._send(stage, copy, holder)
+                self._measured(stage, copy, time.thread_time() - cpu0)
                 self._prune()
             except Exception as exc:  # the sender must never take the worker down
                 self.log(f"snapshot: {type(exc).__name__}: {exc}")
             finally:
                 self.local.done_with(copy)
+
+    def _measured(self, stage: int, copy: HostCopy, send_cpu_s: float) -> None:
+        """The calibration snapshot's cost, once its send is over (cadence.py)."""
+        cal = self._calibrating
+        if cal is not None and cal[0] == copy.iteration:
+            self._calibrating = None
+            self.cadence.measured(stage, cal[1], send_cpu_s, copy.nbytes, writer=cal[2],
+                                  store=self._store())
 
     def _send(self, stage: int, copy: HostCopy, holder: str) -> None:
         t0 = time.perf_counter()
@@ -154,7 +176,7 @@ class PeerSnapshots:
     # ---- figures ------------------------------------------------------------------------
     def stats(self) -> dict:
         copy = self.local.copy_s
-        return {"offers": len(copy), "sent": self.sent, "dropped": self.dropped,
+        return {"every": self.every, "offers": len(copy), "sent": self.sent, "dropped": self.dropped,
                 "failed": self.failed,
                 "copy_ms_median": 1e3 * statistics.median(copy) if copy else 0.0,
                 "send_ms_median": 1e3 * statistics.median(self.send_s) if self.send_s else 0.0,
