@@ -27,9 +27,9 @@ def parser() -> argparse.ArgumentParser:
         if f.name == "admin_token":
             default = os.environ.get("RECYCLE_ADMIN_TOKEN")
         flag = "--" + f.name.replace("_", "-")
-        if f.type in (bool, "bool"):  # a switch, as typer's
-            serve.add_argument(flag, dest=f.name, default=default, action="store_true",
-                               help=HELP[f.name] or None)
+        if f.type in (bool, "bool"):  # a switch both ways (--x/--no-x), as typer's
+            serve.add_argument(flag, dest=f.name, default=default,
+                               action=argparse.BooleanOptionalAction, help=HELP[f.name] or None)
             continue
         serve.add_argument(flag, dest=f.name, default=default,
                            type=_TYPES.get(f.name, str), metavar=f.name.upper(),

@@ -45,7 +45,7 @@ class Monitor:
     def start(self) -> None:
         now = time.monotonic()
         for job in self.service.jobs.values():
-            if job.state != "running":
+            if job.state not in ("running", "paused"):  # a paused job's deaths still count
                 continue
             for w in self.service.store.armed(job.id):
                 if w not in job.failed:
@@ -157,7 +157,7 @@ class Monitor:
         silent = time.monotonic() - self.last.get(job_id, {}).get(w, time.monotonic())
         watched = self.watched.get(job_id, {}).get(w)
         self.forget(job_id, w)
-        if job is None or job.state != "running" or w in job.failed:
+        if job is None or job.state not in ("running", "paused") or w in job.failed:
             return
         ev = EventIn(event_id=f"heartbeat-{w[0]}-{w[1]}-{uuid.uuid4().hex[:8]}",
                      kind="failure", replica=w[0], stage=w[1], incarnation=watched,

@@ -110,7 +110,9 @@ class EventOut(BaseModel):
     replica: Optional[int] = Field(description="the event's worker (null for a node event)")
     stage: Optional[int] = Field(description="the event's worker (null for a node event)")
     source: str
-    state: Literal["running", "halted"]
+    state: Literal["running", "paused", "halted"] = Field(
+        description="paused: fewer live workers than stages, nothing lost (every stage in "
+                    "peer memory); no version is published until enough are back")
     reason: Optional[str] = None
     failed: list[tuple[int, int]]
     plan_version: int = Field(description="the version in force once this event is applied")
@@ -234,7 +236,7 @@ class PlanSummary(BaseModel):
 
 class JobOut(BaseModel):
     id: str
-    state: Literal["running", "halted", "finished"]
+    state: Literal["running", "paused", "halted", "finished"]
     reason: Optional[str] = None
     spec: dict
     failed: list[tuple[int, int]]

@@ -61,9 +61,9 @@ class ServeOptions:
         "over: it is made when the time it saves in that span exceeds its stall (default: "
         "1000 failure-free periods of the job; 0: only into a stage left empty)")
     elastic_snapshots: bool = _opt(
-        False, "the jobs' runs keep peer-memory snapshots (`recycle train --snapshot-every "
-        "K`): a stage that loses every worker is restored from its snapshot instead of "
-        "halting the job")
+        True, "the jobs' runs keep peer-memory snapshots (`recycle train --snapshot-every`, "
+        "on by default): a stage that loses every worker is restored from its snapshot "
+        "instead of halting the job; --no-elastic-snapshots for runs with them off")
     log_level: str = _opt("info", ", ".join(LOG_LEVELS))
 
 

@@ -32,7 +32,7 @@ from api.stragglers import SpeedError
 from planner.cache import PlanCache
 from planner.inputs.limits import TooLarge, check_plannable
 from planner.job import JobSpec
-from planner.control.membership import Halt, Membership, Publish, Reject
+from planner.control.membership import Halt, Membership, Pause, Publish, Reject
 from planner.plan import Plan
 
 
@@ -71,8 +71,8 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
             plan = Plan.from_json(latest["plan_json"])
             spec = JobSpec.model_validate_json(row["spec_json"])
             # dead workers: with roles, those filling no slot of the plan in force; a halted
-            # job's row also has the worker whose failure halted it
-            kw = {} if plan.roles is not None and row["state"] != "halted" else {
+            # or paused job's row also has the workers who died since that plan
+            kw = {} if plan.roles is not None and row["state"] == "running" else {
                 "failed": [tuple(w) for w in json.loads(row["failed_json"])]}
             members = Membership.following(
                 plan, **self.config.elastic(spec), state=row["state"], reason=row["reason"],
@@ -103,7 +103,7 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
         return job
 
     def _count_jobs(self) -> None:
-        for state in ("running", "halted", "finished"):
+        for state in ("running", "paused", "halted", "finished"):
             self.metrics.jobs.labels(state).set(
                 sum(1 for j in self.jobs.values() if j.state == state))
 
@@ -194,6 +194,7 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
         worker, or a node's): the speeds it leaves, its plan (for the empty slots, with the
         roles), one transaction, then the publish."""
         halted = isinstance(decision, Halt)
+        held = halted or isinstance(decision, Pause)  # no version to publish
         # a slot filled by another process now: what was measured there is forgotten
         changed = refilled(job.plan, decision, workers)
         measured = {k: v for k, v in job.measured.items() if k not in changed}
@@ -203,7 +204,7 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
             measured, spec = job.measured, job.plan.job
         members = members.with_speeds(spec.speed)
         fresh, plan, plan_source, record = None, None, None, None
-        if not halted:
+        if not held:
             if decision.same_plan and spec.spec_hash() == job.plan.job.spec_hash():
                 fresh = job.plan  # same failed set and speeds: the plan in force,
                 #                   admitting the new incarnation

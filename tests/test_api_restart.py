@@ -23,7 +23,9 @@ def state_of(c: httpx.Client, jid: str) -> dict:
 
 def test_sigkill_and_restart_keeps_everything(tmp_path):
     db = tmp_path / "service.db"
-    args = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "30")
+    # without snapshots a stage lost whole halts job b (with them, the default, it moves)
+    args = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "30",
+            "--no-elastic-snapshots")
     srv = ProcServer(db, *args).start()
     try:
         c = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)

@@ -25,6 +25,7 @@ from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
 from executor.sources.service_source import ServiceWatch
+from executor.runtime.peer_snapshots.cadence import AUTO
 from planner.job import JobSpec
 
 pytestmark = pytest.mark.hard_timeout(150)  # the coordinator's deadline is 50 s
@@ -53,7 +54,7 @@ def register(url: str, replicas=D, stages=S) -> tuple[str, str]:
 
 
 def coordinator(tmp_path, url, jid, token, iterations, timeout=4.0, faults=Faults(),
-                snapshot_every=0):
+                snapshot_every=AUTO):
     watch = ServiceWatch(url, jid, token, timeout_s=30)
     out = io.StringIO()
     spec = LaunchSpec(CFG, watch.plan.job, iterations, faults, timeout=timeout, deadline_s=50,
@@ -170,6 +171,30 @@ def test_kills_that_leave_a_stage_short_move_a_worker_through_the_service(tmp_pa
                    for e in res.events), res.events
         assert any(p.get("moves") for p in res.summary.plans), res.summary.plans
         assert "moving from stage 0 to stage 2" in logs(tmp_path)
+    finally:
+        srv.stop()
+
+
+def test_too_few_live_workers_pause_the_service_job_and_it_resumes_exact(tmp_path):
+    """2x2 at default flags: three workers die in iteration 2, one live worker cannot serve
+    two stages. The service pauses the job (no version while too few live; before, it
+    halted), the restarted 0:1 asks back in, and the next version resumes from peer
+    memory: every stage rolls back to a copy it kept, the run ends exact."""
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
+                     "--heartbeat-timeout", "10", "--suspect-grace", "3", *NO_SPEEDS).start()
+    try:
+        jid, token = register(srv.url)
+        coord = coordinator(tmp_path, srv.url, jid, token, 6, faults=Faults(
+            kills=[(0, 0, 2), (0, 1, 2), (1, 1, 2)], restarts=[(0, 1, 4)]))
+        res = coord.run()
+        assert_exact(res, coord, 6, tmp_path)
+        h = history(srv.url, jid)
+        states = [e["state"] for e in h["events"]]  # each event's answer
+        assert "paused" in states, h["events"]
+        assert "halted" not in states and h["job"]["state"] == "finished", h["events"]
+        kinds = [(e["kind"], e["replica"], e["stage"]) for e in h["events"]]
+        assert kinds[-1] == ("recovery", 0, 1), kinds
+        assert "from peer-memory snapshots" in logs(tmp_path)
     finally:
         srv.stop()
 

@@ -23,7 +23,9 @@ def test_both_entry_points_take_the_same_flags_and_defaults():
     assert set(params) == set(argp) == {f.name for f in fields(ServeOptions)}
     for f in fields(ServeOptions):
         assert params[f.name].default == f.default, f.name
-        assert params[f.name].opts == argp[f.name].option_strings, f.name
+        # a switch both ways: typer's --x/--no-x, argparse's BooleanOptionalAction
+        flags = params[f.name].opts + params[f.name].secondary_opts
+        assert flags == argp[f.name].option_strings, f.name
         if f.name != "admin_token":  # argparse reads RECYCLE_ADMIN_TOKEN into its default
             assert argp[f.name].default == f.default, f.name
 

@@ -185,12 +185,14 @@ def test_a_restarted_service_rebuilds_the_same_membership(tmp_path):
             c.post(f"/v1/jobs/{jid}/events", json={"event_id": "b", "kind": "recovery",
                                                    "replica": 0, "stage": 2}).raise_for_status()
             c.post(f"/v1/jobs/{jid}/nodes", json=add("n", count=1)).raise_for_status()
-            for e in ("p", "q"):  # the other job halts: its row keeps the last failure
+            # the other job pauses (1 live worker, 2 stages): its row keeps the deaths since
+            # the plan in force, which still has two of them live
+            for e, w in (("p", (0, 1)), ("q", (1, 1)), ("r", (0, 0))):
                 c.post(f"/v1/jobs/{other}/events", json={
-                    "event_id": e, "kind": "failure", "replica": int(e == "q"),
-                    "stage": 1}).raise_for_status()
+                    "event_id": e, "kind": "failure", "replica": w[0],
+                    "stage": w[1]}).raise_for_status()
         before = {j: (m.members, dict(m.granted), m.adds) for j, m in s.service.jobs.items()}
-        assert before[jid][0].roles is not None and before[other][0].state == "halted"
+        assert before[jid][0].roles is not None and before[other][0].state == "paused"
     with ThreadServer(db, heartbeat_timeout_s=HB_TIMEOUT, precompute_failures=0) as s:
         after = {j: (m.members, dict(m.granted), m.adds) for j, m in s.service.jobs.items()}
     assert after == before

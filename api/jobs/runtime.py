@@ -90,12 +90,12 @@ class ServiceConfig:
     # Elastic membership (planner/control/elastic.py): a worker changes stage when the live
     # set leaves a stage short. Moves are weighed over `elastic_horizon` time units of the
     # job spec (None: ELASTIC_PERIODS failure-free periods, elastic_horizon_of); 0 moves a
-    # worker only into a stage left empty. With `elastic_snapshots` every stage's state
-    # also lives in peer memory (`recycle serve --elastic-snapshots`, for runs with
-    # `recycle train --snapshot-every K`), so an empty stage is restored from it instead
-    # of halting.
+    # worker only into a stage left empty. With `elastic_snapshots` (the default, as
+    # `recycle train --snapshot-every auto` is) every stage's state also lives in peer
+    # memory, so an empty stage is restored from it instead of halting, and too few live
+    # workers pause the job (nothing is lost) rather than halt it.
     elastic_horizon: Optional[float] = None
-    elastic_snapshots: bool = False
+    elastic_snapshots: bool = True
 
     @property
     def grace_s(self) -> float:
@@ -110,7 +110,10 @@ class ServiceConfig:
         """A job's Membership arguments that make it elastic: `failed` is then its dead
         workers, and a decision carries the empty slots to plan for and the roles."""
         return {"job": spec, "snapshots": self.elastic_snapshots,
-                "horizon": self.elastic_horizon_of(spec)}
+                "horizon": self.elastic_horizon_of(spec),
+                # nothing is lost while peer memory holds every stage: too few live
+                # workers pause the job (no version published) until enough are back
+                "pause": self.elastic_snapshots}
 
 
 @dataclass

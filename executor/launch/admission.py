@@ -30,7 +30,8 @@ class Admission:
         also once every live worker has completed the iteration before the rejoin's under
         that plan, so the iterations in between train re-routed, every time."""
         p = self.procs.get(w)
-        if w not in self.failed or (p is not None and p.exitcode is None):
+        if (w not in self.failed and w not in self.reported) or (
+                p is not None and p.exitcode is None):
             return False
         return rejoin.asap or self.reached(rejoin.iteration - 1)
 

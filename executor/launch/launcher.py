@@ -87,6 +87,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.procs: dict[Worker, multiprocessing.Process] = {}
         self.reaped: set[int] = set()  # pids whose exit has been handled
         self.lost_worker: Optional[Worker] = None
+        # service mode: deaths told (the incarnation that died) that no plan has yet
+        self.reported: dict[Worker, int] = {}
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
         self.no_copy: Optional[str] = None  # a worker found no live copy of some stage
         self.model_exception = False  # the fatal is an exception the model's code raised
@@ -146,6 +148,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                 self.lost_worker = w  # nobody can plan around it now: run() halts
             elif w not in self.failed:  # the plan in force admits a process that is gone
                 self.service.report_failure(w, self.plan.incarnation(*w), self.run_id, why)
+                # a paused job publishes no plan with w failed: its restart may start now
+                self.reported[w] = self.plan.incarnation(*w)
         elif w not in self.failed:
             self.done.pop(w, None)
             self.decide(*self.members.fail(w))

@@ -80,6 +80,9 @@ class Publishing:
         # who is dead and who fills which slot, as the plan says (with roles, a dead worker
         # is one whose id fills no slot; planner/control/membership.py `following`)
         self.members = Membership.following(plan, job=self.job)
+        for w, inc in list(self.reported.items()):  # in a plan now: failed, or back
+            if w in self.failed or plan.incarnation(*w) > inc:
+                del self.reported[w]
         for w in self.failed:
             self.done.pop(w, None)
         for w in list(self.rejoins.pending):  # the service admitted the restarted process

@@ -12,8 +12,10 @@ from recycle.commands.errors import user_errors
 
 
 def _option(name: str, **kw):
-    return typer.Option(getattr(O, name), "--" + name.replace("_", "-"),
-                        help=HELP[name] or None, **kw)
+    flag = "--" + name.replace("_", "-")
+    if isinstance(getattr(O, name), bool):  # a switch both ways: --x/--no-x
+        flag = f"{flag}/--no-{flag[2:]}"
+    return typer.Option(getattr(O, name), flag, help=HELP[name] or None, **kw)
 
 
 def serve(db: str = _option("db"), host: str = _option("host"), port: int = _option("port"),
