@@ -64,7 +64,7 @@ def test_a_stage_lost_before_its_first_snapshot_rolls_back_to_the_start(tmp_path
 
 
 def test_losing_a_stage_without_snapshots_still_halts_with_the_reason(tmp_path):
-    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]))
+    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]), snapshot_every=0)
     assert res.summary is None and "stage 1 has no live replica" in res.halted
     assert "no snapshot in peer memory" in res.halted
 

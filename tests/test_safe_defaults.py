@@ -46,3 +46,13 @@ def test_2x3_kill_and_rejoin_schedule_at_default_flags_finishes_exact(tmp_path):
            ["--kill", "1:2@1", "--kill", "1:1@2", "--kill", "1:0@3", "--kill", "0:2@4",
             "--kill", "0:0@7", "--kill", "1:2@8", "--rejoin", "1:2@4", "--rejoin", "1:0@6",
             "--rejoin", "0:2@6", "--rejoin", "1:2@9"])
+
+
+def test_a_rejoin_due_while_paused_starts_and_the_run_resumes_exact(tmp_path):
+    # three of four workers die in iteration 2: one live worker cannot serve two stages,
+    # the run pauses; the rejoin due at iteration 4 cannot wait for the run to get there
+    # (nothing trains while paused): it starts now (before, the run halted after 25 s)
+    got, out = _exact(tmp_path, ["-d", "2", "-s", "2", "-m", "4", "--iterations", "8"],
+                      ["--kill", "0:0@2", "--kill", "0:1@2", "--kill", "1:1@2",
+                       "--rejoin", "0:1@4", "--rejoin", "1:1@5"])
+    assert got["elastic"]["pauses"] == 1 and "training resumes after" in out, out

@@ -28,12 +28,13 @@ class Admission:
         """May `w`'s next process start now? Only once the plan in force has `w` failed
         (its death is a failure event first) and its old process has exited; for --rejoin,
         also once every live worker has completed the iteration before the rejoin's under
-        that plan, so the iterations in between train re-routed, every time."""
+        that plan, so the iterations in between train re-routed, every time. A paused run
+        trains no iteration until workers are back: its rejoins start at once."""
         p = self.procs.get(w)
         if (w not in self.failed and w not in self.reported) or (
                 p is not None and p.exitcode is None):
             return False
-        return rejoin.asap or self.reached(rejoin.iteration - 1)
+        return rejoin.asap or self.paused_since is not None or self.reached(rejoin.iteration - 1)
 
     def reached(self, iteration: int) -> bool:
         """Every live worker has entered the plan in force and completed `iteration`."""
@@ -59,13 +60,14 @@ class Admission:
 
     def admit(self, w: Worker, inc: int) -> None:
         """Publish the plan admitting incarnation `inc` of `w` once every survivor has
-        entered the plan that has `w` failed. Only a process still alive is admitted: one
-        that died meanwhile would be waited for."""
+        entered the plan that has `w` failed (a paused run has no such plan: its survivors
+        may never enter the last one, whose world has the dead in it). Only a process still
+        alive is admitted: one that died meanwhile would be waited for."""
         p = self.procs.get(w)
         if (p is not None and p.exitcode is not None) or inc <= self.members.incarnation(w):
             self.asking.pop(w, None)
             return
-        if not self.reached(-1):
+        if self.paused_since is None and not self.reached(-1):
             return
         self.asking.pop(w, None)
         self.admitted(w)

@@ -3,9 +3,9 @@ snapshot costs (`--snapshot-every auto`, the default; docs/executor.md, "Peer-me
 snapshots").
 
 auto: the run's first iteration is snapshotted (a run from its seed also has its start),
-and each stage's writer publishes what that snapshot cost this host: the copy on the
-training thread plus the send on the sender thread (CPU the trainers share) and the
-state's bytes. The first worker to step the deciding iteration (CALIBRATION iterations
+and each stage's writer publishes what that snapshot cost: the copy on the training
+thread, the send's CPU on the sender thread (counted twice: the holder's receive costs
+about as much, on cores the trainers may share) and the state's bytes. The first worker to step the deciding iteration (CALIBRATION iterations
 later) chooses K for all: the smallest K whose snapshot costs at most TARGET of K
 iterations on the dearest stage, or off when the copies a worker keeps of the largest stage
 do not fit its share of the host-memory budget. The choice is written once (compare_set),
@@ -114,9 +114,12 @@ def choose(costs: list[dict], iteration_s: float, budget: int) -> Choice:
     if largest * COPIES_HELD > budget:
         return Choice(0, f"off: {COPIES_HELD} copies of a {mb:.1f} MiB stage exceed the "
                          f"{budget / 2 ** 20:.0f} MiB a worker may hold (--snapshot-memory)")
-    cost = max((c["copy_s"] + c.get("send_s", 0.0) for c in costs), default=0.0)
+    # the holder's receive costs about what the send does (loopback TCP is symmetric), on
+    # cores the trainers may share: count the send twice
+    cost = max((c["copy_s"] + 2 * c.get("send_s", 0.0) for c in costs), default=0.0)
     k = max(1, math.ceil(cost / (TARGET * max(iteration_s, 1e-6)) - 1e-9))
-    return Choice(k, f"auto: a snapshot costs {1e3 * cost:.1f} ms of CPU (copy + send of a "
+    return Choice(k, f"auto: a snapshot costs {1e3 * cost:.1f} ms of CPU (copy, send and "
+                     f"receive of a "
                      f"{mb:.1f} MiB stage), an iteration {1e3 * iteration_s:.1f} ms: every "
                      f"{k} keeps it within {TARGET:.0%}")
 
