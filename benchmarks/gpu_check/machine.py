@@ -49,7 +49,7 @@ def machine(settings: dict) -> dict:
             ("torch", torch.__version__),
             ("CUDA (torch built with)", str(torch.version.cuda)),
             ("nvidia-smi (name, driver, memory)", _nvidia_smi())]
-    numbers = {"cpu_count": float(torch.get_num_threads())}
+    numbers = {"torch_threads": float(torch.get_num_threads())}
     if dev.type == "cuda":
         props = torch.cuda.get_device_properties(dev)
         name = torch.cuda.get_device_name(dev)

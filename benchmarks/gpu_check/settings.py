@@ -31,7 +31,9 @@ GPU = {
               "rates": 150, "split": 90, "snapshot": 90},
 }
 
-DRY = dict(GPU, device="cpu", worker_iterations=5, kill="0:1@1", rejoin="0:1@3",
+# the dry run's b runs fp32 only: bf16 is the same code with another flag (a runs both)
+DRY = dict(GPU, device="cpu", worker_iterations=4, kill="0:1@1", rejoin="0:1@2",
+           worker_precisions=["fp32"],
            big_model="llama:debug", big_seq_len=32, big_micro_batch=2, profile_repeats=1,
            rate_microbatches=2, rate_steps=1, split_repeats=1, snapshot_takes=3,
            ref_iterations=3)
