@@ -46,7 +46,9 @@ def run_section(name: str, st: dict, box: float, log) -> dict:
         out = os.path.join(tmp, "result.json")
         proc = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.gpu_check.section", name, json.dumps(st), out],
-            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT)), stdout=subprocess.PIPE,
+            # TMPDIR: the section's temp files go in ours, removed even when it is killed
+            cwd=ROOT, env=dict(os.environ, PYTHONPATH=str(ROOT), TMPDIR=tmp),
+            stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT, text=True, start_new_session=True)
         try:
             text, _ = proc.communicate(timeout=box)
