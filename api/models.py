@@ -176,6 +176,14 @@ class ProgressIn(_In):
         default=None, ge=0, le=1e15, allow_inf_nan=False, strict=True,
         description="tokens trained per second, measured since the report before (null: "
                     "no report before this one)")
+    snapshot_every: Optional[int] = Field(
+        default=None, ge=0, le=2**31, strict=True,
+        description="peer-memory snapshots every this many iterations (0: off; null: auto "
+                    "has not chosen yet)")
+    snapshot_mib: Optional[float] = Field(
+        default=None, ge=0, le=1e12, allow_inf_nan=False, strict=True,
+        description="host memory the snapshots held on the worker that held most, MiB "
+                    "(the run's end)")
 
 
 class ProgressOut(BaseModel):

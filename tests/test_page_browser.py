@@ -205,11 +205,14 @@ def progress_and_a_finished_job(server, browser, admin):
     assert " units" in js(browser, "return document.querySelector('#versions tbody').textContent")
     # the coordinator's report is on the page within a push (about a second)
     r = worker.post(f"/v1/jobs/{job}/progress", json={"iteration": 41, "iterations": 100,
-                                                      "loss": 2.71828, "tokens_per_s": 98765.4})
+                                                      "loss": 2.71828, "tokens_per_s": 98765.4,
+                                                      "snapshot_every": 4,
+                                                      "snapshot_mib": 18.25})
     assert r.status_code == 200, r.text
     wait_for(lambda: "iteration 41 / 100" in card(browser, "progress"), 3, "the progress")
     text = card(browser, "progress")
     assert "loss 2.7183" in text and "98,765 tok/s" in text, text
+    assert "snapshots every 4 (18.3 MiB a worker)" in text, text  # K auto chose, memory held
     # training completes: the coordinator tells the service; its workers are finished, not
     # waiting (the service stops watching their heartbeats)
     assert worker.post(f"/v1/jobs/{job}/finish").status_code == 200

@@ -284,7 +284,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
             self.lines.completed(i, self.losses.loss(i), v, failed, now)
             if self.service is not None:  # the live page's progress (service_source.py)
                 self.service.report_progress(i, self.losses.loss(i), self.lines.tokens,
-                                             self.iterations, now)
+                                             self.iterations, now, self.snapshots.report())
 
 
 

@@ -29,6 +29,15 @@ class SnapshotFigures:
         if self.choice is None and every is not None:
             self.choice = Choice(every, "auto")
 
+    def report(self) -> dict:
+        """For the service's progress (its live page): K once known, the memory at the end."""
+        out = {}
+        if self.choice is not None:
+            out["snapshot_every"] = self.choice.every
+        if self.bytes:
+            out["snapshot_mib"] = round(max(self.bytes.values()) / 2 ** 20, 3)
+        return out
+
     def counts(self) -> dict:
         every = self.choice.every if self.choice is not None else None
         held = max(self.bytes.values(), default=0)

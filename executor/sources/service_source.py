@@ -149,7 +149,8 @@ class ServiceWatch:
     PROGRESS_EVERY_S = 1.0
 
     def report_progress(self, iteration: int, loss: float, tokens_per_iteration: int,
-                        iterations: int, now: Optional[float] = None) -> None:
+                        iterations: int, now: Optional[float] = None,
+                        snapshots: Optional[dict] = None) -> None:
         """Called for every completed iteration; sends at most one report per
         PROGRESS_EVERY_S (always the last iteration), from a thread of its own so the
         coordinator never waits on the network. tokens/s: over the iterations since the
@@ -163,7 +164,7 @@ class ServiceWatch:
                tokens_per_iteration * (iteration - prev[0]) / max(now - prev[1], 1e-9))
         self._sent = (iteration, now)
         body = {"iteration": iteration, "iterations": iterations, "loss": float(loss),
-                "tokens_per_s": tok}
+                "tokens_per_s": tok, **(snapshots or {})}
         if not math.isfinite(body["loss"]):  # a diverged run: the iteration still counts
             body["loss"] = None
         if getattr(self, "_reporter", None) is None:

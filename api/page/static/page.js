@@ -192,9 +192,12 @@ function training(p) {
   if (!p) return card("progress", "training", "–", "no progress reported yet");
   const of = p.iterations ? ` / ${num(p.iterations)}` : "";
   const tok = p.tokens_per_s == null ? "– tok/s" : num(Math.round(p.tokens_per_s)) + " tok/s";
+  const snap = p.snapshot_every == null ? "" : p.snapshot_every === 0 ? "snapshots off, " :
+    `<span class="snap">snapshots every ${num(p.snapshot_every)}` +
+    (p.snapshot_mib == null ? "" : ` (${Number(p.snapshot_mib).toFixed(1)} MiB a worker)`) + "</span>, ";
   return card("progress", "training", `iteration ${num(p.iteration)}${of}`,
     `loss <span class="loss">${p.loss == null ? "–" : Number(p.loss).toFixed(4)}</span>, <span class="tok">${tok}</span>, ` +
-    `reported ${clock(p.at)}`, "the newest iteration whose losses are all in (0-based)");
+    snap + `reported ${clock(p.at)}`, "the newest iteration whose losses are all in (0-based)");
 }
 
 function picked(v) {
