@@ -162,6 +162,9 @@ def test_an_explicit_k_is_one_flag_and_shown():
     assert s.describe().startswith("K3 ") and s.to_dict()["snapshot_every"] == 3
     d = Schedule(0, 0, 2, 2, 2, 12, (Fault("kill", (0, 0), 1),))
     assert d.describe() == "k0:0@1" and d.to_dict()["snapshot_every"] is None
+    assert "--snapshot-every" not in d.to_args()
+    off = Schedule(0, 0, 2, 2, 2, 12, (Fault("kill", (0, 0), 1),), snapshot_every=0)
+    assert off.to_args()[8:10] == ["--snapshot-every", "0"] and off.describe() == "Koff k0:0@1"
 
 
 def test_seeds_reach_every_kind_of_fault():

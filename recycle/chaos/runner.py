@@ -120,7 +120,7 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
     tag = new_tag()
     service = Service(os.path.join(run_dir, "service.db"),
                       os.path.join(os.path.dirname(record["log"]), record["name"] + "-serve.log"),
-                      tag)
+                      tag, snapshots=sched.snapshot_every != 0)
     record["service_log"] = service.log_path
     done = threading.Event()
     outage = None

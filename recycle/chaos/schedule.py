@@ -85,7 +85,7 @@ class Schedule:
     outage: Optional[ServiceOutage] = None  # set only for --service schedules
     service: bool = False
     # None: the default flags (snapshots on, K chosen by `auto`), as every drawn schedule;
-    # K > 0: an explicit `--snapshot-every K` (a schedule written by hand)
+    # else an explicit `--snapshot-every K` (a schedule written by hand; 0: off)
     snapshot_every: Optional[int] = None
 
     @property
@@ -100,7 +100,7 @@ class Schedule:
         explicit K; none otherwise: the defaults)."""
         args = ["-d", str(self.replicas), "-s", str(self.stages), "-m", str(self.microbatches),
                 "--iterations", str(self.iterations)]
-        if self.snapshot_every:
+        if self.snapshot_every is not None:
             args += ["--snapshot-every", str(self.snapshot_every)]
         for f in self.faults:
             args += f.flag()
@@ -115,7 +115,8 @@ class Schedule:
         return out | ({"node add"} if nodes else set())
 
     def describe(self) -> str:
-        parts = ([f"K{self.snapshot_every}"] if self.snapshot_every else []) + \
+        k = self.snapshot_every
+        parts = ([] if k is None else [f"K{k}" if k else "Koff"]) + \
             [" ".join(f.short() for f in self.faults) or "-"]
         if self.outage:
             parts.append(f"svc-kill@{self.outage.at_s:g}s+{self.outage.outage_s:g}s")
