@@ -99,7 +99,7 @@ def summarize(records: list[dict]) -> dict:
                             "snapshot_restores", 0) for r in records),
                         "runs_with_moves": sum(1 for r in records
                                                if (r.get("elastic") or {}).get("moves")),
-                        "snapshot_every": dict(sorted(chosen.items())),
+                        "snapshot_every": dict(sorted(chosen.items(), key=_k_order)),
                         "pauses": sum((r.get("elastic") or {}).get("pauses", 0)
                                       for r in records)},
             # only exact is a success: a halt too is a failure (see runner.py)
@@ -160,6 +160,12 @@ def _recoveries(rec: list[dict]) -> str:
         return "-"
     return " ".join(f"{x.get('kind', '?')[0]}{x['worker'][0]}:{x['worker'][1]}"
                     f"@{x.get('iteration', '?')}={float(x['seconds']):.1f}s" for x in rec)
+
+
+def _k_order(item: tuple[str, int]) -> tuple:
+    """K=2 before K=10; a word (an off run's "off") after the numbers."""
+    k = item[0]
+    return (not k.isdigit(), int(k) if k.isdigit() else 0, k)
 
 
 def _r(x: Optional[float]) -> Optional[float]:
