@@ -10,13 +10,14 @@ import json
 import os
 import platform
 
-from recycle.chaos.report import recovery_stats, summarize
+from recycle.chaos.report import OUTCOMES, recovery_stats, summarize
 
 # (kind, why) of a scheduled fault -> how the table names it
-KINDS = ((("kill", "stage"), "a whole stage lost"), (("kill", "node"), "a whole node lost"),
+KINDS = ((("kill", "random"), "a random kill"),
+         (("kill", "stage"), "a whole home stage lost"), (("kill", "node"), "a whole node lost"),
          (("rejoin", "node"), "a node added back"), (("kill", "holder"), "a snapshot holder killed"),
          (("kill", "move"), "a kill in the iteration of a move"),
-         (("kill", "donor"), "a donor killed (the peer a failed worker's micro-batches went to)"),
+         (("kill", "donor"), "a donor killed (a peer of a rejoining worker's home stage)"),
          (("stall", None), "a worker stalled"))
 
 MODES = (("local", "local, all"), ("local-clean", "local, no other fault in flight"),
@@ -31,38 +32,43 @@ def main(argv=None) -> int:
     ap.add_argument("--command", action="append", default=[])
     ap.add_argument("--commit", default="?")
     ap.add_argument("--out", default="benchmarks/results/chaos.md")
+    ap.add_argument("--title", default="Chaos soak: random kills, rejoins, stalls, donor kills, "
+                    "whole stages and nodes lost, nodes added, service crashes")
     args = ap.parse_args(argv)
     runs = []
     for f in args.files:
         with open(f) as fh:
             runs += json.load(fh)["runs"]
-    counts: dict[str, int] = {}
+    counts = {k: 0 for k in OUTCOMES}  # every outcome, zeros included
     for r in runs:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     stats = recovery_stats(runs)
     having = {name: sum(any((f["kind"], f.get("why")) == kind for f in r["schedule"]["faults"])
                         for r in runs) for kind, name in KINDS}
+    having = {name: n for name, n in having.items() if n}  # kinds these schedules draw
     having["the service killed and restarted"] = sum(bool(r["schedule"].get("outage"))
                                                      for r in runs)
     el = summarize(runs)["elastic"]
-    lines = ["# Chaos soak: random kills, rejoins, stalls, donor kills, whole stages and nodes "
-             "lost, nodes added, snapshot holders killed, kills during moves, service crashes",
-             "",
+    lines = [f"# {args.title}", "",
              "Commands (at commit " + args.commit + "):", ""]
     lines += [f"    {c}" for c in args.command]
     lines += ["", f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared). Each run "
               "trains a tiny GPT under a seeded schedule with a hard time limit, compares "
               "losses and per-stage parameter checksums with the one-process reference "
               "(1e-5), and checks that no process it started is left.", "",
-              "| runs | " + " | ".join(sorted(counts)) + " | leaked processes | max loss diff |",
+              "| runs | " + " | ".join(counts) + " | leaked processes | max loss diff |",
               "| --- | " + " | ".join("---" for _ in counts) + " | --- | --- |",
-              f"| {len(runs)} | " + " | ".join(str(counts[k]) for k in sorted(counts))
+              f"| {len(runs)} | " + " | ".join(str(n) for n in counts.values())
               + f" | {sum(len(r['leaks']) for r in runs)} | "
               f"{max((r['max_diff'] or 0) for r in runs):.1e} |", "",
-              f"Elastic runs (peer-memory snapshots every K iterations, `K` in the faults): "
-              f"{el['runs']}; plans moved a worker {el['moves']} times in "
-              f"{el['runs_with_moves']} runs, and restored a stage from peer memory (or "
-              f"rebuilt it from the seed) {el['snapshot_restores']} times.", "",
+              f"Runs that kept peer-memory snapshots: {el['runs']}"
+              + (" (K as the runs chose it: " + ", ".join(
+                  f"K={k} in {n}" for k, n in el["snapshot_every"].items()) + ")"
+                 if el.get("snapshot_every") else "")
+              + f"; plans moved a worker {el['moves']} times in "
+              f"{el['runs_with_moves']} runs, restored a stage from peer memory (or "
+              f"rebuilt it from the seed) {el['snapshot_restores']} times, and paused "
+              f"{el.get('pauses', 0)} times.", "",
               "Runs with each kind of fault: " + "; ".join(f"{name} {n}" for name, n in
                                                             having.items()) + ".", "",
               "Time to recover (s): from a SIGKILL to every survivor training under the next "
@@ -77,8 +83,13 @@ def main(argv=None) -> int:
                           if s["n"] else "0 | - | - | -")
         lines.append(f"| {label} | " + " | ".join(cell(stats[mode][k])
                                                    for k in ("kill", "loss", "rejoin")) + " |")
+    failed = [r for r in runs if r["outcome"] != "exact"]
+    if failed:  # each with what it said last and the command that repeats it
+        lines += ["", "Runs that were not exact:", ""]
+        lines += [f"- {r['name']} ({r['outcome']}): {r.get('error') or ''}; "
+                  f"`{r.get('command', '?')}`" for r in failed]
     lines += ["", "## Runs", "",
-              "| run | grid | faults | outcome | wall s | max loss diff | moves/restores |",
+              "| run | grid | faults | outcome | wall s | max loss diff | moves/restores K |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
@@ -88,7 +99,9 @@ def main(argv=None) -> int:
         lines.append(f"| {r['name']} | {r['grid']} m{r['microbatches']} n{r['iterations']} | "
                      f"{faults} | {r['outcome']} | {r['wall_s']:.1f} | {diff} | "
                      f"{(r.get('elastic') or {}).get('moves', '-')}/"
-                     f"{(r.get('elastic') or {}).get('snapshot_restores', '-')} |")
+                     f"{(r.get('elastic') or {}).get('snapshot_restores', '-')}"
+                     + (f" K{k}" if (k := (r.get('elastic') or {}).get('snapshot_every'))
+                        is not None else "") + " |")
     with open(args.out, "w") as fh:
         fh.write("\n".join(lines) + "\n")
     print("\n".join(lines[:30]))

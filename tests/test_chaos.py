@@ -15,11 +15,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from executor.launch.faults import parse_event, parse_stall
-from recycle.chaos.liveness import Liveness
 from recycle.chaos.leaks import new_tag, reap_leaks, tagged, tagged_env
 from recycle.chaos.report import summarize
 from recycle.chaos.schedule import (GROUP_KINDS, MAX_KILLS_PER_ITERATION, STALL_S, Fault,
-                                    Schedule, draw, draw_one, horizon)
+                                    Schedule, draw, draw_one)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 seeds = st.integers(min_value=0, max_value=2**63)
@@ -27,46 +26,47 @@ indices = st.integers(min_value=0, max_value=50)
 
 
 def violations(sched: Schedule) -> list[str]:
-    """Replays the schedule on its own (not with the drawing code's simulation): rejoins of
-    iteration i land before its kills; a rejoined worker is killable from the next one on."""
+    """Replays the schedule on its own (not with the drawing code) in the user's picture:
+    worker R:S is of home stage S; rejoins of iteration i land before its kills, and a
+    rejoined worker is killable from the next one on; at least S workers stay live after
+    every iteration (fewer pause the run, and a rejoin cannot fire then)."""
     D, S, N = sched.replicas, sched.stages, sched.iterations
     live = {(r, s) for r in range(D) for s in range(S)}
-    # plans may move workers between stages; with snapshots a stage may lose everyone
-    alive = Liveness(D, S, sched.microbatches, snapshots=sched.snapshot_every > 0,
-                     horizon=horizon(D, S, sched.microbatches, sched.service))
-    back_at: dict = {}
     out = []
     for f in sched.faults:
         if not 0 <= f.iteration < N:
             out.append(f"{f.short()}: iteration outside 0..{N - 1}")
         if not (0 <= f.worker[0] < D and 0 <= f.worker[1] < S):
             out.append(f"{f.short()}: worker outside the grid")
+    if sched.snapshot_every is not None:
+        out.append("a drawn schedule sets --snapshot-every (not the default flags)")
     for i in range(N):
         at = [f for f in sched.faults if f.iteration == i]
-        for f in (f for f in at if f.kind == "rejoin"):
+        rejoins = [f for f in at if f.kind == "rejoin"]
+        for f in rejoins:
             if f.worker in live:
                 out.append(f"{f.short()}: rejoin of a live worker")
             if i > N - 2:
                 out.append(f"{f.short()}: rejoins too late to train")
             live.add(f.worker)
-            back_at[f.worker] = i
         kills = [f for f in at if f.kind == "kill"]
         single = [f for f in kills if f.why not in GROUP_KINDS]
-        # a kill in the iteration of a move comes on top of the single kills
-        if len(single) > MAX_KILLS_PER_ITERATION + any(f.why == "move" for f in single):
+        if len(single) > MAX_KILLS_PER_ITERATION:
             out.append(f"iteration {i}: {len(single)} single kills")
-        if any(f.why in GROUP_KINDS for f in kills) and not sched.snapshot_every:
-            out.append(f"iteration {i}: a group loss without snapshots")
         for f in kills:
-            if f.worker not in live or back_at.get(f.worker) == i:
+            if f.worker not in live or any(r.worker == f.worker for r in rejoins):
                 out.append(f"{f.short()}: kill of a worker not (yet) live")
-            live.discard(f.worker)
-        states = alive.after([f.worker for f in at if f.kind == "rejoin"],
-                             [f.worker for f in kills])
-        if states is None:  # some order of the iteration's events leaves no plan
-            out.append(f"iteration {i}: a stage may be left with no live worker")
-            break
-        alive.states = states
+            if f.why == "donor" and not any(r.worker[1] == f.worker[1] for r in rejoins):
+                out.append(f"{f.short()}: a donor kill with no rejoin of its home stage")
+        # a group kind is whole: every worker live before the kills of that home stage / row
+        for why, key in (("stage", 1), ("node", 0)):
+            for g in {f.worker[key] for f in kills if f.why == why}:
+                lost = {f.worker for f in kills if f.why == why and f.worker[key] == g}
+                if lost != {w for w in live if w[key] == g}:
+                    out.append(f"iteration {i}: {why} {g} not lost whole")
+        live -= {f.worker for f in kills}
+        if len(live) < S:
+            out.append(f"iteration {i}: {len(live)} live workers, fewer than {S} stages")
         for f in (f for f in at if f.kind == "stall"):
             if f.worker not in live:
                 out.append(f"{f.short()}: stall of a dead worker")
@@ -78,30 +78,42 @@ def violations(sched: Schedule) -> list[str]:
 
 @settings(max_examples=300, deadline=None)
 @given(seeds, indices, st.booleans())
-def test_schedules_never_kill_the_dead_nor_leave_a_stage_empty(seed, index, service):
+def test_schedules_never_kill_the_dead_nor_leave_fewer_live_workers_than_stages(
+        seed, index, service):
     sched = draw_one(seed, index, service)
     assert violations(sched) == [], sched
 
 
 def test_the_replay_catches_broken_schedules():
     """The checker above is not vacuous: each rule, broken once."""
-    def sched(*faults):
-        return Schedule(0, 0, 2, 2, 2, 12, tuple(Fault(*f) for f in faults))
+    def sched(*faults, **kw):
+        return Schedule(0, 0, 2, 2, 2, 12, tuple(Fault(*f) for f in faults), **kw)
     assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 0), 3)))  # kills the dead
     assert violations(sched(("rejoin", (0, 0), 2)))  # rejoins the living
-    assert violations(sched(("kill", (0, 1), 1), ("kill", (1, 1), 1)))  # empties stage 1
-    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("kill", (1, 0), 1)))
+    assert violations(sched(("kill", (0, 0), 1), ("rejoin", (0, 0), 11)))  # too late
+    # a rejoined worker is killable only from the next iteration on
     assert violations(sched(("kill", (0, 0), 1), ("rejoin", (0, 0), 3), ("kill", (0, 0), 3)))
+    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("kill", (1, 0), 1)))
     assert violations(sched(("kill", (1, 1), 1), ("stall", (1, 1), 2, 1.0)))  # stalls the dead
+    assert violations(sched(("stall", (1, 1), 2, 9.0)))  # a stall past its range
+    assert violations(sched(("kill", (0, 0), 9, None, "donor")))  # no one rejoins there
+    assert violations(sched(("kill", (0, 1), 1, None, "stage")))  # (1, 1) still lives
+    assert violations(sched(("kill", (0, 0), 1, None, "node")))  # (0, 1) still lives
+    assert violations(sched(("kill", (5, 0), 1)))  # off the grid
+    assert violations(sched(("kill", (0, 0), 1), snapshot_every=2))  # not the default flags
+    # two kills above the single-kill limit (3x2: the live count alone would allow them)
+    assert violations(Schedule(0, 0, 3, 2, 2, 12, tuple(
+        Fault("kill", w, 1) for w in ((0, 0), (1, 0), (2, 1)))))
+    # a rejoin lands before its iteration's kills, so it counts toward the S live workers
+    assert not violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("rejoin", (0, 0), 3),
+                                ("kill", (1, 0), 3, None, "donor")))
+    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("kill", (1, 0), 3)))
+    # a whole home stage (or node) may be lost: the plan fills it, from a snapshot
+    assert not violations(sched(("kill", (0, 1), 1, None, "stage"),
+                                ("kill", (1, 1), 1, None, "stage"), ("rejoin", (0, 1), 4),
+                                ("kill", (1, 0), 6, None, "node")))
     assert not violations(sched(("kill", (0, 0), 1), ("rejoin", (0, 0), 3), ("kill", (1, 0), 3),
                                 ("rejoin", (1, 0), 5), ("kill", (0, 0), 5)))
-    # with snapshots a stage may lose everyone (a worker moves in), never the run its plan
-    elastic = lambda *faults: Schedule(0, 0, 2, 2, 2, 12, tuple(Fault(*f) for f in faults),  # noqa: E731
-                                       snapshot_every=2)
-    assert not violations(elastic(("kill", (0, 1), 1, None, "stage"),
-                                  ("kill", (1, 1), 1, None, "stage")))
-    assert violations(elastic(("kill", (0, 1), 1), ("kill", (1, 1), 1), ("kill", (1, 0), 1)))
-    assert violations(sched(("kill", (0, 1), 1, None, "stage"), ("kill", (1, 1), 1, None, "stage")))
 
 
 @settings(max_examples=100, deadline=None)
@@ -132,9 +144,7 @@ def test_flags_read_back_as_recycle_train_parses_them(seed, service):
     args = s.to_args()
     assert args[:8] == ["-d", str(s.replicas), "-s", str(s.stages), "-m", str(s.microbatches),
                         "--iterations", str(s.iterations)]
-    if s.snapshot_every:
-        assert args[8:10] == ["--snapshot-every", str(s.snapshot_every)]
-        args = args[:8] + args[10:]
+    assert "--snapshot-every" not in args  # the default flags: snapshots on, K auto
     got = []
     for flag, value in zip(args[8::2], args[9::2]):
         if flag == "--stall":
@@ -146,11 +156,20 @@ def test_flags_read_back_as_recycle_train_parses_them(seed, service):
     assert got == [(f.kind, f.worker, f.iteration, f.seconds) for f in s.faults]
 
 
+def test_an_explicit_k_is_one_flag_and_shown():
+    s = Schedule(0, 0, 2, 2, 2, 12, (Fault("kill", (0, 0), 1),), snapshot_every=3)
+    assert s.to_args()[8:10] == ["--snapshot-every", "3"]
+    assert s.describe().startswith("K3 ") and s.to_dict()["snapshot_every"] == 3
+    d = Schedule(0, 0, 2, 2, 2, 12, (Fault("kill", (0, 0), 1),))
+    assert d.describe() == "k0:0@1" and d.to_dict()["snapshot_every"] is None
+    assert "--snapshot-every" not in d.to_args()
+    off = Schedule(0, 0, 2, 2, 2, 12, (Fault("kill", (0, 0), 1),), snapshot_every=0)
+    assert off.to_args()[8:10] == ["--snapshot-every", "0"] and off.describe() == "Koff k0:0@1"
+
 
 def test_seeds_reach_every_kind_of_fault():
     """Over a few hundred schedules: donor kills, two kills in one iteration, a worker killed
-    and rejoined twice, stalls, and the elastic kinds: a whole stage or node lost, a node
-    added back, a snapshot holder killed, a kill in the iteration of a move."""
+    and rejoined twice, stalls, a whole home stage or node lost, a node added back."""
     found = set()
     for seed in range(300):
         s = draw_one(seed, 0)
@@ -166,7 +185,7 @@ def test_seeds_reach_every_kind_of_fault():
             found.add("stall")
         found |= s.kinds()
     assert found == {"donor kill", "two kills in one iteration", "killed and rejoined twice",
-                     "stall", "stage", "node", "node add", "holder", "move"}
+                     "stall", "stage", "node", "node add"}
 
 
 def test_a_process_that_escaped_its_session_is_found_by_its_tag_and_killed():
@@ -195,14 +214,19 @@ def test_recovery_percentiles_per_mode():
     assert stats["all"]["rejoin"] == {"n": 0, "p50": None, "p99": None, "max": None}
     # a kill the schedule drew as part of a whole stage lost counts apart, with the moves
     lost = rec(False, 4.0)
-    lost["schedule"] = {"snapshot_every": 2, "faults": [
+    lost["schedule"] = {"snapshot_every": None, "faults": [  # None: the default flags
         {"kind": "kill", "worker": [0, 0], "iteration": 1, "why": "stage"}]}
-    lost["elastic"] = {"moves": 1, "snapshot_restores": 1}
+    lost["elastic"] = {"moves": 1, "snapshot_restores": 1, "snapshot_every": 2, "pauses": 0}
     got = summarize([rec(False, 1.0), lost])
     assert got["recovery"]["local"]["kill"]["n"] == 1
     assert got["recovery"]["local"]["loss"] == {"n": 1, "p50": 4.0, "p99": 4.0, "max": 4.0}
     assert got["elastic"] == {"runs": 1, "moves": 1, "snapshot_restores": 1,
-                              "runs_with_moves": 1}
+                              "runs_with_moves": 1, "snapshot_every": {"2": 1}, "pauses": 0}
+    assert got["ok"]
+    # only exact is a success: a halt (a copy of every stage lived) fails the soak
+    halted = {**rec(False), "outcome": "halt"}
+    assert not summarize([rec(False, 1.0), halted])["ok"]
+    assert summarize([halted])["counts"]["halt"] == 1
 
 
 # ---- the command ------------------------------------------------------------------------

@@ -73,11 +73,23 @@ def recovery_stats(records: list[dict]) -> dict:
     return out
 
 
+def keeps_snapshots(record: dict) -> bool:
+    """The run kept peer-memory snapshots: its schedule left the default flags
+    (snapshot_every None) or gave a K; 0, in older records, had them off."""
+    k = record["schedule"].get("snapshot_every") if "schedule" in record else 0
+    return k is None or k > 0
+
+
 def summarize(records: list[dict]) -> dict:
     counts = {k: 0 for k in OUTCOMES}
     for r in records:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
-    elastic = [r for r in records if (r.get("schedule") or {}).get("snapshot_every")]
+    elastic = [r for r in records if keeps_snapshots(r)]
+    chosen: dict[str, int] = {}  # the K each finished run trained with (auto's choice)
+    for r in records:
+        k = (r.get("elastic") or {}).get("snapshot_every")
+        if k is not None:
+            chosen[str(k)] = chosen.get(str(k), 0) + 1
     return {"runs": len(records), "counts": counts,
             "leaks": sum(len(r["leaks"]) for r in records),
             "recovery": recovery_stats(records),
@@ -86,15 +98,21 @@ def summarize(records: list[dict]) -> dict:
                         "snapshot_restores": sum((r.get("elastic") or {}).get(
                             "snapshot_restores", 0) for r in records),
                         "runs_with_moves": sum(1 for r in records
-                                               if (r.get("elastic") or {}).get("moves"))},
+                                               if (r.get("elastic") or {}).get("moves")),
+                        "snapshot_every": dict(sorted(chosen.items(), key=_k_order)),
+                        "pauses": sum((r.get("elastic") or {}).get("pauses", 0)
+                                      for r in records)},
+            # only exact is a success: a halt too is a failure (see runner.py)
             "ok": all(r["outcome"] == "exact" for r in records)}
 
 
 def summary_line(summary: dict) -> str:
     counts = ", ".join(f"{n} {k}" for k, n in summary["counts"].items() if n or k == "exact")
     el = summary.get("elastic") or {}
+    every = ", ".join(f"K={k} in {n}" for k, n in (el.get("snapshot_every") or {}).items())
     moves = (f"; {el['moves']} moves in {el['runs_with_moves']} runs, "
-             f"{el['snapshot_restores']} snapshot restores ({el['runs']} runs kept snapshots)"
+             f"{el['snapshot_restores']} snapshot restores, {el.get('pauses', 0)} pauses "
+             f"({el['runs']} runs kept snapshots{': ' + every if every else ''})"
              if el else "")
     return f"{summary['runs']} runs: {counts}; {summary['leaks']} leaked processes{moves}"
 
@@ -114,7 +132,7 @@ def recovery_lines(summary: dict) -> list[str]:
 def table(records: list[dict]) -> Table:
     t = Table(title="recycle chaos", show_lines=False)
     for col in ("seed", "run", "grid", "faults", "outcome", "wall s", "max loss diff",
-                "moves/restores", "recoveries"):
+                "moves/restores K", "recoveries"):
         t.add_column(col, overflow="fold", justify="right" if col in ("seed", "run", "wall s") else "left")
     for r in records:
         diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
@@ -132,7 +150,9 @@ def table(records: list[dict]) -> Table:
 
 def _elastic(r: dict) -> str:
     el = r.get("elastic") or {}
-    return f"{el.get('moves', 0)}/{el.get('snapshot_restores', 0)}" if el else "-"
+    k = el.get("snapshot_every")  # the K the run trained with (auto's choice)
+    return (f"{el.get('moves', 0)}/{el.get('snapshot_restores', 0)}"
+            + ("" if k is None else f" K{k}")) if el else "-"
 
 
 def _recoveries(rec: list[dict]) -> str:
@@ -140,6 +160,12 @@ def _recoveries(rec: list[dict]) -> str:
         return "-"
     return " ".join(f"{x.get('kind', '?')[0]}{x['worker'][0]}:{x['worker'][1]}"
                     f"@{x.get('iteration', '?')}={float(x['seconds']):.1f}s" for x in rec)
+
+
+def _k_order(item: tuple[str, int]) -> tuple:
+    """K=2 before K=10; a word (an off run's "off") after the numbers."""
+    k = item[0]
+    return (not k.isdigit(), int(k) if k.isdigit() else 0, k)
 
 
 def _r(x: Optional[float]) -> Optional[float]:

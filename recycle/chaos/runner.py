@@ -1,10 +1,11 @@
 """Run one chaos schedule: the reference, then `recycle train` with the faults, judged.
 
 Outcomes: exact (losses and per-stage parameter checksums equal the one-process reference
-within 1e-5), inexact, hang (wall-time limit hit), crash (non-zero exit), halt (exit 3:
-spurious, since schedules never leave the run without a plan, and a stage that lost every
-worker has its start, rebuilt from the seed, when no snapshot of it survives), leak (a tagged process outlived the
-run; it is SIGKILLed). Every command runs as real processes in a session of its own.
+within 1e-5), inexact, hang (wall-time limit hit), crash (non-zero exit), halt (exit 3),
+leak (a tagged process outlived the run; it is SIGKILLed). Only exact is a success. A halt
+is a failure of the run: snapshots are on and a schedule keeps at least S workers live, so
+a copy of every stage lives throughout (in peer memory, or the start rebuilt from the
+seed). Every command runs as real processes in a session of its own.
 """
 from __future__ import annotations
 
@@ -119,7 +120,7 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
     tag = new_tag()
     service = Service(os.path.join(run_dir, "service.db"),
                       os.path.join(os.path.dirname(record["log"]), record["name"] + "-serve.log"),
-                      tag, snapshots=sched.snapshot_every > 0)
+                      tag, snapshots=sched.snapshot_every != 0)
     record["service_log"] = service.log_path
     done = threading.Event()
     outage = None

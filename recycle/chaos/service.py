@@ -27,15 +27,16 @@ def free_port() -> int:
 
 
 class Service:
-    def __init__(self, db: str, log_path: str, tag: str, snapshots: bool = False):
+    def __init__(self, db: str, log_path: str, tag: str, snapshots: bool = True):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.admin = secrets.token_hex(16)
-        # Default settings otherwise (heartbeat timeout 10 s): the service as users run it.
-        # The token goes by environment: command lines show in `ps` and in the records.
-        # A run keeping peer-memory snapshots needs a service that plans restores from them.
+        # Default settings otherwise (heartbeat timeout 10 s, plans for peer-memory
+        # snapshots): the service as users run it. The token goes by environment: command
+        # lines show in `ps` and in the records. A run with snapshots off (an explicit
+        # `--snapshot-every 0`) needs a service that does not plan restores from them.
         self.cmd = [sys.executable, "-m", "recycle.cli", "serve", "--db", db,
-                    "--port", str(self.port)] + (["--elastic-snapshots"] if snapshots else [])
+                    "--port", str(self.port)] + ([] if snapshots else ["--no-elastic-snapshots"])
         self.log_path, self.tag = log_path, tag
         self.proc: Optional[subprocess.Popen] = None
 
