@@ -27,6 +27,8 @@ from executor.data.token_file import with_data
 from executor.inputs.worker_settings import WorkerSettings
 from executor.inputs.workload_name import load_workload
 from executor.runtime.rendezvous import StorePlanSource
+from executor.runtime.worker_config import WorkerConfig
+from executor.timeouts import Timeouts
 
 
 def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
@@ -87,16 +89,16 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
     local = local_workers_hint() or conf.local_workers
-    agent = Agent(conf.model, me, job, conf.iterations, source, store, workload=workload,
-                  training=conf.training,
-                  timeout_s=timeout, incarnation=incarnation, start_iteration=start,
-                  resume_part=resume_part, ckpt_dir=conf.ckpt_dir, ckpt_every=conf.ckpt_every,
-                  device=device, local_workers=local,
-                  fault_iterations=fault_iterations(conf.kills, conf.stalls, me),
-                  slows=[(i, f) for r, s, i, f in conf.slows if (r, s) == me],
-                  snapshot_every=conf.snapshot_every,
-                  snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1))
-    return agent.run()
+    worker = WorkerConfig(
+        conf.model, job, conf.iterations, training=conf.training, workload=workload,
+        timeouts=Timeouts(timeout), device=device, local_workers=local,
+        start_iteration=start, resume_part=resume_part, ckpt_dir=conf.ckpt_dir,
+        ckpt_every=conf.ckpt_every,
+        fault_iterations=frozenset(fault_iterations(conf.kills, conf.stalls, me)),
+        slows=tuple((i, f) for r, s, i, f in conf.slows if (r, s) == me),
+        snapshot_every=conf.snapshot_every,
+        snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1))
+    return Agent(worker, me, source, store, incarnation).run()
 
 
 def child(store: str, replica: int, stage: int, log_path: str,

@@ -38,7 +38,6 @@ its role from its own module; `find_ties` derives the table from one full model.
 from __future__ import annotations
 
 import io
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
@@ -238,20 +237,3 @@ class TiedExchange:
             else:
                 keep.append(key)
         self.published = keep
-
-
-def wait_keys(store, keys: list[str], limit_s: float, interrupt: Callable[[], None],
-              what: str, check_s: float = 0.2) -> None:
-    """Poll until every key is in (backing off to 2 ms), calling interrupt() every check_s
-    (it raises when a newer plan is out); TimeoutError after limit_s."""
-    start = checked = time.monotonic()
-    pause = 0.0002
-    while not store.check(keys):
-        now = time.monotonic()
-        if now - checked >= check_s:
-            checked = now
-            interrupt()
-        if now - start >= limit_s:
-            raise TimeoutError(f"{what} did not come within {limit_s:g} s")
-        time.sleep(pause)
-        pause = min(2 * pause, 0.002)
