@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 
 from executor.checkpoint import Manifest
+from executor import protocol as P
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store, local_workers_hint, pick_device
 from executor.runtime.peer_snapshots.cadence import budget_bytes
@@ -44,7 +45,7 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
     host, port = args.store.rsplit(":", 1)
     store = connect_store(host, int(port), timeout_s=60)
-    conf = WorkerSettings.from_json(store.get("config"))
+    conf = WorkerSettings.from_json(store.get(P.CONFIG))
     job = conf.job
     if world_size is not None and world_size != job.replicas * job.stages:
         raise SystemExit(f"executor.worker: WORLD_SIZE {world_size} but the job has "
@@ -58,7 +59,7 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     me = (args.replica, args.stage)
     timeout = conf.timeout
     store.set_timeout(timedelta(seconds=timeout))
-    incarnation = int(store.add(f"inc/{me[0]}:{me[1]}", 1))
+    incarnation = int(store.add(P.incarnation_key(me), 1))
     resume_part, start = None, 0
     if conf.resume:  # a restarted process (incarnation > 1) loads from a live peer
         man = Manifest.load(conf.resume)

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from executor.runtime.agent import Agent
 from executor.runtime.worker_config import WorkerConfig
+from executor.protocol import Done
 from executor.runtime.comm import connect_store
 from executor.launch.faults import parse_event, parse_stall
 from executor.launch.launcher import train
@@ -179,8 +180,8 @@ def test_world_rendezvous_follows_a_newer_plan(tmp_path):
         done = set()
         while len(done) < 2 and time.monotonic() - t_new < 2 * timeout:
             for m in mailbox.drain():
-                if m["t"] == "done" and m["it"] == 0 and not m.get("sync"):
-                    done.add((m["s"], m["v"]))
+                if isinstance(m, Done) and m.it == 0 and not m.sync:
+                    done.add((m.s, m.v))
             mailbox.wait(0.05)
         took = time.monotonic() - t_new
         assert done == {(0, 1), (1, 1)}, logs(tmp_path)
@@ -269,23 +270,23 @@ def test_mailbox_wakes_at_once_keeps_order_and_drops_a_replaced_process():
         worker.add("inc/0:1", 1)
         first = StorePlanSource(worker, (0, 1), 1)
         t0 = time.monotonic()
-        threading.Timer(0.2, lambda: first.send("done", it=0)).start()
+        threading.Timer(0.2, lambda: first.send(Done(it=0))).start()
         mailbox.wait(10.0)
         assert 0.15 < time.monotonic() - t0 < 2.0
-        first.send("done", it=1)
+        first.send(Done(it=1))
 
         def drained(n):
             got, end = [], time.monotonic() + 5
             while len(got) < n and time.monotonic() < end:
-                got += [(m["inc"], m["it"]) for m in mailbox.drain()]
+                got += [(m.inc, m.it) for m in mailbox.drain()]
                 mailbox.wait(0.05)
             return got
         assert drained(2) == [(1, 0), (1, 1)]
         mailbox.forget((0, 1))  # what the coordinator does when a worker's process dies
         worker.add("inc/0:1", 1)  # a second process of worker 0:1 starts
         second = StorePlanSource(connect_store("127.0.0.1", store.port, timeout_s=5), (0, 1), 2)
-        first.send("done", it=2)  # late, from the replaced process
-        second.send("done", it=3)
+        first.send(Done(it=2))  # late, from the replaced process
+        second.send(Done(it=3))
         assert drained(1) == [(2, 3)]
     finally:
         mailbox.close()  # a reader left blocked in the store would abort the process at exit

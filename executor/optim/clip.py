@@ -31,6 +31,7 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor
 
+from executor.protocol import clip_norm_key
 from executor.runtime.waiting import wait_until
 
 EPS = 1e-6  # clip_grad_norm_'s
@@ -67,7 +68,7 @@ class NormBoard:
 
     @staticmethod
     def key(version: int, it: int, stage: int) -> str:
-        return f"recycle/clip/v{version}/i{it}/s{stage}"
+        return clip_norm_key(version, it, stage)
 
     def publish(self, version: int, it: int, stage: int, sq: float) -> None:
         self.store.set(self.key(version, it, stage), float(sq).hex())

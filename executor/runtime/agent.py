@@ -31,6 +31,8 @@ import time
 import traceback
 from typing import Optional
 
+from executor.compute.reference import checksum
+from executor.protocol import Bye, Done, Fatal, NoCopyLeft
 from executor.runtime.comm import World
 from executor.runtime.iteration import IterationRuntime
 from executor.runtime.model_error import ModelError, own_log
@@ -106,7 +108,7 @@ class Agent:
             return 0
         except NoCopy as exc:  # no live copy of some stage: the run halts (exit 3)
             self.log(f"halting the run: {exc}")
-            self.source.send("halt", reason=str(exc))
+            self.source.send(NoCopyLeft(reason=str(exc)))
             st.leaving = True
             return 0
         except ActivationSpecError as exc:  # the model is wrong: no plan can help
@@ -129,7 +131,7 @@ class Agent:
             self.world.close()
         if self.state.leaving:  # the last word: the coordinator may close its store now
             try:
-                self.source.send("bye")
+                self.source.send(Bye())
             except Exception:  # closed already (it waited for us in vain)
                 pass
 
@@ -137,7 +139,7 @@ class Agent:
         """Halt the run with `reason` (the coordinator publishes the halt), then exit 2.
         Waits a little for the halt so that our exit is not taken for a failure first."""
         self.log(f"fatal: {reason}")
-        self.source.send("fatal", reason=reason, **extra)
+        self.source.send(Fatal(reason=reason, **extra))
         try:
             self.source.wait_for_plan(10 ** 9, self.conf.timeouts.coordinator_answer)
         except TrainingHalted:
@@ -199,9 +201,8 @@ class Agent:
         self.log(f"entered plan v{plan.version} ({len(live)} workers, failed {plan.failed}, "
                  f"{backward}, {plan.solver.optimizer} optimizer) at iteration "
                  f"{synced.iteration}")
-        from executor.compute.reference import checksum
-        self.source.send("done", it=st.done, checksum=checksum(self.stage.module), sync=True,
-                         at=time.time(), slot=list(st.me))
+        self.source.send(Done(it=st.done, checksum=checksum(self.stage.module), sync=True,
+                              at=time.time(), slot=list(st.me)))
         st.in_version = plan.version  # entered with the stage's state in place
 
     def _move(self, slot: tuple[int, int], plan: Plan) -> None:

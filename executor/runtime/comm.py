@@ -28,6 +28,7 @@ from typing import Callable, Optional, Sequence
 import torch
 import torch.distributed as dist
 
+from executor import protocol as P
 from executor.runtime.waiting import CommError, WaitEnded, wait_until
 from executor.runtime.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
 from executor.timeouts import Timeouts
@@ -115,7 +116,7 @@ class World:
         # with init_process_group/new_group: those name groups by a process-wide counter
         # that advances even when a rendezvous fails partway, after which this process's
         # store keys no longer match its peers' and every later world times out.
-        pre = f"recycle/v{version}/"
+        pre = P.world_prefix(version)
         try:
             self.ctrl = dist.ProcessGroupGloo(dist.PrefixStore(pre + "ctrl/", store),
                                               self.rank, len(self.workers), self.timeout)
@@ -155,8 +156,7 @@ class World:
         still the newest, keep waiting (a stalled member may come back) but report the
         missing once (Timeouts.report_missing), so the plan source can declare them
         failed or re-publish."""
-        pre = f"recycle/v{self.version}/here/"
-        keys = [f"{pre}{w[0]}:{w[1]}" for w in self.workers]
+        keys = [P.checkin_key(self.version, w) for w in self.workers]
         mine = keys[self.rank]
         store.set(mine, "1")
         absent = lambda: [w for w, k in zip(self.workers, keys) if not store.check([k])]  # noqa: E731
@@ -193,7 +193,7 @@ class World:
 
     # ---- activations and gradients (any tensors; spec agreed once per version) ---------
     def _spec_key(self, stage: int) -> str:
-        return f"recycle/v{self.version}/spec/{stage}"
+        return P.activation_spec_key(self.version, stage)
 
     def activation_spec(self, stage: int, out: Optional[Activation] = None) -> ActivationSpec:
         """The spec of stage `stage`'s output under this plan version. Its first sender

@@ -10,6 +10,7 @@ import time
 from typing import Optional
 
 from executor.compute.reference import checksum
+from executor.protocol import Done, Mid
 from executor.runtime.compute_clock import ComputeClock
 from executor.runtime.grad_sum import allreduce_grads
 from executor.runtime.interpreter import FAULT, StageSteps, run_steps, with_fault_point
@@ -76,7 +77,7 @@ class IterationRuntime:
         its host can be signalled) and let the signal land right here. Only in iterations
         a fault may target us: a store round trip per iteration otherwise."""
         a = self.agent
-        a.source.send("mid", it=it, wait=True, pid=os.getpid(), host=HOST)
+        a.source.send(Mid(it=it, wait=True, pid=os.getpid(), host=HOST))
         a.source.await_go(it, a.conf.timeouts.coordinator_answer)
 
     def _post_ahead(self, it: int, k: int, window: int = 2) -> None:
@@ -125,9 +126,9 @@ class IterationRuntime:
             stage.stepper.settle()  # what is published or saved must be final
         n = sum(1 for x in self.actions if x.op == "F")
         st.last_compute = (it, self.clock.per_microbatch(n, stage.stepper.idle_cpu_s))
-        a.source.send("done", it=it, losses=losses, compute=round(st.last_compute[1], 7),
-                      slot=list(st.me), checksum=checksum(stage.module) if final else None,
-                      **(self._snapshot_figures() if final else {}))
+        a.source.send(Done(it=it, losses=losses, compute=round(st.last_compute[1], 7),
+                           slot=list(st.me), checksum=checksum(stage.module) if final else None,
+                           **(self._snapshot_figures() if final else {})))
         if a.snaps is not None and a.snaps.due(it):
             stage.stepper.settle()  # the snapshot is of the final step (a clip may redo it)
             a.snaps.offer(st.me[1], it, stage.state(), send=st.writer)

@@ -41,11 +41,12 @@ from torch import nn
 from executor.optim.clip import NormBoard, coefficient, global_norm, scale_, stage_sq_norm
 from executor.optim.schedule import IterationLR
 from executor.optim.snapshot import StageSnapshots
+from executor import protocol as P
 from executor.runtime.tied import TiedExchange
 from executor.runtime.waiting import wait_until
 from executor.timeouts import Timeouts
 
-_PLAN_COUNTER = "plan/version"  # rendezvous.publish_plan's: newest version + 1
+_PLAN_COUNTER = P.PLAN_VERSION  # rendezvous.publish_plan's: newest version + 1
 
 
 @dataclass

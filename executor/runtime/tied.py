@@ -44,6 +44,8 @@ from typing import Callable, Optional, Sequence
 import torch
 from torch import Tensor, nn
 
+from executor.protocol import tied_key
+
 ATTR = "recycle_ties"
 
 
@@ -165,7 +167,7 @@ class TiedExchange:
     @staticmethod
     def key(kind: str, version: int, it: int, stage: int) -> str:
         """One blob per (kind, version, iteration, publishing stage): {tie index: tensor}."""
-        return f"recycle/tied/v{version}/i{it}/{kind}/s{stage}"
+        return tied_key(version, it, kind, stage)
 
     def _publish(self, key: str, tensors: dict) -> None:
         # Every peer of the stage holds the same tensors (after the all-reduce, or after
