@@ -81,6 +81,8 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", args.replica * job.stages + args.stage))
     try:
         device = pick_device(local_rank, conf.device)
+        if device.type == "cuda":  # events, streams and pinned copies of this process go to
+            torch.cuda.set_device(device)  # its own GPU, not GPU 0
     except ValueError as exc:  # this host lacks the device the run asks for
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2

@@ -162,3 +162,14 @@ def test_spec_round_trip_and_grad_spec():
     assert not one.is_tuple and one.grad() == one
     with pytest.raises(ActivationSpecError, match=r"not \(list\)|not \(dict\)|Tensor"):
         ActivationSpec.of({"x": torch.zeros(1)})
+
+
+def test_a_missing_gradient_is_zeros_on_the_device_of_the_others():
+    # the CUDA path: a CPU zero among CUDA gradients broke the message's packing (the meta
+    # device stands in for CUDA here: its tensors are never on the CPU either)
+    from executor.runtime.wire import grad_message
+    spec = ActivationSpec.of(ACT).grad()
+    out = grad_message(spec, (None, torch.empty(5, dtype=torch.float64, device="meta")))
+    assert [t.device.type for t in out] == ["meta", "meta"]
+    assert out[0].dtype == torch.bfloat16 and tuple(out[0].shape) == (2, 3, 4)
+    assert [t.device.type for t in grad_message(spec, (None, None))] == ["cpu", "cpu"]

@@ -283,3 +283,51 @@ def test_train_flag_snapshots_every_iteration_and_refuses_a_negative_k(tmp_path)
     err = [ln for ln in (r.stderr or r.output).strip().splitlines() if ln.strip()]
     assert r.exit_code == 2 and len(err) == 1, r.output
     assert "--snapshot-every must be auto, off or a number of iterations (0: off), not '-1'" in err[0]
+
+
+def test_a_copy_is_waited_for_by_two_threads_at_once():
+    # the CUDA path: the sender and the training thread call ready() together; one read the
+    # event, the other cleared it, and the first then called None.synchronize(). The race
+    # is forced here: the second reader's next read of the event waits until it is cleared.
+    import threading
+    from executor.runtime.peer_snapshots.local import HostCopy
+
+    checked, cleared = threading.Event(), threading.Event()
+    reads: dict = {}
+
+    class Event:
+        def synchronize(self):
+            pass
+
+    class Racy(HostCopy):
+        @property
+        def event(self):
+            name = threading.current_thread().name
+            reads[name] = reads.get(name, 0) + 1
+            if name == "second":
+                if reads[name] == 1:
+                    checked.set()
+                else:
+                    cleared.wait(2)
+            return self._event
+
+        @event.setter
+        def event(self, value):
+            self._event = value
+            if value is None:
+                cleared.set()
+
+    copy = Racy(0, {}, [], Event())
+    errors = []
+
+    def ask():
+        try:
+            copy.ready()
+        except Exception as exc:  # noqa: BLE001 - what the test looks for
+            errors.append(exc)
+    second = threading.Thread(target=ask, name="second")
+    second.start()
+    checked.wait(2)
+    ask()  # the first, in this thread: it clears the event
+    second.join(5)
+    assert errors == [] and copy.event is None

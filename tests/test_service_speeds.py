@@ -219,12 +219,16 @@ def test_speed_too_small_for_the_spec_is_422(admin, server):
     assert r.status_code == 200 and r.json()["plan_version"] == 1
 
 
-def test_halted_and_finished_jobs_refuse_speeds(admin, server):
-    jid, token = register(admin, D=1, S=2, M=2)
-    assert admin.post(f"/v1/jobs/{jid}/events", json={
-        "event_id": "f", "kind": "failure", "replica": 0, "stage": 0}).json()["state"] == \
-        "halted"
-    r = admin.post(f"/v1/jobs/{jid}/speeds", json=speed("s", 0, 1, 0.5))
+def test_halted_and_finished_jobs_refuse_speeds(admin, server, tmp_path):
+    # a service that plans for runs without snapshots halts (with them it would pause)
+    with ThreadServer(tmp_path / "service.db", precompute_failures=0,
+                      elastic_snapshots=False) as plain, \
+            httpx.Client(base_url=plain.url, headers=admin_headers(), timeout=10) as other:
+        jid, token = register(other, D=1, S=2, M=2)
+        assert other.post(f"/v1/jobs/{jid}/events", json={
+            "event_id": "f", "kind": "failure", "replica": 0, "stage": 0}).json()["state"] == \
+            "halted"
+        r = other.post(f"/v1/jobs/{jid}/speeds", json=speed("s", 0, 1, 0.5))
     assert r.status_code == 409 and "halted" in r.json()["detail"]
     jid, token = register(admin, D=2, S=2, M=2)
     assert admin.post(f"/v1/jobs/{jid}/finish").status_code == 200

@@ -6,7 +6,8 @@ equal one optimizer over the whole model), at the learning rate of iteration i
 (optim/schedule.py), with gradients clipped by the global norm over all stages
 (optim/clip.py: per-stage float64 sums added in stage order, as the workers do).
 bf16: each stage's forward (and the loss) runs under autocast, as StageCompute does, so
-the stage boundaries see the same dtypes.
+the stage boundaries see the same dtypes. `device`: where it computes (the micro-batches
+are made on the CPU and moved, as the workers do; `recycle train --reference --device cuda`).
 Weights tied across stages (runtime/tied.py) are separate copies here too, as on the
 workers: before the step the owner's gradient becomes g_owner + g_mirror (stage order),
 the mirror's copy is not stepped, and after the step it takes the owner's value. The layers run their native ops here (no
@@ -113,11 +114,14 @@ def compare(a: Summary, b: Summary, tol: float = 1e-5) -> list[str]:
 def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iterations: int,
                     stages: int, *, training: TrainingSettings = TrainingSettings(),
                     workload: Workload = DEFAULT_WORKLOAD,
-                    after_step: Optional[Callable[[int, list, list], None]] = None) -> Summary:
+                    after_step: Optional[Callable[[int, list, list], None]] = None,
+                    device: torch.device | str = "cpu") -> Summary:
     """`after_step(it, modules, optimizers)`: called once iteration `it` has stepped (to
     read the whole state at an iteration: tests of snapshots)."""
     wl = workload
-    modules = [wl.build_stage(cfg, s, stages) for s in range(stages)]
+    dev = torch.device(device)
+    # built on the CPU, then moved: the same initial weights on every device
+    modules = [wl.build_stage(cfg, s, stages).to(dev) for s in range(stages)]
     ties = sorted({t for m in modules for t in ties_of(m)}, key=lambda t: t.holders)
     check_tie_table(ties, modules)
     opts = [wl.make_optimizer(training, m.parameters()) for m in modules]
@@ -129,6 +133,8 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
         total = 0.0
         for g in range(n):
             x, targets = wl.microbatch(cfg, it, g)
+            x = tuple(t.to(dev) for t in x) if isinstance(x, tuple) else x.to(dev)
+            targets = targets.to(dev) if isinstance(targets, Tensor) else targets
             for s, m in enumerate(modules):
                 first = x[0] if isinstance(x, tuple) else x
                 with autocast(training.precision, first.device):

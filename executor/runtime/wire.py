@@ -127,7 +127,8 @@ class ActivationSpec:
 
 def grad_message(spec: ActivationSpec, grads: Optional[Activation]) -> Activation:
     """The gradient message as the interface defines it, from what I returned: a missing
-    gradient of a floating tensor (it did not take part in the loss) is zeros."""
+    gradient of a floating tensor (it did not take part in the loss) is zeros, on the
+    device of the others (a CPU tensor among CUDA ones broke the message's packing)."""
     if spec.is_tuple:
         gs = tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
     else:
@@ -136,9 +137,10 @@ def grad_message(spec: ActivationSpec, grads: Optional[Activation]) -> Activatio
         raise ActivationSpecError(f"the gradient message has {len(gs)} tensors, the spec "
                                   f"{spec} has {len(spec.shapes)} floating ones")
     out = []
+    device = next((g.device for g in gs if g is not None), torch.device("cpu"))
     for g, s, d in zip(gs, spec.shapes, spec.dtypes):
         if g is None:
-            g = torch.zeros(s, dtype=d)
+            g = torch.zeros(s, dtype=d, device=device)
         elif tuple(g.shape) != s:
             raise ActivationSpecError(f"a gradient of shape {list(g.shape)} for an activation "
                                       f"of shape {list(s)}")

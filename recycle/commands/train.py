@@ -94,7 +94,7 @@ def train_cmd(
     timeout: float = typer.Option(5.0, help="seconds before a silent peer counts as failed"),
     job: Optional[str] = typer.Option(None, "--job", help="job spec JSON (e.g. from `recycle profile`)"),
     run_dir: Optional[str] = typer.Option(None, help="worker logs and stage states (default: a temp dir)"),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA if present), cpu or cuda: where workers compute"),
+    device: str = typer.Option("auto", "--device", help="auto (CUDA if present), cpu or cuda: where workers compute (--reference: cuda on the GPU, else the CPU)"),
     external: bool = typer.Option(False, help="do not spawn workers: wait for torchrun'd `python -m executor.worker`"),
     store_port: int = typer.Option(0, help="port of the coordinator's store (0: any free port)"),
     service: Optional[str] = typer.Option(None, "--service", help="workers take plans from, and report failures to, `recycle serve` at this URL"),
@@ -210,8 +210,10 @@ def train_cmd(
         # more threads, and Adam turns that rounding into lr-sized steps where a gradient
         # is near 0 (a GPT with vocab 8192 drifted 0.004 from its own workers on 2 cores)
         torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
+        # on the GPU only when asked by name: "auto" kept the reference on the CPU before
         result = train_reference(cfg, replicas, microbatches, iterations, stages,
-                                 training=training, workload=workload)
+                                 training=training, workload=workload,
+                                 device="cuda" if device == "cuda" else "cpu")
         for i, loss in enumerate(result.losses):
             console.print(f"iter {i:>4}  loss {loss:.5f}  (reference)")
         if summary:

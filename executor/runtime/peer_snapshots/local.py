@@ -33,8 +33,11 @@ class HostCopy:
         self.users = 0  # the keeper's hold and a transfer's each count one
 
     def ready(self) -> None:
-        if self.event is not None:
-            self.event.synchronize()
+        """Wait for the copy (CUDA: its event). The sender and the training thread may both
+        ask at once: each waits on the event it read, and it is cleared only after."""
+        event = self.event
+        if event is not None:
+            event.synchronize()
             self.event = None
 
     def state(self, clone: bool = True):

@@ -1,0 +1,140 @@
+"""Sections a and b: is training on CUDA right?
+
+a. The one-process reference (executor/compute/reference.py) of the small model on the
+   GPU against the same on the CPU, fp32 and bf16. Different kernels sum in different
+   orders, so this is a tolerance, on the losses; the parameters' largest difference is
+   reported beside it (AdamW turns rounding in a near-zero gradient into a step of up to
+   lr, so parameters are no tighter test than losses here).
+b. `recycle train --device cuda` on a DxS grid of worker processes sharing the GPU, with
+   a SIGKILL and a rejoin, against `recycle train --reference --device cuda`: the tests'
+   comparison (reference.compare: losses and per-stage checksums, tolerance absolute,
+   relative above magnitude 1) at the tests' tolerances, 1e-5 fp32 and 1e-4 bf16
+   (tests/test_executor_runtime.py, tests/test_training_features.py).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from executor.compute.config import TrainingSettings
+from executor.compute.model import ModelConfig
+from executor.compute.reference import Summary, compare, train_reference
+from executor.inputs.workload_name import load_workload
+from executor.models.families import architecture
+
+ROOT = Path(__file__).resolve().parents[2]
+DEVICE_TOL = {"fp32": 1e-4, "bf16": 2e-2}  # a: CUDA vs CPU, on the losses
+RUN_TOL = {"fp32": 1e-5, "bf16": 1e-4}  # b: workers vs reference, as the tests
+
+
+def small_config(model: str, micro_batch_size: int = 4) -> ModelConfig:
+    """The model as `recycle train --model NAME` builds it with no other flag."""
+    return ModelConfig(micro_batch_size=micro_batch_size, seed=0, **architecture(model))
+
+
+def _max_param_diff(a: Summary, b: Summary) -> float:
+    return max((float((sa[n] - sb[n]).abs().max()) for sa, sb in zip(a.state, b.state)
+                for n in sa if sa[n].numel()), default=0.0)
+
+
+def reference(st: dict) -> dict:
+    D, S, M = st["grid"]
+    iters, model = st["ref_iterations"], st["small_model"]
+    cfg, wl = small_config(model), load_workload(model)
+    torch.set_num_threads(1)  # the CPU side as `recycle train --reference` runs it
+    lines = [f"{model}, D={D} S={S} M={M}, {iters} iterations, one process; "
+             f"{st['device']} against cpu. Pass: every loss within the tolerance (absolute, "
+             f"relative above magnitude 1).", "",
+             "| precision | cpu s | device s | max loss diff | max param diff | tolerance "
+             "(losses) | result |", "| --- | ---: | ---: | ---: | ---: | ---: | --- |"]
+    numbers, ok = {}, True
+    for precision, tol in DEVICE_TOL.items():
+        tr = TrainingSettings(precision=precision, total_iters=iters)
+        runs, secs = [], []
+        for dev in ("cpu", st["device"]):
+            t0 = time.perf_counter()
+            runs.append(train_reference(cfg, D, M, iters, S, training=tr, workload=wl,
+                                        device=dev))
+            secs.append(time.perf_counter() - t0)
+        cpu, gpu = runs
+        loss_diff = max(abs(x - y) for x, y in zip(cpu.losses, gpu.losses))
+        par = _max_param_diff(cpu, gpu)
+        bad = compare(Summary(cpu.losses, []), Summary(gpu.losses, []), tol)
+        ok &= not bad
+        lines.append(f"| {precision} | {secs[0]:.2f} | {secs[1]:.2f} | {loss_diff:.2e} | "
+                     f"{par:.2e} | {tol:g} | {'PASS' if not bad else 'FAIL: ' + bad[0]} |")
+        numbers[f"{precision}_loss_diff"], numbers[f"{precision}_param_diff"] = loss_diff, par
+    lines += ["", f"Final losses ({st['device']}, bf16 run): "
+              + ", ".join(f"{x:.5f}" for x in gpu.losses)]
+    return {"lines": lines, "numbers": numbers, "ok": ok}
+
+
+def recycle(*args: str, timeout: float = 300) -> str:
+    """One `recycle` command (the CLI, as a user runs it); its output, or RuntimeError with
+    its last line."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    p = subprocess.run([sys.executable, "-m", "recycle.cli", *args], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    out = p.stdout + p.stderr
+    if p.returncode != 0:
+        last = (out.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"recycle {args[0]} exited {p.returncode}: {last}")
+    return out
+
+
+def transport(device: str, workers: int) -> str:
+    """What executor/runtime/comm.py's World picks for `workers` local workers."""
+    if device != "cuda":
+        return "gloo (CPU tensors)"
+    gpus = torch.cuda.device_count()
+    if gpus >= workers:
+        return f"NCCL for data, gloo for control ({gpus} GPUs, one per worker)"
+    return (f"gloo through host memory: {workers} workers share {gpus} GPU(s) and NCCL "
+            f"needs one GPU per rank, so World copies each message to the CPU and back "
+            f"(World.nccl: torch.cuda.device_count() >= local workers)")
+
+
+def workers(st: dict) -> dict:
+    D, S, M = (str(v) for v in st["grid"])
+    n, dev, model = str(st["worker_iterations"]), st["device"], st["small_model"]
+    lines = [f"`recycle train --model {model} -d {D} -s {S} -m {M} --iterations {n} "
+             f"--device {dev} --kill {st['kill']} --rejoin {st['rejoin']}` against `recycle "
+             f"train --reference --device {dev}`.", "",
+             f"Transport: {transport(dev, int(D) * int(S))}.", "",
+             "| precision | run s | recovery s (kill, rejoin) | worker devices | max diff "
+             "| tolerance | result |", "| --- | ---: | --- | --- | ---: | ---: | --- |"]
+    numbers, ok = {}, True
+    for precision in st["worker_precisions"]:
+        with tempfile.TemporaryDirectory(prefix="gpu_check_b_") as tmp:
+            common = ["--model", model, "-d", D, "-s", S, "-m", M, "--iterations", n,
+                      "--precision", precision, "--device", dev]
+            recycle("train", "--reference", *common, "--summary", f"{tmp}/ref.json")
+            t0 = time.perf_counter()
+            recycle("train", *common, "--kill", st["kill"], "--rejoin", st["rejoin"],
+                    "--timeout", "10", "--run-dir", f"{tmp}/run", "--summary", f"{tmp}/run.json")
+            secs = time.perf_counter() - t0
+            ref, got = Summary.load(f"{tmp}/ref.json"), Summary.load(f"{tmp}/run.json")
+            with open(f"{tmp}/run.json") as fh:
+                recovery = json.load(fh).get("recovery") or []
+            logs = "".join(p.read_text() for p in Path(tmp, "run").glob("worker-*.log"))
+        devices = sorted(set(re.findall(r"started \(incarnation \d+\) on (\S+)", logs)))
+        tol = RUN_TOL[precision]
+        bad = compare(got, ref, tol)
+        ok &= not bad
+        diff = max([abs(x - y) for x, y in zip(got.losses + got.param_checksums,
+                                               ref.losses + ref.param_checksums)] or [0.0])
+        rec = ", ".join(f"{r['kind']} {r['seconds']:.2f}" for r in recovery) or "none recorded"
+        lines.append(f"| {precision} | {secs:.1f} | {rec} | {', '.join(devices) or '?'} | "
+                     f"{diff:.2e} | {tol:g} | {'PASS' if not bad else 'FAIL: ' + bad[0]} |")
+        numbers[f"{precision}_diff"], numbers[f"{precision}_run_s"] = diff, secs
+    lines += ["", "max diff: the largest absolute difference over the losses and the "
+              "per-stage parameter checksums (compare's tolerance is relative above 1)."]
+    return {"lines": lines, "numbers": numbers, "ok": ok}
