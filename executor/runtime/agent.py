@@ -17,11 +17,8 @@ Failure handling (docs/design.md section 6):
     only if there is none yet is the suspect reported;
   - entering a plan = new world + sync_state; training resumes at the iteration it decides.
 
-Rollback with a staggered optimizer: a stage steps as soon as its own all-reduce is done,
-so when a later stage fails in iteration i, earlier stages may already have stepped i. The
-stepper keeps the pre-step state of every iteration not yet committed (stepped by every
-live worker) and rolls back to it; the stagger stays (a global barrier would remove
-exactly the overlap the staggered optimizer exists for).
+Rollback with a staggered optimizer (the stepper's pre-step copies of every iteration not
+yet committed): docs/executor.md, "Failures and rollback with a staggered optimizer".
 """
 from __future__ import annotations
 
