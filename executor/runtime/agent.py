@@ -54,10 +54,9 @@ class Agent:
                                  done=conf.start_iteration - 1,
                                  origin=-1 if conf.from_seed else None)
         self.fence = PlanFence(self.state, source, conf.job.identity_hash(), self.log)
-        self.stage = StageRuntime(conf, self.state.me[1], store, self.log)
+        self.stage = self._new_stage(self.state.me[1])
         if conf.resume_part is not None:
             self.stage.load_part(conf.resume_part)
-        self._wire_stage()
         self.world: Optional[World] = None
         self.iteration = IterationRuntime(self)
         # Peer-memory snapshots (docs/executor.md; 0: none, -1: auto): this worker's host
@@ -68,9 +67,11 @@ class Agent:
                                     budget=conf.snapshot_budget)
                       if conf.snapshot_every else None)
 
-    def _wire_stage(self) -> None:
+    def _new_stage(self, s: int) -> StageRuntime:
+        stage = StageRuntime(self.conf, s, self.store, self.log)
         # a wait in settle() (other stages' norms, tied weights) leaves for a newer plan
-        self.stage.stepper.newer = lambda: self.fence.next_plan(0)
+        stage.stepper.newer = lambda: self.fence.next_plan(0)
+        return stage
 
     def log(self, msg: str) -> None:
         st = self.state
@@ -209,8 +210,7 @@ class Agent:
             self.log(f"moving from stage {st.me[1]} to stage {slot[1]} (plan v{plan.version})")
             self.stage.stepper.settle()
             self.stage.close()
-            self.stage = StageRuntime(self.conf, slot[1], self.store, self.log)
-            self._wire_stage()
+            self.stage = self._new_stage(slot[1])
             st.fresh = True  # the stage's state comes from a live holder, as on a rejoin
             self.iteration.forget_lowered()
         st.me = slot
