@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import traceback
 from typing import Optional
 
 from executor.compute.reference import checksum
@@ -112,11 +111,8 @@ class Agent:
         except ActivationSpecError as exc:  # the model is wrong: no plan can help
             return self._fatal(str(exc))
         except ModelError as exc:  # full traceback here; its last line to the coordinator
-            cause = exc.__cause__
-            self.log("".join(traceback.format_exception(cause)).rstrip())
-            last = traceback.format_exception_only(cause)[-1].strip()
-            return self._fatal(f"the model raised {last} ({exc})", error="exception",
-                               log=own_log())
+            self.log(exc.traceback_text())
+            return self._fatal(exc.one_line(), error="exception", log=own_log())
         finally:
             self._close()
 
