@@ -30,6 +30,7 @@ from benchmarks import timed_worker
 from benchmarks.executor_report import notes, write_report
 from benchmarks.pp_baseline import run_torch
 from executor.launch import processes
+from executor.protocol import Done
 from executor.launch.launcher import Coordinator
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
@@ -64,10 +65,10 @@ class TimedCoordinator(Coordinator):
         finally:
             processes.worker_child = saved
 
-    def handle(self, m: dict) -> None:
-        if m["t"] == "done" and not m.get("sync") and "wall" in m:
-            self.walls.setdefault((m["r"], m["s"]), {})[m["it"]] = (m["wall"], m["timers"])
-            self.gauges[(m["r"], m["s"])] = m.get("gauges", {})
+    def handle(self, m) -> None:
+        if isinstance(m, Done) and not m.sync and m.extra:  # timed_worker's figures
+            self.walls.setdefault(m.worker, {})[m.it] = (m.extra["wall"], m.extra["timers"])
+            self.gauges[m.worker] = m.extra.get("gauges", {})
         super().handle(m)
 
 

@@ -3,8 +3,9 @@ as the launcher's process target (or run `python -m benchmarks.timed_worker`).
 
 Nothing in executor/ changes: in its own process only, this wraps StageCompute's F/I/W,
 every optimizer step (torch's global step hooks), World receives/flush/allreduce_stage,
-Agent._step and StageStepper.step (the snapshot for rollback) with timers, and StorePlanSource.send to stamp each per-iteration "done"
-message with the worker's clock ("wall", seconds) and the cumulative timers ("timers").
+IterationRuntime._step and StageStepper.step (the snapshot for rollback) with timers, and
+StorePlanSource.send to stamp each per-iteration Done message's `extra` with the worker's
+clock ("wall", seconds) and the cumulative timers ("timers").
 It also generates every micro-batch the worker may need (all iterations, all g: re-routing
 can bring any) when the agent is built, as a prefetching data loader would: the synthetic
 Markov-chain sampler costs about as much as a stage's F and would otherwise sit on the
@@ -21,11 +22,12 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 
 from executor import worker
 from executor.compute import stage
-from executor.runtime import agent, comm, rendezvous, stepper
+from executor.protocol import Done
+from executor.runtime import comm, iteration, plan_fence, rendezvous, stepper
 
 # cumulative seconds per category, sent with every per-iteration "done" message:
 #   fiw: StageCompute F/I/W; opt: optimizer steps; recv/flush/allreduce: waiting in comm;
-#   step: all of Agent._step (allreduce + stepper + bookkeeping: flatten, losses, messages)
+#   step: all of IterationRuntime._step (stepper + bookkeeping: losses, messages)
 #   stepper: StageStepper.step (the pre-step snapshot for rollback + opt; T's stepper.py)
 #   data: generating micro-batches; send: posting isends; control: plan polling;
 #   gate: the store round trip before each iteration (StorePlanSource.gate); msg: messages
@@ -66,21 +68,23 @@ def _opt_post(opt, args, kwargs):
 
 
 def _pregenerate() -> None:
-    init, batch = agent.Agent.__init__, agent.Agent._batch
+    init, batch = iteration.IterationRuntime.__init__, iteration.IterationRuntime._batch
 
-    def pregen_init(self, *args, **kw):
-        init(self, *args, **kw)
-        self.batches.ahead = False  # everything is generated up front here instead
+    def pregen_init(self, agent):
+        init(self, agent)
+        conf = agent.conf
+        agent.stage.batches.ahead = False  # everything is generated up front here instead
         self._pregen = {}
-        if self.me[1] in (0, self.S - 1):
-            for it in range(self.iterations):
-                for g in range(self.job.num_microbatches):
-                    self._pregen[(it, g)] = self.wl.microbatch(self.cfg, it, g)
+        if agent.state.me[1] in (0, conf.stages - 1):
+            for it in range(conf.iterations):
+                for g in range(conf.job.num_microbatches):
+                    self._pregen[(it, g)] = conf.workload.microbatch(conf.model, it, g)
 
     def pregen_batch(self, it: int, g: int):
         got = self._pregen.get((it, g))
         return got if got is not None else batch(self, it, g)
-    agent.Agent.__init__, agent.Agent._batch = pregen_init, pregen_batch
+    iteration.IterationRuntime.__init__ = pregen_init
+    iteration.IterationRuntime._batch = pregen_batch
 
 
 def install() -> None:
@@ -91,8 +95,10 @@ def install() -> None:
                            (stage.StageCompute, "backward_full", "fiw"),
                            (comm.World, "_recv_into", "recv"), (comm.World, "flush", "flush"),
                            (comm.World, "allreduce_stage", "allreduce"),
-                           (agent.Agent, "_step", "step"), (agent.Agent, "_batch", "data"),
-                           (comm.World, "send", "send"), (agent.Agent, "_next_plan", "control"),
+                           (iteration.IterationRuntime, "_step", "step"),
+                           (iteration.IterationRuntime, "_batch", "data"),
+                           (comm.World, "send", "send"),
+                           (plan_fence.PlanFence, "next_plan", "control"),
                            (rendezvous.StorePlanSource, "gate", "gate")):
         setattr(cls, name, _timed(getattr(cls, name), key))
     step = _timed(stepper.StageStepper.step, "stepper")
@@ -106,10 +112,10 @@ def install() -> None:
     register_optimizer_step_post_hook(_opt_post)
     send = _timed(rendezvous.StorePlanSource.send, "msg")
 
-    def timed_send(self, kind: str, **fields) -> None:
-        if kind == "done" and not fields.get("sync"):
-            fields.update(wall=time.time(), timers=dict(TIMERS), gauges=dict(GAUGES))
-        send(self, kind, **fields)
+    def timed_send(self, msg) -> None:
+        if isinstance(msg, Done) and not msg.sync:
+            msg.extra = {"wall": time.time(), "timers": dict(TIMERS), "gauges": dict(GAUGES)}
+        send(self, msg)
     rendezvous.StorePlanSource.send = timed_send
 
 

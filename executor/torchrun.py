@@ -34,9 +34,10 @@ import os
 import sys
 
 from executor import worker
+from executor.protocol import PLACEMENT
 
 PLACEMENTS = ("stages", "replicas")
-PLACEMENT_KEY = "torchrun/placement"  # the first process's --placement; the others must agree
+PLACEMENT_KEY = PLACEMENT  # the first process's --placement; the others must agree
 
 
 def rank_slot(rank: int, replicas: int, stages: int, placement: str) -> tuple[int, int]:

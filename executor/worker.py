@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 
 from executor.checkpoint import Manifest
+from executor import protocol as P
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store, local_workers_hint, pick_device
 from executor.runtime.peer_snapshots.cadence import budget_bytes
@@ -27,6 +28,8 @@ from executor.data.token_file import with_data
 from executor.inputs.worker_settings import WorkerSettings
 from executor.inputs.workload_name import load_workload
 from executor.runtime.rendezvous import StorePlanSource
+from executor.runtime.worker_config import WorkerConfig
+from executor.timeouts import Timeouts
 
 
 def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
@@ -42,7 +45,7 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
     host, port = args.store.rsplit(":", 1)
     store = connect_store(host, int(port), timeout_s=60)
-    conf = WorkerSettings.from_json(store.get("config"))
+    conf = WorkerSettings.from_json(store.get(P.CONFIG))
     job = conf.job
     if world_size is not None and world_size != job.replicas * job.stages:
         raise SystemExit(f"executor.worker: WORLD_SIZE {world_size} but the job has "
@@ -56,7 +59,7 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     me = (args.replica, args.stage)
     timeout = conf.timeout
     store.set_timeout(timedelta(seconds=timeout))
-    incarnation = int(store.add(f"inc/{me[0]}:{me[1]}", 1))
+    incarnation = int(store.add(P.incarnation_key(me), 1))
     resume_part, start = None, 0
     if conf.resume:  # a restarted process (incarnation > 1) loads from a live peer
         man = Manifest.load(conf.resume)
@@ -89,16 +92,16 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
         print(f"executor.worker: {exc}", file=sys.stderr)
         return 2
     local = local_workers_hint() or conf.local_workers
-    agent = Agent(conf.model, me, job, conf.iterations, source, store, workload=workload,
-                  training=conf.training,
-                  timeout_s=timeout, incarnation=incarnation, start_iteration=start,
-                  resume_part=resume_part, ckpt_dir=conf.ckpt_dir, ckpt_every=conf.ckpt_every,
-                  device=device, local_workers=local,
-                  fault_iterations=fault_iterations(conf.kills, conf.stalls, me),
-                  slows=[(i, f) for r, s, i, f in conf.slows if (r, s) == me],
-                  snapshot_every=conf.snapshot_every,
-                  snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1))
-    return agent.run()
+    worker = WorkerConfig(
+        conf.model, job, conf.iterations, training=conf.training, workload=workload,
+        timeouts=Timeouts(timeout), device=device, local_workers=local,
+        start_iteration=start, resume_part=resume_part, ckpt_dir=conf.ckpt_dir,
+        ckpt_every=conf.ckpt_every,
+        fault_iterations=frozenset(fault_iterations(conf.kills, conf.stalls, me)),
+        slows=tuple((i, f) for r, s, i, f in conf.slows if (r, s) == me),
+        snapshot_every=conf.snapshot_every,
+        snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1))
+    return Agent(worker, me, source, store, incarnation).run()
 
 
 def child(store: str, replica: int, stage: int, log_path: str,

@@ -9,6 +9,12 @@ if ROOT not in sys.path:
 
 
 def pytest_collection_modifyitems(config, items):
+    # Two tiers (README, "Tests"): a test that starts processes is `procs`; those with a
+    # hard time limit are exactly the ones that run real processes (the rule below), so
+    # they are marked here, and _procs_marked fails any other that starts one.
+    for item in items:
+        if item.get_closest_marker("hard_timeout") is not None:
+            item.add_marker(pytest.mark.procs)
     gpu_items = [item for item in items if "gpu" in item.keywords]
     if not gpu_items:
         return
@@ -41,6 +47,53 @@ class HardTimeout(BaseException):
 def pytest_configure(config):
     config.addinivalue_line("markers", "hard_timeout(seconds): fail the test, and clean up, "
                                        "when it runs longer; exit the run if cleanup hangs")
+    _watch_process_starts()
+
+
+# ---- the fast tier stays fast ---------------------------------------------------------------
+# `pytest -m "not procs"` is the day-to-day tier: no test in it may start a process. Every
+# start in this pytest process is counted (subprocess and multiprocessing both end in one
+# of these two calls); a test not marked `procs` that starts one fails, naming the mark.
+
+_STARTS: list[str] = []
+
+
+def _watch_process_starts() -> None:
+    import multiprocessing.process
+    import subprocess
+    if getattr(subprocess.Popen, "_recycle_watched", False):
+        return
+    popen_init, mp_start = subprocess.Popen.__init__, multiprocessing.process.BaseProcess.start
+
+    def init(self, args, *a, **kw):
+        _STARTS.append(str(args)[:80])
+        popen_init(self, args, *a, **kw)
+
+    def start(self):
+        _STARTS.append(f"multiprocessing {self.name}")
+        mp_start(self)
+    subprocess.Popen.__init__ = init
+    subprocess.Popen._recycle_watched = True
+    multiprocessing.process.BaseProcess.start = start
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._starts_before = len(_STARTS)  # before its fixtures too (a module's server)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if call.when != "teardown" or item.get_closest_marker("procs") is not None:
+        return
+    before = getattr(item, "_starts_before", len(_STARTS))
+    if len(_STARTS) > before and rep.passed:
+        rep.outcome = "failed"
+        rep.longrepr = (f"started {_STARTS[before]} but is not marked procs (give it "
+                        "@pytest.mark.hard_timeout(SECONDS), or pytestmark = "
+                        "pytest.mark.procs for a module whose fixtures start processes)")
 
 
 @pytest.fixture(autouse=True)

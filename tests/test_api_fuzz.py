@@ -33,6 +33,9 @@ CHECKS = [not_a_server_error, status_code_conformance, content_type_conformance,
           response_schema_conformance, negative_data_rejection]
 
 
+pytestmark = pytest.mark.procs  # its server runs in a process of its own
+
+
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
     db = tmp_path_factory.mktemp("fuzz") / "service.db"

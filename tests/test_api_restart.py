@@ -1,6 +1,7 @@
 """kill -9 the service (a real subprocess) and restart it on the same SQLite file."""
 from __future__ import annotations
 
+import pytest
 import threading
 import time
 
@@ -9,6 +10,8 @@ import httpx
 from api_support import ProcServer, admin_headers, spec
 from executor.sources.http_source import HttpPlanSource
 
+
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
 
 def ev(event_id, kind, r, s):
     return {"event_id": event_id, "kind": kind, "replica": r, "stage": s}

@@ -12,6 +12,8 @@ from executor.sources.http_source import HttpPlanSource
 from executor.sources.plan_source import TrainingHalted
 from planner.validate import validate
 
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
+
 HB_TIMEOUT = 0.6
 
 

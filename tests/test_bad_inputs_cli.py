@@ -169,6 +169,7 @@ def test_validate_checks_reported_metrics_against_the_replay(files, edited, says
     assert r.exit_code == 1 and says in r.output and "valid:" not in r.output, r.output
 
 
+@pytest.mark.procs
 def test_huge_specs_are_refused_without_parsing_them(files):
     """Item 10: the 50 MB spec took 1.4 GB and 9 s in validate; now plan refuses it by
     its size, validate after a skim for the grid (peak ~630 MB, measured in a fresh

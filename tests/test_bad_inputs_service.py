@@ -27,6 +27,7 @@ def _doc_curls() -> list[str]:
     return [line for line in block.splitlines() if line.startswith("curl ")]
 
 
+@pytest.mark.procs
 def test_documented_curl_commands_work(server):
     """Item 17: without Content-Type the documented POSTs answered 422."""
     lines = _doc_curls()

@@ -188,6 +188,7 @@ def test_seeds_reach_every_kind_of_fault():
                      "stall", "stage", "node", "node add"}
 
 
+@pytest.mark.procs
 def test_a_process_that_escaped_its_session_is_found_by_its_tag_and_killed():
     tag = new_tag()
     escapee = subprocess.Popen([sys.executable, "-c", "import os, time; os.setsid(); "
@@ -242,6 +243,7 @@ def chaos(*args: str, timeout: float = 60, env_tag: str = "") -> subprocess.Comp
     (["--time-limit", "0"], "--time-limit must be positive"),
     (["--json", "/nonexistent-dir/x.json"], "/nonexistent-dir/x.json"),
 ])
+@pytest.mark.procs
 def test_bad_input_is_one_line_and_exit_code_2(args, message):
     res = chaos(*args)
     assert res.returncode == 2, res.stderr

@@ -1,5 +1,6 @@
 """recycle/cli.py: a build without a part (a service-only image has no executor/) still
 has every other command, and leaves out only the commands of the part it lacks."""
+import pytest
 import json
 import os
 import subprocess
@@ -25,6 +26,7 @@ def commands(tmp_path, *parts: str) -> set:
     return set(json.loads(r.stdout))
 
 
+@pytest.mark.procs
 def test_a_missing_part_takes_only_its_own_commands_along(tmp_path):
     full = commands(tmp_path, "planner", "executor", "api", "recycle")
     assert {"plan", "train", "profile", "serve", "agent", "data", "compare"} <= full

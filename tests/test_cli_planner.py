@@ -9,6 +9,8 @@ import pytest
 from planner.plan import Plan
 from planner.validate import validate
 
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPEC = {
     "replicas": 4, "stages": 4, "microbatches": 8,

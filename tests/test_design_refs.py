@@ -4,6 +4,7 @@ every "docs/design.md section N" (or "sections N and M", "section 4, constraint 
 a section, or a constraint, that docs/design.md has."""
 from __future__ import annotations
 
+import pytest
 import re
 import subprocess
 from pathlib import Path
@@ -45,6 +46,7 @@ def design_sections() -> dict[int, str]:
             for i, m in enumerate(heads)}
 
 
+@pytest.mark.procs
 def test_no_file_refers_to_a_path_outside_the_repository():
     bad = []
     for name, text in tracked_text_files().items():
@@ -64,6 +66,7 @@ def test_no_file_refers_to_a_path_outside_the_repository():
     assert not bad, "\n".join(bad)
 
 
+@pytest.mark.procs
 def test_design_citations_name_sections_that_exist():
     sections = design_sections()
     assert sorted(sections) == list(range(1, len(sections) + 1)), "sections numbered 1..n"

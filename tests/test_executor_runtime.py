@@ -18,6 +18,8 @@ import torch.distributed as dist
 from rich.console import Console
 
 from executor.runtime.agent import Agent
+from executor.runtime.worker_config import WorkerConfig
+from executor.protocol import Done
 from executor.runtime.comm import connect_store
 from executor.launch.faults import parse_event, parse_stall
 from executor.launch.launcher import train
@@ -178,8 +180,8 @@ def test_world_rendezvous_follows_a_newer_plan(tmp_path):
         done = set()
         while len(done) < 2 and time.monotonic() - t_new < 2 * timeout:
             for m in mailbox.drain():
-                if m["t"] == "done" and m["it"] == 0 and not m.get("sync"):
-                    done.add((m["s"], m["v"]))
+                if isinstance(m, Done) and m.it == 0 and not m.sync:
+                    done.add((m.s, m.v))
             mailbox.wait(0.05)
         took = time.monotonic() - t_new
         assert done == {(0, 1), (1, 1)}, logs(tmp_path)
@@ -204,15 +206,15 @@ def test_stale_and_foreign_plans_are_refused(capsys):
     v1, v2 = (solve(job, []).model_copy(update={"version": v}) for v in (1, 2))
     source = StorePlanSource(store, (0, 0), 1)
     publish_plan(store, v2)
-    agent = Agent(CFG, (0, 0), job, 3, source, store)
-    got = agent._next_plan(0.5)
-    assert got.version == 2 and agent.admit(got)
-    agent.version = 2
+    agent = Agent(WorkerConfig(CFG, job, 3), (0, 0), source, store)
+    got = agent.fence.next_plan(0.5)
+    assert got.version == 2 and agent.fence.admit(got)
+    agent.state.version = 2
     publish_plan(store, v1)  # a late, stale publication must not win
     assert source.wait_for_plan(2, 0.2) is None
-    assert not agent.admit(v1)
+    assert not agent.fence.admit(v1)
     other = solve(JobSpec.uniform(2, 2, M + 1), []).model_copy(update={"version": 3})
-    assert not agent.admit(other)
+    assert not agent.fence.admit(other)
     out = capsys.readouterr().out
     assert "refusing plan v1: older than v2 already seen" in out
     assert "refusing plan v3: it is for job" in out
@@ -239,12 +241,12 @@ def test_gate_reads_plan_hold_and_commit_in_one_round_trip_and_sees_a_halt():
     assert source.gate(0, 3) == (None, False, 2)
     set_counter(store, "hold", 5)  # hold iteration 4 and later
     assert source.gate(0, 3)[1] is False and source.gate(0, 4)[1] is True
-    agent = Agent(CFG, (0, 0), job, 10, source, store)
-    agent.version = 0
+    agent = Agent(WorkerConfig(CFG, job, 10), (0, 0), source, store)
+    agent.state.version = 0
     store.set("halted", "every replica of stage 1 is gone")
     set_counter(store, "hold", 1)  # what Coordinator.halt does
     with pytest.raises(TrainingHalted, match="stage 1 is gone"):
-        agent._hold(1)
+        agent.fence.gate(1)
     del store
 
 
@@ -268,23 +270,23 @@ def test_mailbox_wakes_at_once_keeps_order_and_drops_a_replaced_process():
         worker.add("inc/0:1", 1)
         first = StorePlanSource(worker, (0, 1), 1)
         t0 = time.monotonic()
-        threading.Timer(0.2, lambda: first.send("done", it=0)).start()
+        threading.Timer(0.2, lambda: first.send(Done(it=0))).start()
         mailbox.wait(10.0)
         assert 0.15 < time.monotonic() - t0 < 2.0
-        first.send("done", it=1)
+        first.send(Done(it=1))
 
         def drained(n):
             got, end = [], time.monotonic() + 5
             while len(got) < n and time.monotonic() < end:
-                got += [(m["inc"], m["it"]) for m in mailbox.drain()]
+                got += [(m.inc, m.it) for m in mailbox.drain()]
                 mailbox.wait(0.05)
             return got
         assert drained(2) == [(1, 0), (1, 1)]
         mailbox.forget((0, 1))  # what the coordinator does when a worker's process dies
         worker.add("inc/0:1", 1)  # a second process of worker 0:1 starts
         second = StorePlanSource(connect_store("127.0.0.1", store.port, timeout_s=5), (0, 1), 2)
-        first.send("done", it=2)  # late, from the replaced process
-        second.send("done", it=3)
+        first.send(Done(it=2))  # late, from the replaced process
+        second.send(Done(it=3))
         assert drained(1) == [(2, 3)]
     finally:
         mailbox.close()  # a reader left blocked in the store would abort the process at exit

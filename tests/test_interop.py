@@ -32,6 +32,7 @@ def one_line_error(r, code=2) -> str:
 
 # ---- export ------------------------------------------------------------------------------
 
+@pytest.mark.procs
 @pytest.mark.parametrize("fail", ["0:1", "1:2"])
 def test_export_under_failures_is_refused_not_written_wrong(tmp_path, fail):
     """Before: exit 0 with an empty stage-1 row (--fail 0:1) or replica 1's re-routed
@@ -43,11 +44,13 @@ def test_export_under_failures_is_refused_not_written_wrong(tmp_path, fail):
     assert not out.exists()
 
 
+@pytest.mark.procs
 def test_export_to_a_directory_is_one_line(tmp_path):
     msg = one_line_error(recycle("plan", EXAMPLE, "--csv", str(tmp_path)))
     assert "is a directory" in msg
 
 
+@pytest.mark.procs
 def test_csv_replica_picks_a_clean_replica_or_says_why(tmp_path):
     # D=4, M=2: failed worker 1:2's two micro-batches go to some of its three peers; the
     # others still run only their own, and the first of them is the default export.
@@ -158,6 +161,7 @@ def test_import_refuses_what_a_plan_cannot_say(text, why):
         import_csv(text, job)
 
 
+@pytest.mark.procs
 def test_import_csv_and_validate_commands(tmp_path):
     """Before: `validate x.csv` said "Invalid JSON" and there was no import."""
     job = JobSpec.uniform(2, 2, 2)

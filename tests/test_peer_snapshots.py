@@ -25,6 +25,7 @@ from executor.inputs.worker_settings import WorkerSettings
 from executor.runtime.comm import connect_store
 from executor.runtime.peer_snapshots import (PeerSnapshots, SnapshotError, common_iteration,
                                              fetch, held_by, inventory, where_held)
+from executor.protocol import Done
 from executor.runtime.rendezvous import Mailbox, publish_plan
 from planner.control.snapshot_holders import plan_holders
 from planner.job import JobSpec
@@ -86,8 +87,8 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
         final, t0 = {}, time.monotonic()
         while len(final) < 4 and time.monotonic() - t0 < 60:
             for m in mailbox.drain():
-                if m["t"] == "done" and m["it"] == ITERS - 1 and not m.get("sync"):
-                    final[(m["r"], m["s"])] = m["checksum"]
+                if isinstance(m, Done) and m.it == ITERS - 1 and not m.sync:
+                    final[m.worker] = m.checksum
             mailbox.wait(0.05)
         assert len(final) == 4, _logs(tmp_path)
         # every worker now waits for the next plan: its host is up, its snapshots held

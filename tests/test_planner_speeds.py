@@ -2,6 +2,7 @@
 forms and the cache with speeds. Real solvers throughout, small sizes."""
 from __future__ import annotations
 
+import pytest
 import os
 
 from hypothesis import HealthCheck, given, settings
@@ -296,6 +297,7 @@ def test_cpsat_shares_its_time_among_greedys_near_best_routings(monkeypatch):
     assert plan.metrics.period == min(each) <= ranked[0][0]
 
 
+@pytest.mark.procs
 def test_speeds_benchmark_command(tmp_path):
     import subprocess
     import sys

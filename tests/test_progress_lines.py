@@ -37,6 +37,7 @@ def test_an_iteration_line_names_the_plan_it_trained_under_not_the_newest(tmp_pa
     death publishes v1 before the line is printed, which named v1 and its failed set."""
     from executor.compute.model import ModelConfig
     from executor.launch.launcher import Coordinator
+    from executor.protocol import Done
     from executor.inputs.launch_spec import LaunchSpec
     from planner.job import JobSpec
     console = Console(file=io.StringIO(), width=200)
@@ -46,8 +47,8 @@ def test_an_iteration_line_names_the_plan_it_trained_under_not_the_newest(tmp_pa
         c.publish()
         assert c.version == 0
         for r in range(2):  # the last stage of each replica reports its micro-batches' losses
-            c.handle({"t": "done", "r": r, "s": 1, "v": 0, "inc": 1, "it": 0,
-                      "losses": {str(2 * r + g): 1.0 for g in range(2)}, "compute": None})
+            c.handle(Done(r=r, s=1, v=0, inc=1, it=0,
+                          losses={str(2 * r + g): 1.0 for g in range(2)}))
         c.died((1, 0), "test")
         assert c.version == 1
         c.progress()

@@ -64,6 +64,7 @@ def _train(*args):
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.procs
 def test_a_config_trains_flags_override_and_run_toml_repeats_the_run(tmp_path):
     cfg = tmp_path / "run.toml"
     cfg.write_text(RUN)

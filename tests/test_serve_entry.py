@@ -1,5 +1,6 @@
 """`python -m api serve` (argparse, no CLI package) and `recycle serve` (typer) are one
 command: the same flags, defaults and checks, both from api.server.ServeOptions."""
+import pytest
 import os
 import subprocess
 import sys
@@ -30,6 +31,7 @@ def test_both_entry_points_take_the_same_flags_and_defaults():
             assert argp[f.name].default == f.default, f.name
 
 
+@pytest.mark.procs
 def test_python_m_api_loads_no_cli_library_and_refuses_bad_input_in_one_line(tmp_path):
     code = ("import sys, api.__main__ as m; m.parser().parse_args(['serve']); "
             "print(sorted(k for k in sys.modules if k.split('.')[0] in "

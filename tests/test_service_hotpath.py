@@ -4,6 +4,7 @@ a job parsed with its equal parts shared, and the service warms all of it during
 precompute (and again after a restart), so an event neither parses nor rebuilds."""
 from __future__ import annotations
 
+import pytest
 import random
 
 import httpx
@@ -18,6 +19,8 @@ from planner.plan import Move, Plan, Role
 from planner.solvers.backends import map_plan, solve
 from planner.validate import validate
 
+
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
 
 def test_memoised_mapping_equals_map_plan_event_after_event():
     """Many renumberings of the same canonical plans, in random order (hits and misses of

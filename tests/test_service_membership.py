@@ -13,6 +13,8 @@ from planner.job import JobSpec
 from planner.plan import Plan
 from planner.validate import validate
 
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
+
 HB_TIMEOUT = 0.6
 
 

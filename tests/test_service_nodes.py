@@ -15,6 +15,8 @@ from planner.control.roles import failed_of
 from planner.plan import Plan, home_of
 from planner.validate import validate
 
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
+
 HB_TIMEOUT = 30.0  # nothing times out by itself here; grace 7.5 s
 
 

@@ -16,6 +16,8 @@ from planner.validate import validate
 FAST, SLOW = 0.010, 0.020  # seconds per micro-batch: SLOW is half the speed
 
 
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     db = tmp_path_factory.mktemp("speeds") / "service.db"

@@ -140,6 +140,7 @@ def test_adjacent_failures_restart_bamboo_without_that_pipeline():
     assert last[2] == pytest.approx(first[2] / 2)
 
 
+@pytest.mark.procs
 def test_the_simulators_period_is_the_greedy_plans():
     from planner.simulation.costs import RecyclePeriods, plan_period
 

@@ -13,6 +13,8 @@ from planner.simulation.trace import (Placement, TraceError, exponential_trace,
 from test_cli_planner import ROOT, SPEC  # noqa: E402  the same 4x4 job
 
 
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
+
 def recycle(*args, timeout=60):
     return subprocess.run([sys.executable, "-m", "recycle.cli", *args], capture_output=True,
                           text=True, cwd=ROOT, timeout=timeout)

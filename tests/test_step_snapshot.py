@@ -167,7 +167,8 @@ def test_settle_never_waits_for_a_norm_that_cannot_come():
     """A stage that failed before publishing its norm: settle() leaves as soon as a newer
     plan is out (agent hook, or the launcher's plan counter), else after its limit; all
     as CommError, which the agent turns into an abort and a rollback."""
-    from executor.runtime.comm import CommError, Superseded
+    from executor.runtime.comm import CommError
+    from executor.runtime.waiting import DEADLINE, NEWER_PLAN
     cfg = dataclasses.replace(CFG, clip=0.5)
     for how in ("hook", "counter", "limit"):
         store = dist.HashStore()
@@ -183,7 +184,9 @@ def test_settle_never_waits_for_a_norm_that_cannot_come():
             store.add("plan/version", 5)  # rendezvous.publish_plan: newest version + 1
         with pytest.raises(CommError) as err:
             st.settle()
-        assert isinstance(err.value, Superseded) == (how == "hook"), err.value
+        # a newer plan (the agent's, or the counter's number) ends the wait; else the limit
+        assert err.value.reason == (DEADLINE if how == "limit" else NEWER_PLAN), err.value
+        assert (err.value.plan is newer) if how == "hook" else True
         st.rollback(0)  # what the agent does on the new plan: the optimistic step is undone
         assert not any(opt.state.values())
     # settled iterations' keys leave the store once committed

@@ -18,6 +18,8 @@ from api_support import ROOT, ProcServer, admin_headers, free_port, register_job
     token_client, wait_healthy
 from pg_support import PgServer
 
+pytestmark = pytest.mark.procs  # its fixtures or tests start processes
+
 ARGS = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "60")
 
 

@@ -96,6 +96,7 @@ def test_summary_figures():
     assert restore_events(summary) == 1  # one rollback, however many workers loaded
 
 
+@pytest.mark.procs
 def test_simulate_on_the_window_restores_each_emptied_stage_from_its_snapshot(tmp_path):
     """Two GPUs a node, one stage of both replicas on each: every removal in the window
     empties a stage, which the simulator restores from its peer-memory snapshot."""

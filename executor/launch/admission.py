@@ -8,7 +8,9 @@ import time
 from typing import Optional
 
 from executor.launch.rejoins import Rejoin
-from executor.runtime.rendezvous import set_counter, wkey
+from executor import protocol as P
+from executor.protocol import wkey
+from executor.runtime.rendezvous import set_counter
 
 Worker = tuple[int, int]
 
@@ -56,7 +58,7 @@ class Admission:
         """Workers wait before the earliest iteration a pending rejoin is due at."""
         for line in self.rejoins.expire(time.monotonic()):
             self.event(line)
-        set_counter(self.store, "hold", self.rejoins.hold())
+        set_counter(self.store, P.HOLD, self.rejoins.hold())
 
     def admit(self, w: Worker, inc: int) -> None:
         """Publish the plan admitting incarnation `inc` of `w` once every survivor has

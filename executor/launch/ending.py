@@ -11,6 +11,8 @@ from typing import Optional
 from executor.checkpoint import CheckpointStore, read_checkpoint
 from executor.compute.reference import Summary
 from executor.launch.losses import LossBook
+from executor import protocol as P
+from executor.protocol import Bye, Done
 from executor.runtime.rendezvous import set_counter
 
 
@@ -75,9 +77,9 @@ class RunEnd:
         while not want <= self.byes and time.monotonic() < end:
             self.mailbox.wait(0.05)
             for m in self.mailbox.drain():
-                if m["t"] == "bye":
-                    self.byes.add((m["r"], m["s"]))
-                elif m["t"] == "done":
+                if isinstance(m, Bye):
+                    self.byes.add(m.worker)
+                elif isinstance(m, Done):
                     self.handle(m)
 
     def summary(self) -> Summary:
@@ -108,9 +110,9 @@ class RunEnd:
         return out
 
     def halt(self, reason: str) -> TrainResult:
-        self.store.set("halted", reason)
-        set_counter(self.store, "hold", 1)  # every worker between iterations looks now
-        self.reap(self.timeout * 2)
+        self.store.set(P.HALTED, reason)
+        set_counter(self.store, P.HOLD, 1)  # every worker between iterations looks now
+        self.reap(self.timeouts.workers_exit)
         time.sleep(0.1)
         for msg in self.mailbox.drain():
             self.handle(msg)  # last reports: losses of the newest complete iteration
@@ -130,7 +132,7 @@ class RunEnd:
     def final_checkpoint(self) -> None:
         """The last iteration's checkpoint: local workers have exited (their parts are
         written); torchrun'd ones may still be writing, so wait for them a little."""
-        end = time.monotonic() + (2 * self.timeout if self.external else 0)
+        end = time.monotonic() + (self.timeouts.workers_exit if self.external else 0)
         while (self.checkpoints.collect(self.losses.upto) != self.iterations - 1
                and time.monotonic() < end):
             time.sleep(0.1)

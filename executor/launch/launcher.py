@@ -39,7 +39,10 @@ from executor.launch.run_record import RunRecord
 from executor.launch.snapshot_figures import SnapshotFigures
 from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.progress_lines import ProgressLines
-from executor.runtime.rendezvous import set_counter, wkey
+from executor import protocol as P
+from executor.protocol import wkey
+from executor.timeouts import Timeouts
+from executor.runtime.rendezvous import set_counter
 from planner.failures import NoPlanError
 from planner.control.elastic import LOCAL_HORIZON
 from planner.control.membership import Membership
@@ -61,6 +64,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         self.mode = spec.mode  # split backward / staggered optimizer, as the planner's Mode
         self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
         self.solver, self.timeout, self.external = spec.solver, spec.timeout, spec.external
+        self.timeouts = Timeouts(spec.timeout)  # every limit of the run (executor/timeouts.py)
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.identity_hash() != job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
@@ -107,7 +111,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
         self.rejoins = RejoinBook(faults.rejoin_entries, spec.external,
-                                  4 * spec.timeout + (60.0 if service is not None else 5.0))
+                                  self.timeouts.rejoin_limit(service is not None))
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.snapshots = SnapshotFigures(spec.snapshot_every, self.event)
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
@@ -181,7 +185,7 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                     return self.halt(why)
                 if self.complete():
                     self.publish(final=True)
-                    self.reap(self.timeout * 2)
+                    self.reap(self.timeouts.workers_exit)
                     self.final_checkpoint()
                     summary = self.summary()
                     return TrainResult(summary, versions=len(summary.plans),
@@ -234,7 +238,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
             self.admit(w, inc)
         if self.service is not None:
             self.publish()
-        elif (self.suspect_since is not None and now - self.suspect_since > self.timeout + 0.3
+        elif (self.suspect_since is not None
+              and now - self.suspect_since > self.timeouts.resync_after
               and self.paused_since is None):
             # Comm trouble with nobody dead: a new version makes every worker re-sync. Wait
             # out one comm timeout first, so a worker still blocked in the old version can
@@ -256,20 +261,20 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
             # every worker entered a version that rolled back to a snapshot: count again
             self.retrained += self.committed - min(vals)
             self.committed = min(vals)
-            set_counter(self.store, "committed", self.committed)
+            set_counter(self.store, P.COMMITTED, self.committed)
         if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
             # only the coordinator moves the counter: add the difference (one round trip)
-            self.store.add("committed", min(vals) - self.committed)
+            self.store.add(P.COMMITTED, min(vals) - self.committed)
             self.committed = min(vals)
         if now - self._ck_checked > 0.25:
             self._ck_checked = now
             self.checkpoints.collect(self.losses.upto)
         self.progress()
 
-    def handle(self, m: dict) -> None:
-        handler = HANDLERS.get(m["t"])  # messages.py
+    def handle(self, m) -> None:
+        handler = HANDLERS.get(type(m))  # messages.py
         if handler is not None:
-            handler(self, (m["r"], m["s"]), m)
+            handler(self, m.worker, m)
 
     @property
     def printed(self) -> int:

@@ -1,82 +1,83 @@
 """What the coordinator does with each message a worker sends through the store's mailbox
-(rendezvous.py Mailbox): a handler per kind, looked up in HANDLERS. `bye` is read only at
-the end (ending.py); any other kind is ignored."""
+(rendezvous.py Mailbox): a handler per message type (executor/protocol.py), looked up in
+HANDLERS. `Bye` is read only at the end (ending.py); any other is ignored."""
 from __future__ import annotations
 
 import socket
 import time
 
-from executor.runtime.rendezvous import wkey
+from executor import protocol as P
+from executor.protocol import wkey
 
 
-def on_mid(c, w, m: dict) -> None:
+def on_mid(c, w, m: P.Mid) -> None:
     """Halfway through an iteration's actions: where --kill/--stall faults strike."""
     pid = None
     if w in c.procs and c.procs[w].exitcode is None:
         pid = c.procs[w].pid
-    elif c.external and m.get("pid"):  # a torchrun'd worker: signal it if it runs here
-        if m.get("host") == socket.gethostname():
-            pid = m["pid"]
-        elif c.faults.due(w, m["it"]):
-            c.event(f"cannot signal worker {wkey(w)} on host {m.get('host')} from "
-                    f"{socket.gethostname()}: fault at iteration {m['it']} skipped")
-            c.faults.drop(w, m["it"])
-    if pid is not None and c.faults.mid(w, m["it"], pid):
+    elif c.external and m.pid:  # a torchrun'd worker: signal it if it runs here
+        if m.host == socket.gethostname():
+            pid = m.pid
+        elif c.faults.due(w, m.it):
+            c.event(f"cannot signal worker {wkey(w)} on host {m.host} from "
+                    f"{socket.gethostname()}: fault at iteration {m.it} skipped")
+            c.faults.drop(w, m.it)
+    if pid is not None and c.faults.mid(w, m.it, pid):
         t = max(row[0] for row in c.faults.log if row[2] == "kill")
-        c.record.kills_at.append((t, w, m["it"]))
+        c.record.kills_at.append((t, w, m.it))
         if w not in c.procs and w not in c.failed:  # torchrun'd: no exit to poll, and
             c.died(w, "SIGKILLed by the coordinator")  # the kill is sure
-    if m.get("wait"):
-        c.store.set(f"go/{wkey(w)}/{m.get('inc', 1)}/{m['it']}", "1")
+    if m.wait:
+        c.store.set(P.go_key(w, m.inc, m.it), "1")
 
 
-def on_done(c, w, m: dict) -> None:
+def on_done(c, w, m: P.Done) -> None:
     """An iteration completed: its losses, the compute time, the last checksum."""
-    if m.get("sync"):
-        c.record.entries.append((m["at"], w, m["inc"], m["v"], m["it"] + 1))
-    slot = tuple(m.get("slot", w))  # the slot it fills (a plan's roles may move it)
-    if m.get("compute") and c.detector is not None and m["v"] == c.version:
-        c.detector.observe(slot[0], slot[1], m["compute"], m["it"])  # paired by iteration
-    c.done[w] = (m["it"], m["v"])
-    if m.get("losses"):
-        c.record.trained[m["it"]] = m["v"]
-        c.losses.add(m["it"], m["losses"])
-    if m["it"] == c.iterations - 1:
-        c.final_checks[slot[1]] = m["checksum"]
-        if "snap_bytes" in m:  # the host memory its snapshots hold, and K in force
-            c.snapshots.final(w, m["snap_every"], m["snap_bytes"])
+    if m.sync:
+        c.record.entries.append((m.at, w, m.inc, m.v, m.it + 1))
+    slot = tuple(m.slot or w)  # the slot it fills (a plan's roles may move it)
+    if m.compute and c.detector is not None and m.v == c.version:
+        c.detector.observe(slot[0], slot[1], m.compute, m.it)  # paired by iteration
+    c.done[w] = (m.it, m.v)
+    if m.losses:
+        c.record.trained[m.it] = m.v
+        c.losses.add(m.it, m.losses)
+    if m.it == c.iterations - 1:
+        c.final_checks[slot[1]] = m.checksum
+        if m.snap_bytes is not None:  # the host memory its snapshots hold, and K in force
+            c.snapshots.final(w, m.snap_every, m.snap_bytes)
     c.snapshots.look(c.store)
 
 
-def on_fatal(c, w, m: dict) -> None:
+def on_fatal(c, w, m: P.Fatal) -> None:
     """The model itself is wrong (an activation spec broken, or its code raised)."""
     if c.fatal is None:  # the model's own exception comes with the worker's log
-        c.fatal = f"worker {wkey(w)}: {m['reason']}" + (
-            f"; traceback in {m['log']}" if m.get("log") else "")
-        c.model_exception = m.get("error") == "exception"
+        c.fatal = f"worker {wkey(w)}: {m.reason}" + (
+            f"; traceback in {m.log}" if m.log else "")
+        c.model_exception = m.error == "exception"
 
 
-def on_suspect(c, w, m: dict) -> None:
+def on_suspect(c, w, m: P.Suspect) -> None:
     """A peer's comm op failed under version v: resync if nobody dies (launcher tick)."""
-    if m["v"] == c.version and c.suspect_since is None:
+    if m.v == c.version and c.suspect_since is None:
         c.suspect_since = time.monotonic()
 
 
-def on_ready(c, w, m: dict) -> None:
+def on_ready(c, w, m: P.Ready) -> None:
     """A newer process of w asks in: its predecessor is dead (or w was failed)."""
-    if c.service is not None or m["inc"] <= c.members.incarnation(w):
+    if c.service is not None or m.inc <= c.members.incarnation(w):
         return  # the service admits it / a stale message
     if w not in c.failed:  # (torchrun restarted it) that death is news: a failure first
-        c.died(w, f"a new process, incarnation {m['inc']}, replaced it")
-    c.asking[w] = max(m["inc"], c.asking.get(w, 0))
+        c.died(w, f"a new process, incarnation {m.inc}, replaced it")
+    c.asking[w] = max(m.inc, c.asking.get(w, 0))
     c.admit(w, c.asking[w])
 
 
-def on_halt(c, w, m: dict) -> None:
+def on_halt(c, w, m: P.NoCopyLeft) -> None:
     """A worker found no live copy of some stage's state: no plan can go on."""
     if c.no_copy is None:
-        c.no_copy = f"worker {wkey(w)}: {m['reason']}"
+        c.no_copy = f"worker {wkey(w)}: {m.reason}"
 
 
-HANDLERS = {"halt": on_halt, "mid": on_mid, "done": on_done, "fatal": on_fatal, "suspect": on_suspect,
-            "ready": on_ready}
+HANDLERS = {P.NoCopyLeft: on_halt, P.Mid: on_mid, P.Done: on_done, P.Fatal: on_fatal,
+            P.Suspect: on_suspect, P.Ready: on_ready}

@@ -9,7 +9,8 @@ import time
 
 from executor.inputs.worker_settings import WorkerSettings
 from executor.runtime.comm import host_store
-from executor.runtime.rendezvous import Mailbox, wkey
+from executor.protocol import CONFIG, heartbeat_key, wkey
+from executor.runtime.rendezvous import Mailbox
 from executor.worker import child as worker_child
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -34,7 +35,7 @@ class Processes:
                                f"{self.store.port} torchrun ... -m executor.torchrun",
                                soft_wrap=True)
         self.run_id = settings.run_id
-        self.store.set("config", settings.to_json())
+        self.store.set(CONFIG, settings.to_json())
         self.mailbox = Mailbox(self.store)
 
     def spawn(self, w: Worker) -> None:
@@ -54,11 +55,11 @@ class Processes:
     def check_heartbeats(self) -> None:
         """External workers: a heartbeat older than 3 x --timeout is a death; once a peer
         has reported a suspect, one older than SILENT_AFTER_SUSPECT_S is."""
-        limit = 3 * self.timeout
+        limit = self.timeouts.silent_worker
         if self.suspect_since is not None:
             limit = min(limit, SILENT_AFTER_SUSPECT_S)
         for w in self.live():
-            if self.store.check([f"hb/{wkey(w)}"]):
-                t, _, inc = self.store.get(f"hb/{wkey(w)}").decode().split()
+            if self.store.check([heartbeat_key(w)]):
+                t, _, inc = self.store.get(heartbeat_key(w)).decode().split()
                 if int(inc) == self.members.incarnation(w) and time.time() - float(t) > limit:
                     self.died(w, f"heartbeat stopped {time.time() - float(t):.1f} s ago")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from executor.runtime.rendezvous import publish_plan, read_int, wkey
+from executor import protocol as P
+from executor.protocol import wkey
+from executor.runtime.rendezvous import publish_plan, read_int
 from planner.control.membership import Halt, Membership, Pause, Publish
 from planner.solvers.backends import solve
 from planner.plan import home_id
@@ -24,7 +26,7 @@ class Publishing:
         if self.service is not None:
             if final:  # first the service (so exiting workers are not declared failed)
                 self.service.finish(self.console)
-                return self.store.set("finished", "1")
+                return self.store.set(P.FINISHED, "1")
             return self.follow()
         if final:
             plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
@@ -87,7 +89,7 @@ class Publishing:
             self.done.pop(w, None)
         for w in list(self.rejoins.pending):  # the service admitted the restarted process
             if plan.slot_of(home_id(*w)) is not None and self.rejoins.admits(
-                    w, plan.incarnation(*w), read_int(self.store, f"inc/{wkey(w)}")):
+                    w, plan.incarnation(*w), read_int(self.store, P.incarnation_key(w))):
                 self.admitted(w)
         for w in self.failed:  # declared failed while its process lives on (a stall)
             if self.rejoins.await_failed(w, plan.incarnation(*w)):

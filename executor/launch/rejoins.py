@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Iterable, Optional
 
-from executor.runtime.rendezvous import wkey
+from executor.protocol import wkey
 
 Worker = tuple[int, int]
 

@@ -7,7 +7,7 @@ import os
 import signal
 import time
 
-from executor.runtime.rendezvous import wkey
+from executor.protocol import incarnation_key, wkey
 
 
 class TraceFaults:
@@ -20,7 +20,7 @@ class TraceFaults:
         self.trace_killed: set[int] = set()  # pids: a node removed, re-added and removed
         # again within one instant (P3 does so) takes one process, not two
         for w in self.trace.initial_failed:
-            self.store.add(f"inc/{wkey(w)}", 1)
+            self.store.add(incarnation_key(w), 1)
 
     def trace_tick(self, now: float) -> None:
         if self.trace_t0 is None:  # process start-up is not trace time

@@ -26,11 +26,13 @@ because a rolled-back iteration re-runs under a new version with other gradients
 from __future__ import annotations
 
 import math
-import time
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor
+
+from executor.protocol import clip_norm_key
+from executor.runtime.waiting import wait_until
 
 EPS = 1e-6  # clip_grad_norm_'s
 
@@ -58,10 +60,6 @@ def scale_(grads: Sequence[Optional[Tensor]], c: float) -> None:
         torch._foreach_mul_(present, c)
 
 
-class NormWaitTimeout(RuntimeError):
-    """Some stage's sum did not come (it failed before its all-reduce finished)."""
-
-
 class NormBoard:
     """The stages' squared gradient norms of one run, in a c10d store."""
 
@@ -70,7 +68,7 @@ class NormBoard:
 
     @staticmethod
     def key(version: int, it: int, stage: int) -> str:
-        return f"recycle/clip/v{version}/i{it}/s{stage}"
+        return clip_norm_key(version, it, stage)
 
     def publish(self, version: int, it: int, stage: int, sq: float) -> None:
         self.store.set(self.key(version, it, stage), float(sq).hex())
@@ -89,25 +87,13 @@ class NormBoard:
         keys = self._keys(version, it)
         return self._read(keys) if self.store.check(keys) else None
 
-    def wait(self, version: int, it: int, limit_s: float,
-             interrupt: Optional[Callable[[], None]] = None, check_s: float = 0.2) -> list[float]:
-        """Every stage's sum, waiting up to limit_s; every check_s `interrupt()` is called
-        and may raise (a newer plan is out: this iteration will be rolled back anyway).
-        Polls with check(), backing off to 2 ms (a round trip of ~0.1 ms each; the wait
-        usually ends within one backward of another stage): store.wait would return at
-        once but logs a C++ warning at every timeout, i.e. at every interrupt check."""
+    def wait(self, version: int, it: int, limit_s: float, newer=None) -> list[float]:
+        """Every stage's sum, waiting up to limit_s (executor/runtime/waiting.py: a newer
+        plan ends the wait, this iteration will be rolled back anyway). Polls with check():
+        store.wait would return at once but logs a C++ warning at every timeout."""
         keys = self._keys(version, it)
-        start = checked = time.monotonic()
-        pause = 0.0002
-        while not self.store.check(keys):
-            now = time.monotonic()
-            if interrupt is not None and now - checked >= check_s:
-                checked = now
-                interrupt()
-            if now - start >= limit_s:
-                missing = [s for s, k in enumerate(keys) if not self.store.check([k])]
-                raise NormWaitTimeout(f"gradient norms of stages {missing} for iteration {it} "
-                                      f"(plan v{version}) did not come within {limit_s:g} s")
-            time.sleep(pause)
-            pause = min(2 * pause, 0.002)
+        missing = lambda: "missing stages " + str([s for s, k in enumerate(keys)  # noqa: E731
+                                                   if not self.store.check([k])])
+        wait_until(lambda: self.store.check(keys), f"gradient norms of iteration {it} "
+                   f"(plan v{version})", limit_s=limit_s, newer=newer, missing=missing)
         return self._read(keys)

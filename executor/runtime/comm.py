@@ -22,14 +22,16 @@ from __future__ import annotations
 import io
 import os
 import threading
-import time
 from datetime import timedelta
 from typing import Callable, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
+from executor import protocol as P
+from executor.runtime.waiting import CommError, WaitEnded, wait_until
 from executor.runtime.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
+from executor.timeouts import Timeouts
 from planner.errors import UserError
 
 Worker = tuple[int, int]
@@ -37,20 +39,8 @@ FWD, BWD = 0, 1
 _BLOB_TAG = 1 << 24
 
 
-class CommError(RuntimeError):
-    """A peer died, hung or left: the iteration in flight must be aborted."""
-
-    def __init__(self, msg: str, peer: Optional[Worker] = None):
-        super().__init__(msg)
-        self.peer = peer
-
-
-class Superseded(CommError):
-    """A newer plan came while this version's world was being built: take that one."""
-
-    def __init__(self, plan):
-        super().__init__(f"plan v{plan.version} superseded this world before it formed")
-        self.plan = plan
+__all__ = ["World", "CommError", "WaitEnded", "connect_store", "host_store", "check_device",
+           "pick_device", "local_workers_hint"]
 
 
 def connect_store(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
@@ -126,7 +116,7 @@ class World:
         # with init_process_group/new_group: those name groups by a process-wide counter
         # that advances even when a rendezvous fails partway, after which this process's
         # store keys no longer match its peers' and every later world times out.
-        pre = f"recycle/v{version}/"
+        pre = P.world_prefix(version)
         try:
             self.ctrl = dist.ProcessGroupGloo(dist.PrefixStore(pre + "ctrl/", store),
                                               self.rank, len(self.workers), self.timeout)
@@ -158,34 +148,26 @@ class World:
         pg.eager_connect_single_device(self.device)
         return pg
 
-    def _meet(self, store: dist.Store, newer: Callable, missing: Callable,
-              poll_s: float = 0.02, check_s: float = 0.2) -> None:
-        """Wait until every member has checked in under this version. Every check_s, ask
-        `newer()` for a newer plan and leave for it (Superseded): a worker stuck in gloo's
-        rendezvous of a version the others have left waits out the full timeout, and plans
-        published meanwhile made workers chase each other through versions without ever
-        meeting. While this version is still the newest, keep waiting (a stalled member
-        may come back) but report the missing once, after two timeouts, so the plan source
-        can declare them failed or re-publish; not sooner: a worker still starting up has
-        not heartbeated yet, and a service would declare it failed after its grace."""
-        pre = f"recycle/v{self.version}/here/"
-        keys = [f"{pre}{w[0]}:{w[1]}" for w in self.workers]
+    def _meet(self, store: dist.Store, newer: Callable, missing: Callable) -> None:
+        """Wait until every member has checked in under this version, leaving for any
+        newer plan (WaitEnded): a worker stuck in gloo's rendezvous of a version the others
+        have left waits out the full timeout, and plans published meanwhile made workers
+        chase each other through versions without ever meeting. While this version is
+        still the newest, keep waiting (a stalled member may come back) but report the
+        missing once (Timeouts.report_missing), so the plan source can declare them
+        failed or re-publish."""
+        keys = [P.checkin_key(self.version, w) for w in self.workers]
         mine = keys[self.rank]
         store.set(mine, "1")
-        t0 = checked = time.monotonic()
-        reported = False
-        while not store.check(keys):
-            now = time.monotonic()
-            if now - checked >= check_s:
-                checked = now
-                plan = newer()
-                if plan is not None:
-                    store.delete_key(mine)  # nobody should wait for us here any more
-                    raise Superseded(plan)
-            if not reported and now - t0 > 2 * self.timeout.total_seconds():
-                reported = True
-                missing([w for w, k in zip(self.workers, keys) if not store.check([k])])
-            time.sleep(poll_s)
+        absent = lambda: [w for w, k in zip(self.workers, keys) if not store.check([k])]  # noqa: E731
+        try:
+            wait_until(lambda: store.check(keys), f"world v{self.version} rendezvous",
+                       limit_s=None, newer=newer, poll_s=0.02, max_poll_s=0.02,
+                       late=(Timeouts(self.timeout.total_seconds()).report_missing,
+                             lambda: missing(absent())))
+        except WaitEnded:
+            store.delete_key(mine)  # nobody should wait for us here any more
+            raise
 
     # ---- p2p -------------------------------------------------------------------------
     def _tag(self, iteration: int, g: int, direction: int) -> int:
@@ -211,7 +193,7 @@ class World:
 
     # ---- activations and gradients (any tensors; spec agreed once per version) ---------
     def _spec_key(self, stage: int) -> str:
-        return f"recycle/v{self.version}/spec/{stage}"
+        return P.activation_spec_key(self.version, stage)
 
     def activation_spec(self, stage: int, out: Optional[Activation] = None) -> ActivationSpec:
         """The spec of stage `stage`'s output under this plan version. Its first sender
@@ -243,22 +225,12 @@ class World:
         self._wait_until(lambda: self.store.check([key]), what, None, max_poll_s=0.005)
 
     def _wait_until(self, done, what: str, peer: Optional[Worker], poll_s: float = 0.0005,
-                    max_poll_s: float = 0.0005, check_s: float = 0.2) -> None:
-        """Poll done() until true: CommError at the deadline, Superseded as soon as a newer
-        plan no longer has this world's members (one of them died: never done)."""
-        start = checked = time.monotonic()
-        limit = self.timeout.total_seconds()
-        while not done():
-            now = time.monotonic()
-            if now - start > limit:
-                raise CommError(f"v{self.version} {what}: timed out after {limit:g} s", peer)
-            if self._newer is not None and now - checked >= check_s:
-                checked = now
-                plan = self._newer()
-                if plan is not None and self._drops_member(plan):
-                    raise Superseded(plan)
-            time.sleep(poll_s)
-            poll_s = min(2 * poll_s, max_poll_s)
+                    max_poll_s: float = 0.0005) -> None:
+        """Poll done() until true, within the comm timeout, leaving as soon as a newer plan
+        no longer has this world's members (one of them died: never done)."""
+        wait_until(done, f"v{self.version} {what}", limit_s=self.timeout.total_seconds(),
+                   newer=self._newer, leave_for=self._drops_member, peer=peer,
+                   poll_s=poll_s, max_poll_s=max_poll_s)
 
     def send_activation(self, out: Activation, stage: int, to: Worker, iteration: int, g: int) -> None:
         """Stage `stage`'s output of micro-batch g: checked against the agreed spec, one message."""

@@ -1,20 +1,6 @@
-"""The store-side protocol between the in-process coordinator and its workers.
+"""The worker's side of the store protocol (executor/protocol.py names every key and
+message): its plan source over the coordinator's store, and the coordinator's mailbox.
 
-One TCPStore, hosted by the coordinator, carries everything (no HTTP in this mode):
-  config                 run configuration JSON (model, job spec, iterations, paths)
-  plan/version           counter = newest published version + 1 (0: none yet)
-  plan/{v}               the plan JSON of version v
-  halted                 reason text, once no plan can exist
-  committed              newest iteration every live worker has stepped (snapshot pruning)
-  hold                   counter = iteration + 1 before which workers wait for a newer plan
-                         (a scheduled rejoin is due); 0: none. Armed and released only by
-                         the coordinator; a halt holds every iteration (1), so a worker
-                         between iterations looks at `halted` at once
-  inc/{r}:{s}            incarnation counter: each process of a worker takes the next number
-  hb/{r}:{s}             heartbeat "time iteration incarnation"
-  go/{r}:{s}/{inc}/{it}  the coordinator has acted on a fault due at that mid-iteration
-  mq                     queue of every worker's messages to the coordinator (JSON, each
-                         naming its worker and incarnation), in the order pushed
 A message is one queue_push, applied whole by the store or not at all, so a worker
 SIGKILLed mid-write can never leave a hole others wait on. The coordinator blocks on the
 queue in the store (Mailbox) instead of polling a key per worker: polling cost it 9 store
@@ -22,7 +8,6 @@ round trips an iteration, each taking a core from the workers on a busy host.
 """
 from __future__ import annotations
 
-import json
 import queue
 import threading
 import time
@@ -31,22 +16,16 @@ from typing import Iterator, Optional
 
 import torch.distributed as dist
 
+from executor import protocol as P
+from executor.protocol import GATE_KEYS, MAILBOX, Message, wkey
 from executor.sources.plan_source import TrainingHalted
 from planner.plan import Plan
 
 Worker = tuple[int, int]
 
 
-def wkey(w: Worker) -> str:
-    return f"{w[0]}:{w[1]}"
-
-
 def read_int(store: dist.Store, key: str) -> int:
     return int(store.add(key, 0))
-
-
-GATE_KEYS = ("plan/version", "hold", "committed")  # counters read before every iteration
-MAILBOX = "mq"  # the store queue of the workers' messages
 
 
 class StorePlanSource:
@@ -75,11 +54,11 @@ class StorePlanSource:
         deadline = time.monotonic() + timeout_s
         while True:
             with self._lock:
-                if self.store.check(["halted"]):
-                    raise TrainingHalted(self.store.get("halted").decode())
-                newest = read_int(self.store, "plan/version") - 1
+                if self.store.check([P.HALTED]):
+                    raise TrainingHalted(self.store.get(P.HALTED).decode())
+                newest = read_int(self.store, P.PLAN_VERSION) - 1
                 if newest > after_version:
-                    return Plan.from_json(self.store.get(f"plan/{newest}").decode())
+                    return Plan.from_json(self.store.get(P.plan_key(newest)).decode())
             if time.monotonic() >= deadline:
                 return None
             time.sleep(self.poll_s)
@@ -89,22 +68,23 @@ class StorePlanSource:
         """`compute` (iteration, seconds per micro-batch) and `entered` ride along with the
         service; the coordinator gets them from the `done` messages instead."""
         with self._lock:
-            self.store.set(f"hb/{replica}:{stage}", f"{time.time()} {iteration} {incarnation}")
+            self.store.set(P.heartbeat_key((replica, stage)),
+                           f"{time.time()} {iteration} {incarnation}")
 
     def report_suspect(self, replica: int, stage: int, reason: str) -> None:
-        self.send("suspect", peer=[replica, stage], reason=reason)
+        self.send(P.Suspect(peer=[replica, stage], reason=reason))
 
     def rejoin(self, version: int) -> None:
         """Plan `version` does not admit this process: ask to be planned in."""
-        self.send("ready", inc=self.inc)
+        self.send(P.Ready())
 
     def held(self, iteration: int) -> bool:
         with self._lock:
-            hold = read_int(self.store, "hold") - 1
+            hold = read_int(self.store, P.HOLD) - 1
         return 0 <= hold <= iteration
 
     def await_go(self, iteration: int, timeout_s: float) -> None:
-        key = f"go/{wkey(self.me)}/{self.inc}/{iteration}"
+        key = P.go_key(self.me, self.inc, iteration)
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
             with self._lock:
@@ -113,14 +93,15 @@ class StorePlanSource:
             time.sleep(self.poll_s)
 
     # ---- worker -> coordinator --------------------------------------------------------
-    def send(self, kind: str, **fields) -> None:
-        msg = dict(fields, t=kind, r=self.me[0], s=self.me[1], v=self.version, inc=self.inc)
+    def send(self, msg: Message) -> None:
+        """`msg` (protocol.py), stamped with who sends it and the version it acts on."""
+        msg.r, msg.s, msg.v, msg.inc = self.me[0], self.me[1], self.version, self.inc
         with self._lock:
-            self.store.queue_push(MAILBOX, json.dumps(msg))
+            self.store.queue_push(MAILBOX, msg.to_json())
 
     def committed(self) -> int:
         with self._lock:
-            return read_int(self.store, "committed") - 1
+            return read_int(self.store, P.COMMITTED) - 1
 
 
 class Mailbox:
@@ -131,7 +112,7 @@ class Mailbox:
     def __init__(self, store: dist.Store):
         self.store = store
         self._got: queue.Queue = queue.Queue()
-        self._held: list[dict] = []  # taken by wait(), not yet drained
+        self._held: list[Message] = []  # taken by wait(), not yet drained
         self._inc: dict[Worker, int] = {}  # each worker's newest process, as last read
         self.reader: Optional[threading.Thread] = None  # started by the first wait/drain
 
@@ -153,12 +134,12 @@ class Mailbox:
     def _read(self) -> None:
         while True:
             try:
-                m = json.loads(self._conn.queue_pop(MAILBOX, True))
+                raw = self._conn.queue_pop(MAILBOX, True)
             except Exception:  # the store is gone: so is the coordinator
                 return
-            if m.get("t") == "_close":
+            if raw == _CLOSE:
                 return
-            self._got.put(m)
+            self._got.put(Message.parse(raw))
 
     def wait(self, timeout_s: float) -> None:
         """Return when a message is there to drain, or after timeout_s."""
@@ -170,7 +151,7 @@ class Mailbox:
             except queue.Empty:
                 pass
 
-    def drain(self) -> Iterator[dict]:
+    def drain(self) -> Iterator[Message]:
         """The messages so far, in order, from each worker's newest process: a message
         from a process not heard from before, or after forget(), makes its counter be read
         again (inc/{r}:{s}); an older process's messages are dropped."""
@@ -184,10 +165,10 @@ class Mailbox:
                     m = self._got.get_nowait()
                 except queue.Empty:
                     return
-            w = (m["r"], m["s"])
-            if m["inc"] != self._inc.get(w):
-                self._inc[w] = read_int(self.store, f"inc/{wkey(w)}")
-            if m["inc"] == self._inc[w]:
+            w = m.worker
+            if m.inc != self._inc.get(w):
+                self._inc[w] = read_int(self.store, P.incarnation_key(w))
+            if m.inc == self._inc[w]:
                 yield m
 
     def forget(self, w: Worker) -> None:
@@ -201,17 +182,20 @@ class Mailbox:
         if self.reader is None:
             return
         try:
-            self.store.queue_push(MAILBOX, json.dumps({"t": "_close"}))
+            self.store.queue_push(MAILBOX, _CLOSE)
         except Exception:  # the store is gone already: so is the reader
             pass
         self.reader.join(10.0)
 
 
+_CLOSE = b"{}"  # what close() pushes to wake the reader: no message is empty
+
+
 def publish_plan(store: dist.Store, plan: Plan) -> None:
     """Write the plan first, then bump the counter: a reader never sees a missing plan."""
-    store.set(f"plan/{plan.version}", plan.to_json())
-    current = read_int(store, "plan/version")
-    store.add("plan/version", plan.version + 1 - current)
+    store.set(P.plan_key(plan.version), plan.to_json())
+    current = read_int(store, P.PLAN_VERSION)
+    store.add(P.PLAN_VERSION, plan.version + 1 - current)
 
 
 def set_counter(store: dist.Store, key: str, value: int) -> None:

@@ -38,13 +38,15 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from executor.optim.clip import NormBoard, NormWaitTimeout, coefficient, global_norm, scale_, stage_sq_norm
+from executor.optim.clip import NormBoard, coefficient, global_norm, scale_, stage_sq_norm
 from executor.optim.schedule import IterationLR
 from executor.optim.snapshot import StageSnapshots
-from executor.runtime.comm import CommError, Superseded
-from executor.runtime.tied import TiedExchange, wait_keys
+from executor import protocol as P
+from executor.runtime.tied import TiedExchange
+from executor.runtime.waiting import wait_until
+from executor.timeouts import Timeouts
 
-_PLAN_COUNTER = "plan/version"  # rendezvous.publish_plan's: newest version + 1
+_PLAN_COUNTER = P.PLAN_VERSION  # rendezvous.publish_plan's: newest version + 1
 
 
 @dataclass
@@ -96,11 +98,11 @@ class StageStepper:
         self.log = log or (lambda msg: print(f"[stage {stage}] {msg}", flush=True))
         # Polled while settle() waits for other stages' norms: returns a newer plan or
         # None (the agent's `lambda: self._next_plan(0)`). A newer plan means a stage
-        # failed before publishing its norm: leave (Superseded) and roll back. Without
+        # failed before publishing its norm: leave (WaitEnded) and roll back. Without
         # it, the in-process launcher's plan counter in the store is watched instead.
         self.newer: Optional[Callable[[], object]] = None
         timeout = getattr(store, "timeout", None)
-        self.wait_s = max(3 * timeout.total_seconds(), 5.0) if timeout else 60.0
+        self.wait_s = Timeouts(timeout.total_seconds()).other_stages if timeout else 60.0
 
     def step(self, it: int, version: int) -> None:
         """Snapshot the pre-step state of iteration `it`, then step (plan `version`)."""
@@ -139,11 +141,9 @@ class StageStepper:
                 self.snapshots.copy_ahead(it + 1)
 
     def _waiter(self, version: int, what: str):
-        def wait(keys):
-            try:
-                wait_keys(self.store, keys, self.wait_s, lambda: self._leave_if_newer(version), what)
-            except TimeoutError as exc:  # the agent aborts the iteration and re-syncs
-                raise CommError(str(exc)) from exc
+        def wait(keys):  # WaitEnded: the agent aborts the iteration and re-syncs
+            wait_until(lambda: self.store.check(keys), what, limit_s=self.wait_s,
+                       newer=lambda: self._newer_than(version))
         return wait
 
     def settle(self) -> None:
@@ -157,11 +157,9 @@ class StageStepper:
                 self.snapshots.copy_ahead(it + 1)
             return
         t0 = time.perf_counter()
-        try:
-            sums = self.board.wait(pend.version, pend.it, self.wait_s,
-                                   lambda: self._leave_if_newer(pend.version))
-        except NormWaitTimeout as exc:  # the agent aborts the iteration and re-syncs
-            raise CommError(str(exc)) from exc
+        # WaitEnded: the agent aborts the iteration and re-syncs
+        sums = self.board.wait(pend.version, pend.it, self.wait_s,
+                               lambda: self._newer_than(pend.version))
         t1 = time.perf_counter()
         self.stats.settle_wait_s += t1 - t0
         self.pending = None
@@ -190,16 +188,16 @@ class StageStepper:
         self.tied.receive_values(self._waiter(pend.version, f"tied weights of step {pend.it}"))
         self.snapshots.copy_ahead(pend.it + 1)
 
-    def _leave_if_newer(self, version: int) -> None:
+    def _newer_than(self, version: int):
+        """A plan newer than `version` if one is out (the agent's), else None; without
+        the agent, the in-process launcher's plan counter says (its number only)."""
         if self.newer is not None:
-            plan = self.newer()
-            if plan is not None:
-                raise Superseded(plan)
-        elif self.store.check([_PLAN_COUNTER]):
+            return self.newer()
+        if self.store.check([_PLAN_COUNTER]):
             newest = int(self.store.add(_PLAN_COUNTER, 0)) - 1
             if newest > version:
-                raise CommError(f"plan v{newest} is out while waiting for the gradient "
-                                f"norms of plan v{version}")
+                return PlanNumber(newest)
+        return None
 
     def rollback(self, r: int) -> None:
         """Restore the state before step `r` (which this worker took)."""
@@ -246,6 +244,12 @@ class StageStepper:
     def snapshot_bytes(self) -> int:
         """Extra memory the kept snapshots hold."""
         return self.snapshots.held_bytes()
+
+
+@dataclass(frozen=True)
+class PlanNumber:
+    """A newer plan known by its version only (the store's counter, no plan at hand)."""
+    version: int
 
 
 def _versions(grads) -> list:

@@ -38,12 +38,13 @@ its role from its own module; `find_ties` derives the table from one full model.
 from __future__ import annotations
 
 import io
-import time
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
 
 import torch
 from torch import Tensor, nn
+
+from executor.protocol import tied_key
 
 ATTR = "recycle_ties"
 
@@ -166,7 +167,7 @@ class TiedExchange:
     @staticmethod
     def key(kind: str, version: int, it: int, stage: int) -> str:
         """One blob per (kind, version, iteration, publishing stage): {tie index: tensor}."""
-        return f"recycle/tied/v{version}/i{it}/{kind}/s{stage}"
+        return tied_key(version, it, kind, stage)
 
     def _publish(self, key: str, tensors: dict) -> None:
         # Every peer of the stage holds the same tensors (after the all-reduce, or after
@@ -238,20 +239,3 @@ class TiedExchange:
             else:
                 keep.append(key)
         self.published = keep
-
-
-def wait_keys(store, keys: list[str], limit_s: float, interrupt: Callable[[], None],
-              what: str, check_s: float = 0.2) -> None:
-    """Poll until every key is in (backing off to 2 ms), calling interrupt() every check_s
-    (it raises when a newer plan is out); TimeoutError after limit_s."""
-    start = checked = time.monotonic()
-    pause = 0.0002
-    while not store.check(keys):
-        now = time.monotonic()
-        if now - checked >= check_s:
-            checked = now
-            interrupt()
-        if now - start >= limit_s:
-            raise TimeoutError(f"{what} did not come within {limit_s:g} s")
-        time.sleep(pause)
-        pause = min(2 * pause, 0.002)

@@ -46,5 +46,5 @@ class PlanSource(Protocol):
     def await_go(self, iteration: int, timeout_s: float) -> None:
         """At an injection point: wait for the coordinator's go-ahead (its fault landed)."""
 
-    def send(self, kind: str, **fields) -> None:
-        """A message to the coordinator: done, mid, fatal, suspect, ready, bye."""
+    def send(self, msg) -> None:
+        """A message to the coordinator (executor/protocol.py: Done, Mid, Fatal, ...)."""

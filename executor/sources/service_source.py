@@ -21,6 +21,7 @@ from typing import Optional
 import httpx
 import torch.distributed as dist
 
+from executor import protocol as P
 from executor.sources.http_source import HttpPlanSource
 from executor.sources.plan_source import TrainingHalted
 from executor.runtime.rendezvous import StorePlanSource, Worker
@@ -48,9 +49,9 @@ class ServiceWorkerSource(StorePlanSource):
 
     def _end_marker(self, after_version: int) -> Optional[Plan]:
         with self._lock:
-            if self.store.check(["halted"]):
-                raise TrainingHalted(self.store.get("halted").decode())
-            if not self.store.check(["finished"]):
+            if self.store.check([P.HALTED]):
+                raise TrainingHalted(self.store.get(P.HALTED).decode())
+            if not self.store.check([P.FINISHED]):
                 return None
         plan = self._last or self.http.wait_for_plan(-1, 30.0)
         return plan.model_copy(update={"version": max(after_version, plan.version) + 1,
@@ -89,7 +90,7 @@ class ServiceWorkerSource(StorePlanSource):
         except (LookupError, PermissionError, RuntimeError) as e:
             log.info("heartbeat not taken: %s", e)
         with self._lock:  # raises once the coordinator is gone: the worker exits
-            self.store.check(["config"])
+            self.store.check([P.CONFIG])
 
     def report_suspect(self, replica: int, stage: int, reason: str) -> None:
         try:

@@ -22,6 +22,8 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from executor.protocol import SNAP_COST, SNAP_EVERY
+
 AUTO = -1  # `snapshot_every` value of --snapshot-every auto (0: off, K >= 1: every K)
 TARGET = 0.02  # the share of an iteration a snapshot may cost (docs/executor.md)
 CALIBRATION = 3  # iterations after the first before K is chosen (the first send is done)
@@ -29,8 +31,7 @@ DEFAULT_BUDGET = "25%"  # of the host's memory, shared by the workers on it
 # Copies of one stage's state a worker may hold: up to 3 of its own stage (local.py) and a
 # holder's newest two of another's (host.py).
 COPIES_HELD = 5
-EVERY_KEY = "snap/every"
-COST_KEY = "snap/cost/{}"
+EVERY_KEY, COST_KEY = SNAP_EVERY, SNAP_COST
 
 
 def parse_every(text) -> int:

@@ -24,12 +24,13 @@ import threading
 from dataclasses import dataclass
 from typing import Optional
 
+from executor.protocol import SNAP_ADDR
 from executor.runtime.peer_snapshots.wire import (Deadline, SnapshotError, recv_exact,
                                                   recv_header, send_bytes, send_header)
 
 KEEP = 2  # complete snapshots kept per stage
 MAX_PAYLOAD = 1 << 42  # 4 TiB: a larger size in a header is garbage, not a stage
-ADDR_KEY = "snap/addr/{}"
+ADDR_KEY = SNAP_ADDR
 
 
 @dataclass

@@ -19,13 +19,14 @@ import threading
 import time
 from typing import Callable, Optional
 
+from executor.protocol import SNAP_DONE
 from executor.runtime.peer_snapshots.cadence import Cadence
 from executor.runtime.peer_snapshots.client import publish_address, put_snapshot
 from executor.runtime.peer_snapshots.host import SnapshotHost
 from executor.runtime.peer_snapshots.local import HostCopy, LocalCopies
 from executor.runtime.peer_snapshots.wire import SnapshotError
 
-DONE_KEY = "snap/done/{}"  # the newest iteration of stage s complete at its holder
+DONE_KEY = SNAP_DONE  # the newest iteration of stage s complete at its holder
 
 
 def reachable_host(store) -> str:

@@ -14,6 +14,8 @@ Two ways, decided by one all-gather of (last stepped iteration, needs state):
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import tensors_of, unflatten
 from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore
@@ -23,42 +25,56 @@ class NoCopy(RuntimeError):
     """No live worker holds some stage's state, in training or in a snapshot."""
 
 
-def sync_state(agent, plan) -> int:
-    """The iteration the members train next; `agent` holds its stage's state after the
-    one before when this returns."""
-    world, me = agent.world, agent.me
-    info = world.allgather_ints([agent.done, int(agent.fresh)])
+@dataclass(frozen=True)
+class Synced:
+    """What entering a version decided for this worker."""
+    iteration: int  # the iteration the members train next
+    how: str  # "kept" (its state as it was), "rolled back" (its own pre-step copies),
+    #           "loaded" (from a live peer), "restored" (the job rolled back to snapshots)
+    source: str = ""  # where a loaded or restored state came from
+
+
+def sync_state(agent, plan) -> Synced:
+    """Agree with the members of the new world on the iteration to train next; `agent`
+    holds its stage's state after the one before when this returns."""
+    world, st, stage = agent.world, agent.state, agent.stage
+    me = st.me
+    info = world.allgather_ints([st.done, int(st.fresh)])
     served = {w[1] for w, (_, fresh) in info.items() if not fresh}
-    if served != set(range(agent.S)):
-        return restore_from_snapshots(agent, plan) + 1
+    if served != set(range(agent.conf.stages)):
+        k, source = restore_from_snapshots(agent, plan)
+        return Synced(k + 1, "restored", source)
     r = min(done for done, fresh in info.values() if not fresh) + 1
-    if not agent.fresh and agent.done >= r:
-        agent.stepper.rollback(r)
-        agent.log(f"rolled back iterations {r}..{agent.done} (plan v{plan.version})")
-    elif not agent.fresh:
-        agent.stepper.settle()  # our last step is the state we train on (and may send)
-    agent.stepper.keep_before(r)
+    how, source = "kept", ""
+    if not st.fresh and st.done >= r:
+        stage.stepper.rollback(r)
+        agent.log(f"rolled back iterations {r}..{st.done} (plan v{plan.version})")
+        how = "rolled back"
+    elif not st.fresh:
+        stage.stepper.settle()  # our last step is the state we train on (and may send)
+    stage.stepper.keep_before(r)
     peers = [w for w in world.workers if w[1] == me[1]]
     donors = [w for w in peers if not info[w][1]]
     takers = [w for w in peers if info[w][1]]
-    if agent.fresh:
-        agent.load_state(world.recv_blob(donors[0]))
+    if st.fresh:
+        stage.load_state(world.recv_blob(donors[0]))
         agent.log(f"loaded stage {me[1]} state from worker {donors[0]} at iteration {r - 1}")
-        agent.fresh = False
+        st.fresh = False
+        how, source = "loaded", f"worker {donors[0]}"
     elif takers and me == donors[0]:
-        state = {"model": agent.module.state_dict(), "optim": agent.opt.state_dict()}
+        state = stage.state()
         for w in takers:
             world.send_blob(state, w)
-    return r
+    return Synced(r, how, source)
 
 
 def _copies(agent) -> dict[int, tuple[int, ...]]:
     """stage -> iterations this worker can provide: its own stage's host copies (when it
     holds trained state of the stage it fills now) and the snapshots it holds."""
-    snaps = agent.snaps
+    snaps, st = agent.snaps, agent.state
     out: dict[int, set] = {}
-    if not agent.fresh and snaps.local.stage == agent.me[1]:
-        out[agent.me[1]] = set(snaps.local.iterations())
+    if not st.fresh and snaps.local.stage == st.me[1]:
+        out[st.me[1]] = set(snaps.local.iterations())
     for s, its in snaps.host.held().items():
         out.setdefault(s, set()).update(its)
     return {s: tuple(sorted(its)) for s, its in out.items() if its}
@@ -67,11 +83,11 @@ def _copies(agent) -> dict[int, tuple[int, ...]]:
 def _copy_of(agent, stage: int, k: int) -> dict:
     """The state of `stage` after step k from this worker's own copies (or, at the run's
     origin, as the stage is built at start)."""
-    snaps = agent.snaps
+    snaps, st = agent.snaps, agent.state
     if snaps.local.stage == stage and k in snaps.local.iterations():
         return snaps.local.state(k)
-    if k == agent.origin and stage == agent.me[1]:
-        return agent.initial_state(stage)
+    if k == st.origin and stage == st.me[1]:
+        return agent.stage.initial_state(stage)
     return held_state(snaps.host.get(stage, k))
 
 
@@ -84,13 +100,15 @@ def held_state(held) -> dict:
     return unflatten(held.header["tree"], tensors)
 
 
-def restore_from_snapshots(agent, plan) -> int:
-    """Roll every member back to the newest iteration k every stage has a copy of; k."""
-    world, me, S = agent.world, agent.me, agent.S
+def restore_from_snapshots(agent, plan) -> tuple[int, str]:
+    """Roll every member back to the newest iteration k every stage has a copy of;
+    (k, where this worker's state came from)."""
+    world, st, S = agent.world, agent.state, agent.conf.stages
+    me = st.me
     if agent.snaps is None:
         raise NoCopy("a stage has no live worker with its state and peer-memory snapshots "
-                     "are off (--snapshot-every 0): resume from a checkpoint")
-    rows = world.allgather_ints(encode(Has(me[1], _copies(agent), agent.origin), S))
+                     "are off (--snapshot-every off): resume from a checkpoint")
+    rows = world.allgather_ints(encode(Has(me[1], _copies(agent), st.origin), S))
     members = {w: decode(row, S) for w, row in rows.items()}
     rp = plan_restore(members, S)
     if rp is None:
@@ -110,15 +128,14 @@ def restore_from_snapshots(agent, plan) -> int:
             holder = plan.worker_id(*prov)
             _, state = fetch(agent.store, holder, me[1], k, timeout_s=agent.snaps.timeout_s)
             how = f"the snapshot held by worker {holder}"
-        agent.log(f"restored stage {me[1]} at iteration {k} from {how}")
     else:
-        agent.log(f"restored stage {me[1]} at iteration {k} from "
-                  + ("the seed (the run's start)" if k == agent.origin else "its own copy"))
-    agent.load_state(state)
-    agent.stepper.reset(k + 1)
+        how = "the seed (the run's start)" if k == st.origin else "its own copy"
+    agent.log(f"restored stage {me[1]} at iteration {k} from {how}")
+    agent.stage.load_state(state)
+    agent.stage.stepper.reset(k + 1)
     agent.snaps.local.drop_after(k)
     agent.snaps.host.forget(None, k)
-    agent.fresh = False
-    agent.restored_at = k
+    st.fresh = False
+    st.restored_at = k
     agent.log(f"rolled back to iteration {k} from peer-memory snapshots (plan v{plan.version})")
-    return k
+    return k, how

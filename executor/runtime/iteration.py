@@ -1,0 +1,146 @@
+"""One training iteration of one worker: the plan's lowered steps for it (planner/
+lowering.py) dispatched to registered handlers, as torch.distributed.pipelining's schedule
+runtime does: the stage's compute (F, I, B, W, RECV, SEND: interpreter.StageSteps), the
+gradient all-reduce, the optimizer step and its reports, and the fault-injection point."""
+from __future__ import annotations
+
+import os
+import socket
+import time
+from typing import Optional
+
+from executor.compute.reference import checksum
+from executor.protocol import Done, Mid
+from executor.runtime.compute_clock import ComputeClock
+from executor.runtime.grad_sum import allreduce_grads
+from executor.runtime.interpreter import FAULT, StageSteps, run_steps, with_fault_point
+from executor.runtime.model_error import ModelError
+from executor.runtime.waiting import CommError
+from executor.runtime.wire import ActivationSpecError
+from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
+from executor.sources.plan_source import TrainingHalted
+from planner.lowering import Op, lower
+from planner.plan import Plan, WorkerPlan
+
+HOST = socket.gethostname()
+
+
+class IterationRuntime:
+    def __init__(self, agent):
+        """`agent`: the loop whose conf, state, stage runtime, world, source, snapshots and
+        log one iteration uses (it owns them; this only runs with them)."""
+        self.agent = agent
+        self.clock = ComputeClock(agent.conf.device, agent.conf.slows)
+        self._lowered: tuple[int, list] = (-1, [])  # (plan version, its steps for us)
+        self._recvs: list = []
+        self._ahead = 0
+
+    def forget_lowered(self) -> None:
+        self._lowered = (-1, [])
+
+    def run(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
+        a, st, stage = self.agent, self.agent.state, self.agent.stage
+        self.actions = wp.actions
+        if a.snaps is not None:
+            a.snaps.follow(plan)  # who holds which stage's snapshot under this plan
+        stage.stepper.settle()  # the previous step is final before its parameters are used
+        stage.batches.begin(it, [x.microbatch for x in wp.actions if x.op == "F"]
+                            if it + 1 < a.conf.iterations else None)
+        self.clock.begin(it)
+        stage.stepper.idle_cpu_s = 0.0
+        sync = plan.solver.optimizer == "synchronous"
+        if sync:  # wall times, for the check that no iteration starts before all stepped
+            a.log(f"iteration {it} entered at {time.time():.6f}")
+        steps = self._steps(plan)
+        if it in a.conf.fault_iterations:  # an injected signal may land mid-iteration
+            steps = with_fault_point(steps)
+        self._recvs = [(k, s) for k, s in enumerate(steps) if s.op is Op.RECV]
+        self._ahead = 0
+        compute = StageSteps(stage.compute, st.me[1], a.conf.stages,
+                             lambda g: self._batch(it, g), WorldTransport(a.world, it),
+                             lambda what, g, fn, *x: self._model(what, g, it, fn, *x))
+        table = {**compute.table(), Op.ALLREDUCE: lambda s: self._allreduce(),
+                 Op.OPT: lambda s: self._step(it, sync), FAULT: lambda s: self._fault(it)}
+        run_steps(steps, table, before=lambda k: self._post_ahead(it, k))
+        a.world.flush()
+        if sync:  # synchronous optimizer: nobody starts the next iteration before all stepped
+            a.world.barrier()
+
+    def _steps(self, plan: Plan) -> list:
+        """This worker's steps under `plan`, lowered once per plan version."""
+        if self._lowered[0] != plan.version:
+            self._lowered = (plan.version, lower(plan, self.agent.state.me))
+        return self._lowered[1]
+
+    def _fault(self, it: int) -> None:
+        """The injection point: tell the coordinator (pid and host: a torchrun'd worker on
+        its host can be signalled) and let the signal land right here. Only in iterations
+        a fault may target us: a store round trip per iteration otherwise."""
+        a = self.agent
+        a.source.send(Mid(it=it, wait=True, pid=os.getpid(), host=HOST))
+        a.source.await_go(it, a.conf.timeouts.coordinator_answer)
+
+    def _post_ahead(self, it: int, k: int, window: int = 2) -> None:
+        """Before step k: keep the receives of the steps after it posted, at most
+        `window` ahead (a buffer each), so their messages move while we compute."""
+        world = self.agent.world
+        while self._ahead < len(self._recvs) and world.early_count() < window:
+            idx, st = self._recvs[self._ahead]
+            if idx > k and not world.post_early(st.boundary, st.peer, it, st.microbatch,
+                                                COMM_DIRECTION[st.direction]):
+                return  # this boundary's spec is not known yet: its first receive tells
+            self._ahead += 1
+
+    def _batch(self, it: int, g: int):
+        return self._model("data", g, it, self.agent.stage.batches.get, it, g,
+                           timed=False)  # loading is not compute: --slow must not stretch it
+
+    def _model(self, what: str, g: int, it: int, fn, *args, timed: bool = True):
+        """Run the model's code: what it raises is a ModelError, not a failure of this
+        worker that a new plan could route around."""
+        try:
+            return self.clock.timed(fn, *args) if timed else fn(*args)
+        except (CommError, ActivationSpecError, TrainingHalted):
+            raise
+        except Exception as exc:
+            raise ModelError(f"in its {what} of micro-batch {g}, iteration {it}") from exc
+
+    def _allreduce(self) -> None:
+        """ALLREDUCE: the stage's gradients summed over its live peers (the OPT follows)."""
+        a = self.agent
+        self.clock.step_begins()
+        last = a.state.me[1] == a.conf.stages - 1
+        a.state.losses = allreduce_grads(a.stage.params, a.world,
+                                         a.stage.compute.losses() if last else None,
+                                         a.conf.job.num_microbatches, a.conf.device)
+
+    def _step(self, it: int, sync: bool) -> None:
+        """OPT: snapshot, AdamW step, report the iteration (and its losses) done."""
+        a, st, stage = self.agent, self.agent.state, self.agent.stage
+        losses, st.losses = st.losses, {}
+        stage.stepper.step(it, st.version)
+        stage.compute.reset()
+        st.done = it
+        final = it == a.conf.iterations - 1  # the summary needs the checksum only at the end
+        if final or (st.writer and stage.parts.due(it)):
+            stage.stepper.settle()  # what is published or saved must be final
+        n = sum(1 for x in self.actions if x.op == "F")
+        st.last_compute = (it, self.clock.per_microbatch(n, stage.stepper.idle_cpu_s))
+        a.source.send(Done(it=it, losses=losses, compute=round(st.last_compute[1], 7),
+                           slot=list(st.me), checksum=checksum(stage.module) if final else None,
+                           **(self._snapshot_figures() if final else {})))
+        if a.snaps is not None and a.snaps.due(it):
+            stage.stepper.settle()  # the snapshot is of the final step (a clip may redo it)
+            a.snaps.offer(st.me[1], it, stage.state(), send=st.writer)
+        if st.writer and stage.parts.due(it):
+            stage.parts.write(it, stage.module, stage.opt)
+        if sync:
+            a.log(f"iteration {it} stepped at {time.time():.6f}")
+
+    def _snapshot_figures(self) -> dict:
+        """For the run's summary: K in force and the host memory snapshots hold here."""
+        snaps: Optional[object] = self.agent.snaps
+        if snaps is None:
+            return {"snap_every": 0, "snap_bytes": 0}
+        s = snaps.stats()
+        return {"snap_every": s["every"], "snap_bytes": s["local_bytes"] + s["held_bytes"]}

@@ -1,0 +1,59 @@
+"""Every time limit of a run, derived from its one `--timeout` (seconds before a silent peer
+counts as failed), in one table: the workers' waits and the coordinator's patience.
+Why each multiple is what it is stands beside it."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    comm: float = 5.0  # --timeout: a p2p transfer, a collective, a rendezvous, a store key
+
+    # ---- the workers ------------------------------------------------------------------
+    @property
+    def report_missing(self) -> float:
+        """Members still missing from a world's rendezvous are reported after this: not
+        sooner, a worker still starting has not heartbeated yet (a service would declare
+        it failed after its grace)."""
+        return 2 * self.comm
+
+    @property
+    def other_stages(self) -> float:
+        """Another stage's gradient norm or tied gradients: it comes after that stage's
+        backward, which may itself wait out a comm timeout first."""
+        return max(3 * self.comm, 5.0)
+
+    @property
+    def snapshot_io(self) -> float:
+        """One peer-memory snapshot transfer (megabytes to gigabytes over TCP)."""
+        return max(30.0, 4 * self.comm)
+
+    @property
+    def coordinator_answer(self) -> float:
+        """The coordinator's go-ahead of an injected fault, or its halt after a fatal
+        report: it answers within a tick unless it is itself waiting out a comm timeout."""
+        return 4 * self.comm
+
+    # ---- the coordinator --------------------------------------------------------------
+    @property
+    def silent_worker(self) -> float:
+        """An external (torchrun'd) worker whose heartbeat is older is dead: heartbeats go
+        every 0.5 s, a worker blocked in a collective still beats."""
+        return 3 * self.comm
+
+    def rejoin_limit(self, service: bool) -> float:
+        """How long a due rejoin (or a paused run) waits for the new process: its start,
+        its store connection and a comm timeout; with a service, an outage of it too."""
+        return 4 * self.comm + (60.0 if service else 5.0)
+
+    @property
+    def workers_exit(self) -> float:
+        """Workers told the run ended (or halted) exit within this."""
+        return 2 * self.comm
+
+    @property
+    def resync_after(self) -> float:
+        """A suspect with nobody dead re-publishes after one comm timeout (and a tick): a
+        worker still blocked in the old version must be able to reach the new one."""
+        return self.comm + 0.3
