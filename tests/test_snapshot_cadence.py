@@ -6,7 +6,8 @@ import threading
 import pytest
 from torch.distributed import TCPStore
 
-from executor.runtime.peer_snapshots.cadence import (AUTO, CALIBRATION, COPIES_HELD, Cadence,
+from executor.runtime.peer_snapshots.cadence import (AUTO, CALIBRATION, COPIES_HELD, TARGET,
+                                                     Cadence,
                                                      budget_bytes, choose, every_text,
                                                      host_memory, parse_budget, parse_every)
 
@@ -29,15 +30,16 @@ def test_flag_values():
 def test_choose_the_smallest_k_within_two_percent_or_off_over_budget():
     costs = [{"copy_s": 0.002, "send_s": 0.004, "bytes": 2 ** 20},
              {"copy_s": 0.001, "send_s": 0.0, "bytes": 2 ** 19}]
-    # the dearer stage: 10 ms a snapshot (copy, send, receive), 100 ms an iteration -> 2%
-    # of 5 iterations
-    assert choose(costs, 0.100, budget=2 ** 40).every == 5
-    assert choose(costs, 0.101, budget=2 ** 40).every == 5
-    assert choose(costs, 0.099, budget=2 ** 40).every == 6
+    # the dearer stage: 10 ms a snapshot (copy, send, receive), 100 ms an iteration -> 1%
+    # (TARGET) of 10 iterations
+    assert TARGET == 0.01
+    assert choose(costs, 0.100, budget=2 ** 40).every == 10
+    assert choose(costs, 0.101, budget=2 ** 40).every == 10
+    assert choose(costs, 0.099, budget=2 ** 40).every == 11
     assert choose(costs, 10.0, budget=2 ** 40).every == 1  # cheap: every iteration
     off = choose(costs, 0.1, budget=COPIES_HELD * 2 ** 20 - 1)
     assert off.every == 0 and "--snapshot-memory" in off.why
-    assert choose(costs, 0.1, budget=COPIES_HELD * 2 ** 20).every == 5
+    assert choose(costs, 0.1, budget=COPIES_HELD * 2 ** 20).every == 10
 
 
 def _store():

@@ -25,8 +25,12 @@ from typing import Callable, Optional
 from executor.protocol import SNAP_COST, SNAP_EVERY
 
 AUTO = -1  # `snapshot_every` value of --snapshot-every auto (0: off, K >= 1: every K)
-TARGET = 0.02  # the share of an iteration a snapshot may cost (docs/executor.md)
-CALIBRATION = 3  # iterations after the first before K is chosen (the first send is done)
+# The share of an iteration a snapshot's measured cost may take: 1%, for about 2% in fact.
+# The measure (copy + twice the send's CPU) missed about half of what a snapshot cost where
+# four CPU workers share two cores (benchmarks/results/snapshot_auto.md: at 2% runs paid
+# 3.7%); where GPUs train and the host is idle the real cost is below the measure.
+TARGET = 0.01
+CALIBRATION = 4  # iterations after the first before K is chosen (the first send is done)
 DEFAULT_BUDGET = "25%"  # of the host's memory, shared by the workers on it
 # Copies of one stage's state a worker may hold: up to 3 of its own stage (local.py) and a
 # holder's newest two of another's (host.py).
@@ -179,8 +183,10 @@ class Cadence:
                 costs.append(json.loads(self.store.get(key)))
         if self.own is not None:
             costs.append(self.own)
+        # the fastest iteration since the first: the steady state (the first few carry the
+        # warm-up, which made K too small when averaged in)
         ends = [t for i, t in sorted(self._step_end.items()) if self.first <= i <= iteration]
-        iteration_s = (ends[-1] - ends[0]) / (len(ends) - 1) if len(ends) > 1 else 1.0
+        iteration_s = min((b - a for a, b in zip(ends, ends[1:])), default=1.0)
         if not costs:  # nothing measured in this process (it joined late): be safe
             return Choice(10, "auto: no snapshot measured yet; every 10")
         return choose(costs, iteration_s, self.budget)
