@@ -59,7 +59,7 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
     for w in fresh:
         live[home_id(*w)] = None
     try:
-        a = choose_roles(job, live, horizon)
+        a = choose_roles(job, live, horizon, snapshots=snapshots)
     except NoRolesError as exc:
         # Membership pauses before asking when it may (a local run with snapshots); here
         # (the service, or no snapshots) the run halts with its newest checkpoint.

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from planner.bounds import span_bound
+from planner.control.halt_risk import expected_work, one_copy_stages, with_home_margin
 from planner.errors import Unplannable
 from planner.job import JobSpec
 from planner.plan import Move, Role
@@ -179,29 +180,33 @@ def _targets(job: JobSpec, have: list[int], n: int, chains: list[int]) -> list[i
     return out
 
 
-def _stay_counts(job: JobSpec, have: list[int], fresh: int) -> tuple[list[int], int]:
+def _stay_counts(job: JobSpec, have: list[int], homes: list[Optional[int]]) -> list[int]:
     """No worker changes stage but the ones an empty stage needs (forced: taken from the
-    stage that loses least); fresh workers go where they lower the bound most. Returns the
-    counts and the number of forced moves."""
+    stage that loses least); fresh workers go home (`homes`: each one's home stage, None
+    for none), the rest where they lower the bound most."""
     S, D = job.stages, job.replicas
     chains = _chains(job)
-    out, forced = list(have), 0
+    out, rest = list(have), 0
+    for h in homes:
+        if h is not None and out[h] < D:
+            out[h] += 1
+        else:
+            rest += 1
     for s in range(S):
         if out[s] == 0:
-            if fresh > 0:
-                fresh -= 1
+            if rest > 0:
+                rest -= 1
             else:
                 donors = [t for t in range(S) if out[t] > 1]
                 t = min(donors, key=lambda t: (stage_count_bound(job, t, out[t] - 1, chains[t]), t))
                 out[t] -= 1
-                forced += 1
             out[s] = 1
-    while fresh > 0:
+    while rest > 0:
         open_ = [s for s in range(S) if out[s] < D]
         s = max(open_, key=lambda s: (stage_count_bound(job, s, out[s], chains[s]), -s))
         out[s] += 1
-        fresh -= 1
-    return out, forced
+        rest -= 1
+    return out
 
 
 def _path(job: JobSpec, start: list[int], target: list[int]) -> list[list[int]]:
@@ -268,9 +273,12 @@ def place(job: JobSpec, live: Mapping[str, Optional[Worker]], counts: list[int]
         stages = [s for s in range(S) if open_slots(s)]
         if not stages:
             break
-        # the wanting stage whose bound is highest now (where the worker helps most)
-        filled = {s: sum(1 for (_, t) in roles_at if t == s) for s in stages}
-        s = max(stages, key=lambda s: (stage_count_bound(job, s, filled[s], chains[s]), -s))
+        home = _home(w, job) if frm is None else None
+        if home is not None and home[1] in stages:
+            s = home[1]  # a fresh worker goes home when its stage has room
+        else:  # the wanting stage whose bound is highest now (where the worker helps most)
+            filled = {s: sum(1 for (_, t) in roles_at if t == s) for s in stages}
+            s = max(stages, key=lambda s: (stage_count_bound(job, s, filled[s], chains[s]), -s))
         _take(job, w, frm, (open_slots(s)[0], s), roles_at, had, moves)
     roles = sorted((Role(worker=w, replica=d, stage=s) for (d, s), w in roles_at.items()),
                    key=lambda r: (r.replica, r.stage))
@@ -296,13 +304,17 @@ def move_stall(job: JobSpec, moves: list[Move]) -> int:
 
 
 def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: float,
-                 period: Optional[Callable[[list[Worker]], int]] = None) -> Assignment:
+                 period: Optional[Callable[[list[Worker]], int]] = None,
+                 snapshots: bool = False) -> Assignment:
     """The assignment of `live` workers (id -> current slot, None for a fresh worker) that
     trains most over `horizon` time units (the expected time to the next event): each
-    candidate, from "no worker changes stage" to the least-bound counts one move at a
-    time, is worth (horizon - stall) / period; ties go to fewer moves. `period` gives a
-    failed set's period (default: the candidate's count bound, which needs no planning:
-    about 10 ms on a 16x8 grid; the planner's periods are better and cost a plan each)."""
+    candidate, from "no worker changes stage, fresh workers home" to the least-bound
+    counts one move at a time, is worth its expected iterations over the horizon, the
+    risk of a halt counted (halt_risk.py: a stage with one holder and, without
+    `snapshots`, no copy in peer memory halts at that holder's death); one that sends a
+    fresh worker away from home must be HOME_MARGIN better; ties go to fewer moves.
+    `period` gives a failed set's period (default: the candidate's count bound, which
+    needs no planning; the planner's periods are better and cost a plan each)."""
     S = job.stages
     slots = [v for v in live.values() if v is not None]
     if len(set(slots)) != len(slots):
@@ -313,8 +325,9 @@ def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: fl
     have = [0] * S
     for _, s in slots:
         have[s] += 1
-    fresh = n - len(slots)
-    stay, _ = _stay_counts(job, have, fresh)
+    homes = {w: _home(w, job) for w, slot in live.items() if slot is None}
+    stay = _stay_counts(job, have, sorted((h[1] if h else None for h in homes.values()),
+                                          key=lambda h: (h is None, h or 0)))
     paths = [_path(job, stay, _targets(job, have, n, _chains(job)))]
     if period is not None:
         # the count bound's round trips favour the early stages; the counts that balance
@@ -330,12 +343,16 @@ def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: fl
         bound = count_bound(job, counts)
         p = period(failed) if period is not None else bound
         stall = move_stall(job, moves)
-        value = max(0.0, horizon - stall) / p
+        strays = sum(1 for r in roles if r.worker in homes and homes[r.worker] is not None
+                     and homes[r.worker][1] != r.stage)
+        value = with_home_margin(
+            expected_work(horizon, stall, p, one_copy_stages(counts, snapshots), n), strays)
         shifted = sum(1 for m in moves if m.from_stage is not None)
         cands.append((shifted, p, stall))
+        key = (shifted, strays)
         tie = best is not None and abs(value - best[0]) <= 1e-12 * max(value, best[0])
-        if best is None or (value > best[0] and not tie) or (tie and shifted < best[2]):
-            best = (value, Assignment(roles, moves, failed, counts, p, bound, stall), shifted)
+        if best is None or (value > best[0] and not tie) or (tie and key < best[2]):
+            best = (value, Assignment(roles, moves, failed, counts, p, bound, stall), key)
     out = best[1]
     return Assignment(out.roles, out.moves, out.failed, out.counts, out.period, out.bound,
                       out.stall, cands)
