@@ -45,7 +45,8 @@ def slots_of(replicas: int, stages: int, dead: Iterable[Worker],
     if roles is None:
         return {home_id(r, s): (r, s) for r in range(replicas) for s in range(stages)
                 if (r, s) not in dead}
-    return {x.worker: (x.replica, x.stage) for x in roles if home_of(x.worker) not in dead}
+    gone = {home_id(*w) for w in dead}  # ids are `R.S` (home_id): no parse per role
+    return {x.worker: (x.replica, x.stage) for x in roles if x.worker not in gone}
 
 
 def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role]],
@@ -85,7 +86,8 @@ def _kept(roles, dead, live, chosen) -> Optional[tuple[Role, ...]]:
     """The roles in force less the dead, with fresh workers back in the slots `chosen`
     ({slot: worker}) gives them, when that leaves every worker where it was (no
     re-slotting for nothing)."""
-    out = [x for x in roles if home_of(x.worker) not in dead and live.get(x.worker) is not None]
+    gone = {home_id(*w) for w in dead}
+    out = [x for x in roles if x.worker not in gone and live.get(x.worker) is not None]
     taken = {(x.replica, x.stage) for x in out}
     for (d, s), w in chosen.items():
         if live[w] is None:
