@@ -153,17 +153,26 @@ class JobRuntime:
     # entered_version): a version's moves are done once every live worker entered it.
     entered: dict = field(default_factory=dict)    # (replica, stage) -> version
     _slots: tuple = (None, None)  # (plan, {worker: slot}) of the plan in force, with roles
+    _waiting: tuple = (None, None)  # (members, live workers not yet in its version)
 
     def note_entered(self, w: Worker, version: int) -> None:
         """A worker entered `version`; once every live one has entered the version in
         force, its movers hold their stages (Membership.entered): a donor that dies after
-        that is no longer the last copy of the stage."""
+        that is no longer the last copy of the stage. The live workers still to enter are
+        listed once per membership, not scanned per heartbeat (4,096 heartbeats a round)."""
         if version > self.entered.get(w, -1):
             self.entered[w] = version
         m = self.members
-        if m.moving and all(self.entered.get((r, s), -1) >= m.version
-                            for r in range(m.replicas) for s in range(m.stages)
-                            if (r, s) not in m.failed):
+        if not m.moving:
+            return
+        if self._waiting[0] is not m:
+            self._waiting = (m, {(r, s) for r in range(m.replicas) for s in range(m.stages)
+                                 if (r, s) not in m.failed
+                                 and self.entered.get((r, s), -1) < m.version})
+        waiting = self._waiting[1]
+        if self.entered.get(w, -1) >= m.version:
+            waiting.discard(w)
+        if not waiting:
             self.members = m.entered(m.version)
 
     def remember(self) -> None:

@@ -45,7 +45,8 @@ def slots_of(replicas: int, stages: int, dead: Iterable[Worker],
     if roles is None:
         return {home_id(r, s): (r, s) for r in range(replicas) for s in range(stages)
                 if (r, s) not in dead}
-    return {x.worker: (x.replica, x.stage) for x in roles if home_of(x.worker) not in dead}
+    gone = {home_id(*w) for w in dead}  # ids are `R.S` (home_id): no parse per role
+    return {x.worker: (x.replica, x.stage) for x in roles if x.worker not in gone}
 
 
 def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role]],
@@ -59,7 +60,7 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
     for w in fresh:
         live[home_id(*w)] = None
     try:
-        a = choose_roles(job, live, horizon)
+        a = choose_roles(job, live, horizon, snapshots=snapshots)
     except NoRolesError as exc:
         # Membership pauses before asking when it may (a local run with snapshots); here
         # (the service, or no snapshots) the run halts with its newest checkpoint.
@@ -69,14 +70,13 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
         return None, (f"stage {lost[0]} has no live replica and no snapshot in peer memory "
                       f"(`recycle train --snapshot-every K` keeps them): restore from checkpoint")
     shifted = [m for m in a.moves if m.from_stage is not None or m.source == "snapshot"]
-    strays = [x for x in a.roles if live[x.worker] is None
-              and home_of(x.worker) != (x.replica, x.stage)]
+    strays = [w for slot, w in a.slots.items() if live[w] is None and home_of(w) != slot]
     if roles is None and not shifted and not strays:
         # nobody changes stage: the plain failed set, as before roles existed
         gone = sorted(w for w in dead if w not in set(map(tuple, fresh)))
         return Reassigned(None, (), tuple(gone)), None
     if roles is not None and not shifted and not strays:
-        kept = _kept(roles, dead, live, a.roles)
+        kept = _kept(roles, dead, live, a.slots)
         if kept is not None:
             return Reassigned(kept, (), tuple(failed_of(list(kept), D, S))), None
     return Reassigned(tuple(a.roles), tuple(a.moves), tuple(tuple(w) for w in a.failed)), None
@@ -84,13 +84,15 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
 
 def _kept(roles, dead, live, chosen) -> Optional[tuple[Role, ...]]:
     """The roles in force less the dead, with fresh workers back in the slots `chosen`
-    gives them, when that leaves every worker where it was (no re-slotting for nothing)."""
-    out = [x for x in roles if home_of(x.worker) not in dead and live.get(x.worker) is not None]
+    ({slot: worker}) gives them, when that leaves every worker where it was (no
+    re-slotting for nothing)."""
+    gone = {home_id(*w) for w in dead}
+    out = [x for x in roles if x.worker not in gone and live.get(x.worker) is not None]
     taken = {(x.replica, x.stage) for x in out}
-    for x in chosen:
-        if live[x.worker] is None:
-            if (x.replica, x.stage) in taken:
+    for (d, s), w in chosen.items():
+        if live[w] is None:
+            if (d, s) in taken:
                 return None
-            out.append(x)
-            taken.add((x.replica, x.stage))
+            out.append(Role(worker=w, replica=d, stage=s))
+            taken.add((d, s))
     return tuple(sorted(out, key=lambda x: (x.replica, x.stage)))

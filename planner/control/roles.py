@@ -16,23 +16,22 @@ own period for a failed set), on the candidates' real periods.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Callable, Mapping, Optional
 
-from planner.bounds import span_bound
-from planner.errors import Unplannable
+from planner.control.count_bounds import (  # noqa: F401 (re-exported: the roles API)
+    NoRolesError, _chains, best_counts, count_bound, elastic_bound, need_count,
+    stage_count_bound)
+from planner.control.halt_risk import expected_work, one_copy_stages, with_home_margin
 from planner.job import JobSpec
 from planner.plan import Move, Role
 
 Worker = tuple[int, int]
 
 
-class NoRolesError(Unplannable):
-    """Fewer live workers than stages: no assignment serves every stage."""
-
-
 @dataclass(frozen=True)
 class Assignment:
-    roles: list[Role]  # one per live worker, sorted by slot
+    slots: dict  # slot (replica, stage) -> the live worker that fills it
     moves: list[Move]  # workers that take a stage they do not hold
     failed: list[Worker]  # the empty slots: the failed set the schedule is planned for
     counts: list[int]  # live workers per stage
@@ -40,6 +39,12 @@ class Assignment:
     bound: int  # count_bound of the counts: no plan on these filled slots beats it
     stall: int  # time units the moves stall the job (loads run in parallel: the longest)
     candidates: list[tuple[int, int, int]] = field(default_factory=list)  # (moves, period, stall)
+
+    @cached_property
+    def roles(self) -> list[Role]:
+        """One per live worker, sorted by slot (built when asked: the service's event path
+        often needs none, and 4,096 of them cost milliseconds)."""
+        return _roles(self.slots)
 
     @property
     def snapshot_stages(self) -> list[int]:
@@ -59,88 +64,6 @@ def identity_roles(job: JobSpec, failed) -> list[Role]:
             for s in range(job.stages) if (d, s) not in dead]
 
 
-# ---- the bound on counts ----------------------------------------------------------------
-def _chains(job: JobSpec) -> list[int]:
-    """Per stage, the least round trip from its F's end to its I's start through the later
-    stages, at the fastest durations and the least delay: no filled-slot set does better."""
-    memo = _memo(job)
-    if "chains" not in memo:
-        memo["chains"] = _chains_of(job)
-    return memo["chains"]
-
-
-def _chains_of(job: JobSpec) -> list[int]:
-    S = job.stages
-    fast = {op: [min(job.duration(op, d, s) for d in range(job.replicas)) for s in range(S)]
-            for op in "FI"}
-    hop = job.min_delay
-    out, acc = [0] * S, 0
-    for s in range(S - 1, -1, -1):
-        out[s] = acc
-        acc += fast["F"][s] + fast["I"][s] + 2 * hop
-    return out
-
-
-_MEMO: dict = {"job": None}  # per-job memo of the per-stage bounds (one job at a time)
-
-
-def _memo(job: JobSpec) -> dict:
-    if _MEMO.get("job") is not job:
-        _MEMO.clear()
-        _MEMO["job"] = job
-    return _MEMO
-
-
-def stage_count_bound(job: JobSpec, stage: int, count: int, chain: Optional[int] = None) -> int:
-    """No worker of `stage` spans less when `count` workers share its D*M micro-batches:
-    one of them runs at least ceil(D*M / count) (planner/bounds.py's span bound, at the
-    fastest durations any replica of the stage has)."""
-    if count <= 0:
-        return 2**62
-    memo = _memo(job)
-    if chain is None:
-        chain = _chains(job)[stage]
-    key = (stage, count, chain)
-    if key not in memo:
-        n = -(-job.num_microbatches // count)
-        fastest = memo.get(("fastest", stage))
-        if fastest is None:
-            fastest = memo[("fastest", stage)] = min(
-                range(job.replicas),
-                key=lambda d: sum(job.duration(op, d, stage) for op in ("F", "I", "W", "OPT")))
-        memo[key] = span_bound(job, fastest, stage, n, chain)
-    return memo[key]
-
-
-def count_bound(job: JobSpec, counts: list[int]) -> int:
-    """A lower bound on the period of every plan whose stage s has counts[s] live workers,
-    whichever slots they fill and whoever fills them (section "Roles" of docs/planner.md)."""
-    chains = _chains(job)
-    return max(stage_count_bound(job, s, c, chains[s]) for s, c in enumerate(counts))
-
-
-def best_counts(job: JobSpec, n: int, chains: Optional[list[int]] = None) -> list[int]:
-    """Counts of n workers (each stage at least 1, at most D) with the least count_bound:
-    one worker at a time to the stage whose bound is highest. The per-stage bounds do not
-    grow with the count, so this min-max is optimal. (`chains`: the round trips the bound
-    counts; zeros give the counts that balance the stages' work alone.)"""
-    S, D = job.stages, job.replicas
-    if n < S:
-        raise NoRolesError(f"{n} live workers cannot serve {S} stages")
-    chains = _chains(job) if chains is None else chains
-    counts = [1] * S
-    for _ in range(min(n, S * D) - S):
-        open_ = [s for s in range(S) if counts[s] < D]
-        s = max(open_, key=lambda s: (stage_count_bound(job, s, counts[s], chains[s]), -s))
-        counts[s] += 1
-    return counts
-
-
-def elastic_bound(job: JobSpec, n: int) -> int:
-    """No plan on n live workers, whatever their roles, has a shorter period."""
-    return count_bound(job, best_counts(job, n))
-
-
 # ---- choosing -----------------------------------------------------------------------------
 def _home(worker: str, job: JobSpec) -> Optional[Worker]:
     try:
@@ -157,12 +80,7 @@ def _targets(job: JobSpec, have: list[int], n: int, chains: list[int]) -> list[i
     S, D = job.stages, job.replicas
     opt = max(stage_count_bound(job, s, c, chains[s])
               for s, c in enumerate(best_counts(job, n, chains)))
-    need = []
-    for s in range(S):
-        c = 1
-        while stage_count_bound(job, s, c, chains[s]) > opt:
-            c += 1
-        need.append(c)
+    need = [need_count(job, s, opt, chains[s]) for s in range(S)]
     left = n - sum(need)
     out = list(need)
     for s in range(S):  # keep workers in place first
@@ -179,29 +97,33 @@ def _targets(job: JobSpec, have: list[int], n: int, chains: list[int]) -> list[i
     return out
 
 
-def _stay_counts(job: JobSpec, have: list[int], fresh: int) -> tuple[list[int], int]:
+def _stay_counts(job: JobSpec, have: list[int], homes: list[Optional[int]]) -> list[int]:
     """No worker changes stage but the ones an empty stage needs (forced: taken from the
-    stage that loses least); fresh workers go where they lower the bound most. Returns the
-    counts and the number of forced moves."""
+    stage that loses least); fresh workers go home (`homes`: each one's home stage, None
+    for none), the rest where they lower the bound most."""
     S, D = job.stages, job.replicas
     chains = _chains(job)
-    out, forced = list(have), 0
+    out, rest = list(have), 0
+    for h in homes:
+        if h is not None and out[h] < D:
+            out[h] += 1
+        else:
+            rest += 1
     for s in range(S):
         if out[s] == 0:
-            if fresh > 0:
-                fresh -= 1
+            if rest > 0:
+                rest -= 1
             else:
                 donors = [t for t in range(S) if out[t] > 1]
                 t = min(donors, key=lambda t: (stage_count_bound(job, t, out[t] - 1, chains[t]), t))
                 out[t] -= 1
-                forced += 1
             out[s] = 1
-    while fresh > 0:
+    while rest > 0:
         open_ = [s for s in range(S) if out[s] < D]
         s = max(open_, key=lambda s: (stage_count_bound(job, s, out[s], chains[s]), -s))
         out[s] += 1
-        fresh -= 1
-    return out, forced
+        rest -= 1
+    return out
 
 
 def _path(job: JobSpec, start: list[int], target: list[int]) -> list[list[int]]:
@@ -229,52 +151,73 @@ def place(job: JobSpec, live: Mapping[str, Optional[Worker]], counts: list[int]
     its slot when that slot is kept, else takes a kept slot of its stage (a slot change
     within a stage moves no state: every replica of a stage holds the same parameters); a
     stage over its count gives up the workers outside its kept replicas first; movers and
-    fresh workers take the kept slots still empty (a fresh worker its home slot first)."""
+    fresh workers take the kept slots still empty (a fresh worker its home slot first,
+    else its home stage when that has room)."""
+    roles_at, moves = _place(job, live, counts)
+    return _roles(roles_at), moves
+
+
+def _place(job: JobSpec, live: Mapping[str, Optional[Worker]], counts: list[int]
+           ) -> tuple[dict[Worker, str], list[Move]]:
+    """place's slots as {slot: worker}, in one pass over the workers per candidate (the
+    service runs this on every event: 4,096 workers)."""
     S, D = job.stages, job.replicas
     fullness = [0] * D
-    for slot in live.values():
-        if slot is not None:
+    by_stage: list[list[str]] = [[] for _ in range(S)]
+    fresh = []
+    for w, slot in live.items():
+        if slot is None:
+            fresh.append(w)
+        else:
             fullness[slot[0]] += 1
+            by_stage[slot[1]].append(w)
     rank = sorted(range(D), key=lambda d: (-fullness[d], d))
-    keep = {s: set(rank[:counts[s]]) for s in range(S)}
+    pos = {d: i for i, d in enumerate(rank)}  # replica d is kept for stage s iff pos < counts[s]
     roles_at: dict[Worker, str] = {}
     movers: list[tuple[str, Optional[int]]] = []
     for s in range(S):
-        ws = sorted((w for w, slot in live.items() if slot is not None and slot[1] == s),
-                    key=lambda w: (live[w][0] not in keep[s], rank.index(live[w][0]), w))
-        stay, leave = ws[:counts[s]], ws[counts[s]:]
-        movers += [(w, s) for w in leave]
-        free = [d for d in rank[:counts[s]] if (d, s) not in {live[w] for w in stay}]
+        c = counts[s]
+        ws = sorted(by_stage[s], key=lambda w: pos[live[w][0]])  # kept slots first
+        stay = ws[:c]
+        movers += [(w, s) for w in ws[c:]]
+        held = {live[w][0] for w in stay}
+        free = iter([d for d in rank[:c] if d not in held])
         for w in stay:
             d = live[w][0]
-            if d not in keep[s]:
-                d = free.pop(0)  # re-slotted within its stage
-            roles_at[(d, s)] = w
-    fresh = sorted((w for w, slot in live.items() if slot is None),
-                   key=lambda w: (_home(w, job) is None, w))
+            roles_at[(d if pos[d] < c else next(free), s)] = w  # else re-slotted in its stage
+    fresh.sort(key=lambda w: (_home(w, job) is None, w))
     moves: list[Move] = []
-    had = {s: sum(1 for slot in live.values() if slot is not None and slot[1] == s)
-           for s in range(S)}
-    open_slots = lambda s: [d for d in rank[:counts[s]] if (d, s) not in roles_at]
+    had = [len(ws) for ws in by_stage]
     pending = []
     for w in fresh:
         home = _home(w, job)
-        if home is not None and home[0] in keep[home[1]] and home not in roles_at:
+        if home is not None and pos[home[0]] < counts[home[1]] and home not in roles_at:
             _take(job, w, None, home, roles_at, had, moves)
         else:
             pending.append((w, None))
+    # the kept slots still empty, per stage in rank order; taken from the front
+    empty = [[d for d in rank[:counts[s]] if (d, s) not in roles_at] for s in range(S)]
     chains = _chains(job)
     for w, frm in pending + movers:
-        stages = [s for s in range(S) if open_slots(s)]
+        stages = [s for s in range(S) if empty[s]]
         if not stages:
             break
-        # the wanting stage whose bound is highest now (where the worker helps most)
-        filled = {s: sum(1 for (_, t) in roles_at if t == s) for s in stages}
-        s = max(stages, key=lambda s: (stage_count_bound(job, s, filled[s], chains[s]), -s))
-        _take(job, w, frm, (open_slots(s)[0], s), roles_at, had, moves)
-    roles = sorted((Role(worker=w, replica=d, stage=s) for (d, s), w in roles_at.items()),
-                   key=lambda r: (r.replica, r.stage))
-    return roles, moves
+        home = _home(w, job) if frm is None else None
+        if home is not None and home[1] in stages:
+            s = home[1]  # a fresh worker goes home when its stage has room
+        else:  # the wanting stage whose bound is highest now (where the worker helps most)
+            s = max(stages, key=lambda s: (stage_count_bound(
+                job, s, counts[s] - len(empty[s]), chains[s]), -s))
+        _take(job, w, frm, (empty[s].pop(0), s), roles_at, had, moves)
+    return roles_at, moves
+
+
+def _roles(roles_at: dict[Worker, str]) -> list[Role]:
+    """The roles of {slot: worker}, sorted by slot. Built unvalidated where the id is a
+    valid WorkerId (the slots come from the grid): 4,096 validations cost 25 ms."""
+    return [Role.model_construct(worker=w, replica=d, stage=s)
+            if type(w) is str and 0 < len(w) <= 64 else Role(worker=w, replica=d, stage=s)
+            for (d, s), w in sorted(roles_at.items())]
 
 
 def _take(job, w, frm, slot, roles_at, had, moves) -> None:
@@ -296,13 +239,17 @@ def move_stall(job: JobSpec, moves: list[Move]) -> int:
 
 
 def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: float,
-                 period: Optional[Callable[[list[Worker]], int]] = None) -> Assignment:
+                 period: Optional[Callable[[list[Worker]], int]] = None,
+                 snapshots: bool = False) -> Assignment:
     """The assignment of `live` workers (id -> current slot, None for a fresh worker) that
     trains most over `horizon` time units (the expected time to the next event): each
-    candidate, from "no worker changes stage" to the least-bound counts one move at a
-    time, is worth (horizon - stall) / period; ties go to fewer moves. `period` gives a
-    failed set's period (default: the candidate's count bound, which needs no planning:
-    about 10 ms on a 16x8 grid; the planner's periods are better and cost a plan each)."""
+    candidate, from "no worker changes stage, fresh workers home" to the least-bound
+    counts one move at a time, is worth its expected iterations over the horizon, the
+    risk of a halt counted (halt_risk.py: a stage with one holder and, without
+    `snapshots`, no copy in peer memory halts at that holder's death); one that sends a
+    fresh worker away from home must be HOME_MARGIN better; ties go to fewer moves.
+    `period` gives a failed set's period (default: the candidate's count bound, which
+    needs no planning; the planner's periods are better and cost a plan each)."""
     S = job.stages
     slots = [v for v in live.values() if v is not None]
     if len(set(slots)) != len(slots):
@@ -313,8 +260,9 @@ def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: fl
     have = [0] * S
     for _, s in slots:
         have[s] += 1
-    fresh = n - len(slots)
-    stay, _ = _stay_counts(job, have, fresh)
+    homes = {w: _home(w, job) for w, slot in live.items() if slot is None}
+    stay = _stay_counts(job, have, sorted((h[1] if h else None for h in homes.values()),
+                                          key=lambda h: (h is None, h or 0)))
     paths = [_path(job, stay, _targets(job, have, n, _chains(job)))]
     if period is not None:
         # the count bound's round trips favour the early stages; the counts that balance
@@ -325,20 +273,23 @@ def choose_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: fl
         if tuple(counts) in seen:
             continue
         seen.add(tuple(counts))
-        roles, moves = place(job, live, counts)
-        failed = failed_of(roles, job.replicas, S)
+        roles_at, moves = _place(job, live, counts)
+        failed = [(d, s) for d in range(job.replicas) for s in range(S)
+                  if (d, s) not in roles_at]
         bound = count_bound(job, counts)
         p = period(failed) if period is not None else bound
         stall = move_stall(job, moves)
-        value = max(0.0, horizon - stall) / p
+        strays = sum(1 for (_, s), w in roles_at.items()
+                     if w in homes and homes[w] is not None and homes[w][1] != s)
+        value = with_home_margin(
+            expected_work(horizon, stall, p, one_copy_stages(counts, snapshots), n), strays)
         shifted = sum(1 for m in moves if m.from_stage is not None)
         cands.append((shifted, p, stall))
+        key = (shifted, strays)
         tie = best is not None and abs(value - best[0]) <= 1e-12 * max(value, best[0])
-        if best is None or (value > best[0] and not tie) or (tie and shifted < best[2]):
-            best = (value, Assignment(roles, moves, failed, counts, p, bound, stall), shifted)
-    out = best[1]
-    return Assignment(out.roles, out.moves, out.failed, out.counts, out.period, out.bound,
-                      out.stall, cands)
+        if best is None or (value > best[0] and not tie) or (tie and key < best[2]):
+            best = (value, (roles_at, moves, failed, counts, p, bound, stall), key)
+    return Assignment(*best[1], cands)
 
 
 def plan_roles(job: JobSpec, live: Mapping[str, Optional[Worker]], horizon: float,

@@ -66,7 +66,8 @@ class ElasticRecycle(Policy):
         """Roles for the live set: (period s, stall s, moves), None if too few workers."""
         ctx = self.ctx
         try:
-            a = choose_roles(ctx.job, self.live, ctx.horizon_s / ctx.unit_s, self._period(speed))
+            a = choose_roles(ctx.job, self.live, ctx.horizon_s / ctx.unit_s, self._period(speed),
+                             snapshots=ctx.params.snapshot_every > 0)
         except NoRolesError:
             return None
         self.live = {r.worker: (r.replica, r.stage) for r in a.roles}
