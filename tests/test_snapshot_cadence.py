@@ -85,3 +85,20 @@ def test_fixed_and_off_never_ask_the_store():
     with pytest.raises(ValueError):
         from executor.runtime.peer_snapshots import PeerSnapshots
         PeerSnapshots(None, "w", 0, 2)
+
+
+def test_the_iteration_time_ignores_a_rollback_and_only_the_calibration_is_timed():
+    store = _store()
+    c = Cadence(AUTO, stages=1, store=store)
+    c.due(0)
+    c.measured(0, 0.001, 0.001, 1000, writer=True)
+    c.due(1)
+    c.due(2)
+    c._step_end[1] = c._step_end[2] + 5.0  # iteration 1 re-stepped after a rollback
+    for i in range(3, CALIBRATION + 1):
+        c.due(i)
+    assert c.choice is not None and c.choice.every >= 1  # no negative or absurd gap
+    n = len(c._step_end)
+    for i in range(CALIBRATION + 1, CALIBRATION + 50):
+        c.due(i)
+    assert len(c._step_end) == n  # nothing grows once K is chosen

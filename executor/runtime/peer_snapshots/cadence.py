@@ -143,7 +143,8 @@ class Cadence:
 
     def due(self, iteration: int) -> bool:
         """Snapshot after stepping `iteration`? Called once per step."""
-        self._step_end[iteration] = time.perf_counter()
+        if self.choice is None:  # only the calibration's steps are timed
+            self._step_end[iteration] = time.perf_counter()
         if self.choice is None and iteration != self.first:
             self._read()  # chosen already (this process joined late, or another was first)
         if self.choice is None:
@@ -185,8 +186,11 @@ class Cadence:
             costs.append(self.own)
         # the fastest iteration since the first: the steady state (the first few carry the
         # warm-up, which made K too small when averaged in)
-        ends = [t for i, t in sorted(self._step_end.items()) if self.first <= i <= iteration]
-        iteration_s = min((b - a for a, b in zip(ends, ends[1:])), default=1.0)
+        # (consecutive iterations only, in order: a rollback re-steps an earlier one later)
+        ends = self._step_end
+        gaps = [ends[i + 1] - ends[i] for i in range(self.first, iteration)
+                if i in ends and i + 1 in ends and ends[i + 1] > ends[i]]
+        iteration_s = min(gaps, default=1.0)
         if not costs:  # nothing measured in this process (it joined late): be safe
             return Choice(10, "auto: no snapshot measured yet; every 10")
         return choose(costs, iteration_s, self.budget)
