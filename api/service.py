@@ -21,7 +21,7 @@ from api import stragglers
 from api.hotpath.mapping import MemoMapper
 from api.jobs.nodes import NodeEvents, grants
 from api.jobs.runtime import (ApiError, JobRuntime, ServiceConfig, _event_body, _ones,
-                              _plan_record, refilled, stamp, transition)
+                              _plan_record, refilled, transition)
 from api.jobs.speeds import SpeedEvents
 from api.jobs.updates import PlanUpdates
 from api.metrics import Metrics
@@ -32,6 +32,7 @@ from api.stragglers import SpeedError
 from planner.cache import PlanCache
 from planner.inputs.limits import TooLarge, check_plannable
 from planner.job import JobSpec
+from planner.control.decision_plan import reusable, stamp
 from planner.control.membership import Halt, Membership, Pause, Publish, Reject
 from planner.plan import Plan
 
@@ -205,7 +206,7 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
         members = members.with_speeds(spec.speed)
         fresh, plan, plan_source, record = None, None, None, None
         if not held:
-            if decision.same_plan and spec.spec_hash() == job.plan.job.spec_hash():
+            if reusable(decision, job.plan, spec.spec_hash()):
                 fresh = job.plan  # same failed set and speeds: the plan in force,
                 #                   admitting the new incarnation
             else:

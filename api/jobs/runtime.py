@@ -262,17 +262,6 @@ def _plan_record(plan: Plan, cause: str) -> dict:
             if plan.moves else None}
 
 
-def stamp(plan: Plan, decision: Publish) -> Plan:
-    """`plan` (made for decision.failed) as the decision's version: its incarnations, and
-    its roles and moves (none: identity, as every plan before roles)."""
-    out = plan.stamped(decision.version, decision.incarnation_rows())
-    if decision.roles is not None:
-        return out.with_roles(list(decision.roles), list(decision.moves))
-    if out.roles is not None or out.moves is not None:
-        out = out.model_copy(update={"roles": None, "moves": None})
-    return out
-
-
 def fillers(plan: Plan) -> dict[Worker, tuple[Worker, int]]:
     """Slot -> (the worker filling it, its incarnation) in `plan`."""
     if plan.roles is None:

@@ -11,7 +11,8 @@ import uuid
 from typing import Optional
 
 from api import stragglers
-from api.jobs.runtime import ApiError, JobRuntime, _plan_record, _speed_answer, stamp
+from api.jobs.runtime import ApiError, JobRuntime, _plan_record, _speed_answer
+from planner.control.decision_plan import stamp
 from api.models import SpeedIn
 from api.stragglers import SpeedError, quantize_speed
 from planner.job import JobSpec

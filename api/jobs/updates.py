@@ -10,7 +10,8 @@ from typing import Optional
 
 from api import stragglers
 from api.hotpath.encode import PARTS
-from api.jobs.runtime import JobRuntime, _plan_record, _wait_event, stamp
+from api.jobs.runtime import JobRuntime, _plan_record, _wait_event
+from planner.control.decision_plan import stamp
 from planner.failures import Worker, canonicalize
 from planner.job import JobSpec
 from planner.control.membership import Publish

@@ -7,6 +7,7 @@ import time
 from executor import protocol as P
 from executor.protocol import wkey
 from executor.runtime.rendezvous import publish_plan, read_int
+from planner.control.decision_plan import plan_for
 from planner.control.membership import Halt, Membership, Pause, Publish
 from planner.solvers.backends import solve
 from planner.plan import home_id
@@ -55,14 +56,10 @@ class Publishing:
             self.record.paused_s += waited
             self.paused_since = None
             self.event(f"training resumes after {waited:.1f} s paused")
-        if decision.same_plan and self.plan is not None:
-            plan = self.plan
-        else:
-            plan = solve(with_speeds(self.job, members.speeds), list(decision.failed),
-                         solver=self.solver, mode=self.mode)
-        plan = plan.stamped(decision.version, decision.incarnation_rows())
+        spec = with_speeds(self.job, members.speeds)
+        plan = plan_for(decision, self.plan, spec.spec_hash(),
+                        lambda failed: solve(spec, failed, solver=self.solver, mode=self.mode))
         if decision.roles is not None:
-            plan = plan.with_roles(list(decision.roles), list(decision.moves))
             self.moved(plan)
         self.version, self.plan, self.suspect_since = plan.version, plan, None
         publish_plan(self.store, plan)
