@@ -184,6 +184,8 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
                 if (why := self.pause_over()) is not None:
                     return self.halt(why)
                 if self.complete():
+                    if self.service is not None:  # the page's last word: every worker's
+                        self.service.amend_progress(self.snapshots.report())  # figures
                     self.publish(final=True)
                     self.reap(self.timeouts.workers_exit)
                     self.final_checkpoint()

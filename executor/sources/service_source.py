@@ -166,6 +166,7 @@ class ServiceWatch:
         self._sent = (iteration, now)
         body = {"iteration": iteration, "iterations": iterations, "loss": float(loss),
                 "tokens_per_s": tok, **(snapshots or {})}
+        self._last_body = body
         if not math.isfinite(body["loss"]):  # a diverged run: the iteration still counts
             body["loss"] = None
         if getattr(self, "_reporter", None) is None:
@@ -176,6 +177,14 @@ class ServiceWatch:
             self._reporter.start()
         self._report_slot[:] = [body]  # only the newest report matters
         self._report_wake.set()
+
+    def amend_progress(self, fields: dict) -> None:
+        """The last report again with `fields` (at the run's end: what every worker's last
+        message said, some of which came after the last iteration's losses)."""
+        body = getattr(self, "_last_body", None)
+        if body is not None and fields:
+            self._report_slot[:] = [{**body, **fields}]
+            self._report_wake.set()
 
     def _report_loop(self) -> None:
         while not (self._stop.is_set() and not self._report_slot):  # the last one goes out
