@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 
 from executor import protocol as P
-from executor.protocol import wkey
 from executor.runtime.rendezvous import publish_plan, read_int
 from planner.control.decision_plan import plan_for
 from planner.control.membership import Halt, Membership, Pause, Publish

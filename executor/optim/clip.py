@@ -26,7 +26,7 @@ because a rolled-back iteration re-runs under a new version with other gradients
 from __future__ import annotations
 
 import math
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
 from torch import Tensor

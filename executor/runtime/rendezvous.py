@@ -17,7 +17,7 @@ from typing import Iterator, Optional
 import torch.distributed as dist
 
 from executor import protocol as P
-from executor.protocol import GATE_KEYS, MAILBOX, Message, wkey
+from executor.protocol import GATE_KEYS, MAILBOX, Message
 from executor.sources.plan_source import TrainingHalted
 from planner.plan import Plan
 
