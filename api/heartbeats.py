@@ -25,6 +25,7 @@ from typing import Optional
 from api.models import EventIn
 from api.jobs.runtime import ApiError, JobRuntime
 from api.service import Service
+from planner.control.timing import dead_at
 
 log = logging.getLogger("recycle.api")
 
@@ -32,8 +33,7 @@ log = logging.getLogger("recycle.api")
 class Monitor:
     def __init__(self, service: Service):
         self.service = service
-        self.timeout = service.config.heartbeat_timeout_s
-        self.grace = service.config.grace_s
+        self.patience = service.config.patience  # planner/control/timing.py
         self.last: dict[str, dict[tuple[int, int], float]] = {}
         self.deadline: dict[str, dict[tuple[int, int], float]] = {}
         self.watched: dict[str, dict[tuple[int, int], int]] = {}  # incarnation watched
@@ -50,7 +50,8 @@ class Monitor:
             for w in self.service.store.armed(job.id):
                 if w not in job.failed:
                     self.last.setdefault(job.id, {})[w] = now
-                    self.deadline.setdefault(job.id, {})[w] = now + self.timeout
+                    self.deadline.setdefault(job.id, {})[w] = dead_at(now, self.patience,
+                                                                      suspected=False)
                     self.watched.setdefault(job.id, {})[w] = job.incarnation(*w)
         self._task = asyncio.create_task(self._run())
 
@@ -85,7 +86,7 @@ class Monitor:
             arming = self._arm((job.id, replica, stage))
             self._wake.set()  # the monitor may be asleep with nothing to watch
         last[w] = now
-        self.deadline.setdefault(job.id, {})[w] = now + self.timeout
+        self.deadline.setdefault(job.id, {})[w] = dead_at(now, self.patience, suspected=False)
         self.watched.setdefault(job.id, {})[w] = have
         self.service.metrics.heartbeats.inc()
         return arming
@@ -115,7 +116,8 @@ class Monitor:
         now = time.monotonic()
         last = self.last.get(job.id, {}).get(w, now)
         dl = self.deadline.setdefault(job.id, {})
-        dl[w] = min(dl.get(w, now + self.timeout), last + self.grace)
+        dl[w] = min(dl.get(w, dead_at(now, self.patience, suspected=False)),
+                    dead_at(last, self.patience, suspected=True))
         self._wake.set()
         return max(0.0, dl[w] - now)
 

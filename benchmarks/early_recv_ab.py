@@ -14,7 +14,6 @@ from rich.console import Console
 from benchmarks import timed_worker
 from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import TimedCoordinator, bench_config, steady_ms
-from executor.launch import launcher, processes
 from executor.inputs.launch_spec import LaunchSpec
 from executor.runtime import comm
 from planner.job import JobSpec
@@ -30,18 +29,13 @@ def child_at_action(store, replica, stage, log_path, token=None, coordinator=Non
 
 
 def _run(early: bool, split: bool) -> float:
-    target = timed_worker.child if early else child_at_action
-    saved, processes.worker_child = processes.worker_child, target
-    try:  # Coordinator.spawn reads processes.worker_child (executor/launch/processes.py)
-        c = TimedCoordinator(LaunchSpec(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS,
-                                        solver="greedy", timeout=30.0,
-                                        checkpoint_every=10 ** 9, deadline_s=300,
-                                        mode=Mode(split_backward=split)),
-                             console=Console(stderr=True, quiet=True))
-        c.spawn = lambda w: launcher.Coordinator.spawn(c, w)  # not the timed target swap
-        c.run()
-    finally:
-        processes.worker_child = saved
+    c = TimedCoordinator(LaunchSpec(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS,
+                                    solver="greedy", timeout=30.0,
+                                    checkpoint_every=10 ** 9, deadline_s=300,
+                                    mode=Mode(split_backward=split)),
+                         console=Console(stderr=True, quiet=True))
+    c.processes.target = timed_worker.child if early else child_at_action
+    c.run()
     return max(steady_ms(v, ITERS, WARMUP) for v in c.walls.values())
 
 

@@ -29,7 +29,6 @@ from rich.console import Console
 from benchmarks import timed_worker
 from benchmarks.executor_report import notes, write_report
 from benchmarks.pp_baseline import run_torch
-from executor.launch import processes
 from executor.protocol import Done
 from executor.launch.launcher import Coordinator
 from executor.inputs.launch_spec import Faults, LaunchSpec
@@ -50,20 +49,11 @@ class TimedCoordinator(Coordinator):
 
     def __init__(self, *args, failed_from_start: Sequence[Worker] = (), **kw):
         super().__init__(*args, **kw)
-        self.members = Membership.start(self.D, self.S, [tuple(w) for w in failed_from_start]
-                                        ).with_speeds(self.job.speed)
+        self.plans.members = Membership.start(
+            self.D, self.S, [tuple(w) for w in failed_from_start]).with_speeds(self.job.speed)
+        self.processes.target = timed_worker.child  # the instrumented process
         self.walls: dict[Worker, dict[int, tuple[float, dict]]] = {}  # it -> (wall, timers)
         self.gauges: dict[Worker, dict] = {}  # the newest gauges (snapshot bytes) per worker
-
-    def spawn(self, w: Worker) -> None:
-        """Coordinator.spawn, with the instrumented process target."""
-        if w in self.failed:
-            return
-        saved, processes.worker_child = processes.worker_child, timed_worker.child
-        try:
-            super().spawn(w)
-        finally:
-            processes.worker_child = saved
 
     def handle(self, m) -> None:
         if isinstance(m, Done) and not m.sync and m.extra:  # timed_worker's figures

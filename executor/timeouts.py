@@ -5,6 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.control.timing import Patience
+
+# External workers heartbeat every 0.5 s: once a peer has reported a suspect, a worker
+# silent this long is dead (torchrun restarting its node), not slow, so the survivors train
+# re-routed instead of waiting out 3 x --timeout for the restart.
+SILENT_AFTER_SUSPECT_S = 2.0
+
 
 @dataclass(frozen=True)
 class Timeouts:
@@ -57,3 +64,8 @@ class Timeouts:
         """A suspect with nobody dead re-publishes after one comm timeout (and a tick): a
         worker still blocked in the old version must be able to reach the new one."""
         return self.comm + 0.3
+
+    def patience(self, service: bool) -> Patience:
+        """The coordinator's membership timing (planner/control/timing.py), from this table."""
+        return Patience(silent=self.silent_worker, suspect_grace=SILENT_AFTER_SUSPECT_S,
+                        resync_after=self.resync_after, pause_limit=self.rejoin_limit(service))

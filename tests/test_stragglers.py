@@ -76,6 +76,7 @@ def test_the_coordinator_does_not_replan_on_a_loaded_machine(tmp_path):
     of 3 reports re-planned 9 times in these 80 iterations."""
     from executor.compute.model import ModelConfig
     from executor.launch.launcher import Coordinator
+    from executor.protocol import Done
     with open(LOADED) as fh:
         runs = json.load(fh)["runs"]
     assert sum(_replans(SpeedDetector(2, 2), [(d, s, ms / 1e3) for _, d, s, ms in run_])
@@ -86,8 +87,7 @@ def test_the_coordinator_does_not_replan_on_a_loaded_machine(tmp_path):
         try:
             c.publish()
             for it, d, s, ms in run_:  # the done messages, each followed by a tick
-                c.handle({"t": "done", "r": d, "s": s, "v": c.version, "inc": 1, "it": it,
-                          "compute": ms / 1e3})
+                c.handle(Done(r=d, s=s, v=c.version, it=it, compute=ms / 1e3))
                 c.tick()
             assert not [e for e in c.events if "measured speeds" in e], c.events
             # ... and a worker really slowed to half is still found, in window + persist

@@ -16,6 +16,7 @@ from api.hotpath.encode import PARTS
 from api.models import EventIn
 from planner.control.membership import Membership, Publish
 from planner.control.roles import elastic_bound
+from planner.control.timing import Patience
 from planner.failures import Worker
 from planner.job import JobSpec
 from planner.plan import Plan, home_of
@@ -100,6 +101,15 @@ class ServiceConfig:
     @property
     def grace_s(self) -> float:
         return self.suspect_grace_s or self.heartbeat_timeout_s / 4
+
+    @property
+    def patience(self) -> Patience:
+        """The service's membership timing (planner/control/timing.py). A suspect with
+        nobody dead is re-published after twice the grace (and a tick): by then the
+        monitor has declared the suspect failed if it went silent. A paused job waits for
+        an operator or its workers, however long."""
+        return Patience(silent=self.heartbeat_timeout_s, suspect_grace=self.grace_s,
+                        resync_after=2 * self.grace_s + 0.2, pause_limit=None)
 
     def elastic_horizon_of(self, spec: JobSpec) -> float:
         if self.elastic_horizon is not None:

@@ -101,7 +101,7 @@ class PlanUpdates:
             return True
 
     def resync_later(self, job: JobRuntime, version: int) -> None:
-        self._background(self._resync_if_stuck(job, version, 2 * self.config.grace_s + 0.2))
+        self._background(self._resync_if_stuck(job, version, self.config.patience.resync_after))
 
     async def _resync_if_stuck(self, job: JobRuntime, version: int, delay: float) -> None:
         """After a suspect report, some workers have aborted their iteration and wait for a

@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 from executor.compute.config import ModelConfig, TrainingSettings
 from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET
 from planner.job import JobSpec
+
+if TYPE_CHECKING:
+    from executor.inputs.launch_spec import LaunchSpec
 
 
 @dataclass(frozen=True)
@@ -33,6 +36,21 @@ class WorkerSettings:
     stalls: list = field(default_factory=list)
     slows: list = field(default_factory=list)  # [r, s, iteration, factor]
     service: Optional[dict] = None  # url and job id of the plan service (no token)
+
+    @classmethod
+    def of(cls, spec: "LaunchSpec", run_id: str, ckpt_dir: str, resume: Optional[str],
+           service=None) -> "WorkerSettings":
+        """The workers' part of a local run, with what the coordinator adds: the run's id,
+        where checkpoints go, the checkpoint resumed from, the service to follow."""
+        f = spec.faults
+        return cls(spec.cfg, spec.training, spec.job, spec.iterations, run_id,
+                   workload=spec.model, timeout=spec.timeout, ckpt_dir=ckpt_dir,
+                   ckpt_every=spec.checkpoint_every, resume=resume, device=spec.device,
+                   local_workers=None if spec.external else spec.job.replicas * spec.job.stages,
+                   kills=[list(k) for k in f.kills], stalls=[list(k) for k in f.stalls],
+                   slows=[list(k) for k in f.slows], snapshot_every=spec.snapshot_every,
+                   snapshot_memory=spec.snapshot_memory,
+                   service=service.worker_config() if service else None)
 
     def to_json(self) -> str:
         d = {k: v for k, v in asdict(self).items() if k not in ("model", "training", "job")}

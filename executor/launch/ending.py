@@ -8,12 +8,18 @@ import time
 from dataclasses import dataclass, field
 from typing import Optional
 
+from rich.console import Console
+
 from executor.checkpoint import CheckpointStore, read_checkpoint
 from executor.compute.reference import Summary
+from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.losses import LossBook
-from executor import protocol as P
+from executor.launch.processes import Processes
+from executor.launch.publishing import Plans
+from executor.launch.run_record import RunRecord
+from executor.launch.steps import Steps
 from executor.protocol import Bye, Done
-from executor.runtime.rendezvous import set_counter
+from executor.timeouts import Timeouts
 
 
 @dataclass
@@ -30,109 +36,103 @@ class TrainResult:
 
 
 class RunEnd:
-    """Mixed into the Coordinator (launcher.py): its store, workers, losses and record."""
+    """Owns the checkpoints, the losses and the final checksums: what a run ends with."""
 
-    def open_checkpoints(self, checkpoint_dir: Optional[str], model: str,
-                         resume: Optional[str]) -> Optional[str]:
-        """Where checkpoints go, and, resuming, the checkpoint's losses and first
-        iteration; returns the checkpoint resumed from (absolute) or None."""
-        job, cfg, training = self.job, self.cfg, self.training
-        self.ckpt_dir = os.path.abspath(checkpoint_dir or os.path.join(self.run_dir, "checkpoints"))
-        self.checkpoints = CheckpointStore(self.ckpt_dir, (self.D, self.S, job.microbatches),
-                                           dict(cfg.to_dict(), workload=model),
+    def __init__(self, spec: LaunchSpec, run_dir: str, *, console: Console):
+        """Where checkpoints go, and, resuming, the checkpoint's losses and first iteration
+        (`resume`: the checkpoint resumed from, absolute, or None)."""
+        job, cfg, training = spec.job, spec.cfg, spec.training
+        self.iterations, self.S, self.console = spec.iterations, job.stages, console
+        self.external = spec.external
+        self.ckpt_dir = os.path.abspath(spec.checkpoint_dir or os.path.join(run_dir, "checkpoints"))
+        self.checkpoints = CheckpointStore(self.ckpt_dir,
+                                           (job.replicas, job.stages, job.microbatches),
+                                           dict(cfg.to_dict(), workload=spec.model),
                                            job=job.model_dump(mode="json"),
                                            training=training.to_dict())
-        self.start, losses = 0, {}
-        if resume:
-            resume, man = read_checkpoint(resume, job, cfg, training, self.iterations, model)
-            resume = os.path.abspath(resume)
+        self.start, losses, self.resume = 0, {}, None
+        if spec.resume:
+            resume, man = read_checkpoint(spec.resume, job, cfg, training, spec.iterations,
+                                          spec.model)
+            self.resume = os.path.abspath(resume)
             self.start = man.iteration + 1
             losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
-        self.losses = LossBook(self.n, self.start, losses)
-        return resume
+        self.losses = LossBook(job.num_microbatches, self.start, losses)
+        self.final_checks: dict[int, float] = {}  # stage -> its last checksum
+        self.byes: set = set()  # external workers that said they are leaving
+        self._ck_checked = 0.0
 
-    def complete(self) -> bool:
+    def collect(self, now: float) -> None:
+        """Complete checkpoints, at most every 0.25 s."""
+        if now - self._ck_checked > 0.25:
+            self._ck_checked = now
+            self.checkpoints.collect(self.losses.upto)
+
+    def complete(self, steps: Steps, plans: Plans) -> bool:
         """Every iteration's losses are in, and every live worker reported the last one
         under the plan in force, with its stage's checksum."""
         if self.losses.complete_through() < self.iterations - 1:
             return False
-        final = (self.iterations - 1, self.version)
-        return (all(self.done.get(w) == final for w in self.live())
+        return (steps.at(plans.live(), self.iterations - 1, plans.version)
                 and len(self.final_checks) == self.S)
 
-    def reap(self, timeout: float) -> None:
+    def reap(self, processes: Processes, live: list, timeout: float, handle) -> None:
         end = time.monotonic() + timeout
-        for p in self.procs.values():
-            p.join(max(0.1, end - time.monotonic()))
+        processes.join(timeout)
         if self.external:
-            self.await_byes(end)
+            self.await_byes(processes, set(live), end, handle)
 
-    def await_byes(self, end: float) -> None:
+    def await_byes(self, processes: Processes, want: set, end: float, handle) -> None:
         """External workers (torchrun'd, node agents') have no process here to join, but
         they read this store until they have seen the end: closing it before they say
         `bye` crashed them (and their agents took that for failures, even restarted them).
         Only `done` (the last losses, for a halt) is handled meanwhile: nothing may
         publish a plan after the end."""
-        want = set(self.live())
         while not want <= self.byes and time.monotonic() < end:
-            self.mailbox.wait(0.05)
-            for m in self.mailbox.drain():
+            processes.mailbox.wait(0.05)
+            for m in processes.mailbox.drain():
                 if isinstance(m, Bye):
                     self.byes.add(m.worker)
                 elif isinstance(m, Done):
-                    self.handle(m)
+                    handle(m)
 
-    def summary(self) -> Summary:
-        plans = self.record.plans_used(self.iterations)
+    def summary(self, record: RunRecord, faults_log, elastic: dict) -> Summary:
+        plans = record.plans_used(self.iterations)
         return Summary(losses=[self.losses.loss(i) for i in range(self.iterations)],
                        param_checksums=[self.final_checks[s] for s in range(self.S)],
-                       recovery=self.record.recovery(self.faults.log), plans=plans,
-                       elastic=self.elastic_counts(plans))
+                       recovery=record.recovery(faults_log), plans=plans,
+                       elastic=elastic_counts(plans, record, elastic))
 
-    def elastic_counts(self, plans: list[dict]) -> dict:
-        """Moves and snapshot restores of the plan versions trained under, the iterations
-        trained again after rollbacks to snapshots, the pauses (fewer live workers than
-        stages) and their wall time, the samples trained (each global batch once) and the
-        wall time; and the trace's counts."""
-        moves = [m for p in plans for m in p.get("moves", [])]
-        cfg = self.cfg
-        out = {"moves": sum(1 for m in moves if m["from_stage"] is not None),
-               "joins": sum(1 for m in moves if m["from_stage"] is None),
-               "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot"),
-               "retrained_iterations": self.retrained,
-               "pauses": self.record.pauses, "paused_s": round(self.record.paused_s, 3),
-               **self.snapshots.counts(),
-               "samples": (self.iterations - self.start) * self.n * cfg.micro_batch_size,
-               "wall_s": round(time.monotonic() - self.began, 3)}
-        if self.trace is not None:
-            out.update(trace_events=self.trace.applied(), trace_kills=self.trace.kills,
-                       trace_restarts=self.trace.restarts)
-        return out
-
-    def halt(self, reason: str) -> TrainResult:
-        self.store.set(P.HALTED, reason)
-        set_counter(self.store, P.HOLD, 1)  # every worker between iterations looks now
-        self.reap(self.timeouts.workers_exit)
-        time.sleep(0.1)
-        for msg in self.mailbox.drain():
-            self.handle(msg)  # last reports: losses of the newest complete iteration
+    def halted(self, reason: str, fatal: bool) -> Optional[str]:
+        """The run halts: collect what checkpoints are complete, print why and where to
+        resume; the newest checkpoint."""
         self.checkpoints.collect(self.losses.upto)
         path = self.checkpoints.newest()
         where = (f"newest checkpoint {path}; continue with `recycle train --resume {path}`"
                  if path else "no complete checkpoint yet")
-        if reason == self.fatal:  # the same code would raise again on resume
+        if fatal:  # the same code would raise again on resume
             where = "fix the model first; " + where
         # one line, never wrapped: a log or checkpoint path must stay whole to be copied
         self.console.print(f"[red bold]training halted:[/] {reason}; {where}", soft_wrap=True)
-        return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
-                           run_dir=self.run_dir, events=self.events,
-                           model_error=reason == self.fatal,
-                           model_exception=reason == self.fatal and self.model_exception)
+        return path
 
-    def final_checkpoint(self) -> None:
+    def final_checkpoint(self, timeouts: Timeouts) -> None:
         """The last iteration's checkpoint: local workers have exited (their parts are
         written); torchrun'd ones may still be writing, so wait for them a little."""
-        end = time.monotonic() + (self.timeouts.workers_exit if self.external else 0)
+        end = time.monotonic() + (timeouts.workers_exit if self.external else 0)
         while (self.checkpoints.collect(self.losses.upto) != self.iterations - 1
                and time.monotonic() < end):
             time.sleep(0.1)
+
+
+def elastic_counts(plans: list[dict], record: RunRecord, extra: dict) -> dict:
+    """Moves and snapshot restores of the plan versions trained under, the pauses (fewer
+    live workers than stages) and their wall time, and what the coordinator adds (`extra`:
+    iterations retrained after rollbacks, snapshot figures, samples, wall time, a trace's
+    counts)."""
+    moves = [m for p in plans for m in p.get("moves", [])]
+    return {"moves": sum(1 for m in moves if m["from_stage"] is not None),
+            "joins": sum(1 for m in moves if m["from_stage"] is None),
+            "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot"),
+            "retrained_iterations": extra.pop("retrained_iterations"),
+            "pauses": record.pauses, "paused_s": round(record.paused_s, 3), **extra}

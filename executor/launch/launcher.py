@@ -16,7 +16,6 @@ docs/executor.md ("Who is in which plan version").
 """
 from __future__ import annotations
 
-import multiprocessing
 import os
 import tempfile
 import time
@@ -25,113 +24,117 @@ from typing import Optional
 
 from rich.console import Console
 
-from executor.launch.faults import Injector
+from executor import protocol as P
+from executor.inputs.launch_spec import LaunchSpec
 from executor.inputs.run_config import save_config
 from executor.inputs.worker_settings import WorkerSettings
 from executor.launch.admission import Admission
 from executor.launch.ending import RunEnd, TrainResult
+from executor.launch.faults import Injector
 from executor.launch.messages import HANDLERS
 from executor.launch.processes import Processes
-from executor.launch.publishing import Halted, Publishing
-from executor.launch.trace_faults import TraceFaults
+from executor.launch.progress_lines import ProgressLines
+from executor.launch.publishing import Halted, Plans
 from executor.launch.rejoins import RejoinBook
 from executor.launch.run_record import RunRecord
 from executor.launch.snapshot_figures import SnapshotFigures
-from executor.inputs.launch_spec import LaunchSpec
-from executor.launch.progress_lines import ProgressLines
-from executor import protocol as P
+from executor.launch.steps import Steps
+from executor.launch.trace_faults import TraceFaults
 from executor.protocol import wkey
-from executor.timeouts import Timeouts
 from executor.runtime.rendezvous import set_counter
-from planner.failures import NoPlanError
+from executor.timeouts import Timeouts
 from planner.control.elastic import LOCAL_HORIZON
 from planner.control.membership import Membership
+from planner.control.timing import resync_due
+from planner.failures import NoPlanError
 from planner.speeds import SpeedDetector
 
 Worker = tuple[int, int]
 
 
-class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
+class Coordinator:
+    """The run's hub: its parts own their state (processes.py: the store and the processes;
+    publishing.py: the membership and the plan in force; steps.py: how far each worker got;
+    admission.py: rejoins and returning processes; ending.py: losses, checkpoints and the
+    end; trace_faults.py: a replayed trace); the coordinator routes deaths and messages
+    between them, one tick at a time."""
+
     def __init__(self, spec: LaunchSpec, *, console: Optional[Console] = None,
                  service=None):
         """`spec`: the run (executor/inputs/launch_spec.py, validated when made);
         `console`: where progress goes (default stderr); `service`: a ServiceWatch whose
         plans to follow."""
-        self.spec = spec
-        cfg, job, iterations = spec.cfg, spec.job, spec.iterations
-        self.cfg, self.job, self.iterations = cfg, job, iterations
-        self.training = spec.training
-        self.mode = spec.mode  # split backward / staggered optimizer, as the planner's Mode
-        self.D, self.S, self.n = job.replicas, job.stages, job.num_microbatches
-        self.solver, self.timeout, self.external = spec.solver, spec.timeout, spec.external
+        self.spec, self.job, self.iterations = spec, spec.job, spec.iterations
+        self.D, self.S, self.n = spec.job.replicas, spec.job.stages, spec.job.num_microbatches
+        self.external = spec.external
         self.timeouts = Timeouts(spec.timeout)  # every limit of the run (executor/timeouts.py)
+        self.patience = self.timeouts.patience(service is not None)
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
-        if service is not None and service.plan.job.identity_hash() != job.identity_hash():
+        if service is not None and service.plan.job.identity_hash() != spec.job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
         self.run_dir = spec.run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
         os.makedirs(self.run_dir, exist_ok=True)
         if spec.run_config is not None:  # RUN_DIR/run.toml: `recycle train --config` repeats it
             save_config(spec.run_config, self.run_dir)
-        self._ck_checked = 0.0
         self.console = console or Console(stderr=True)
         self.deadline = time.monotonic() + spec.deadline_s if spec.deadline_s else None
-        resume = self.open_checkpoints(spec.checkpoint_dir, spec.model, spec.resume)
-        self.workers = [(r, s) for r in range(self.D) for s in range(self.S)]
-        faults = spec.faults
-        self.open_store(spec.store_port, WorkerSettings(
-            cfg, spec.training, job, iterations, uuid.uuid4().hex[:8], workload=spec.model,
-            timeout=spec.timeout, ckpt_dir=self.ckpt_dir, ckpt_every=spec.checkpoint_every,
-            resume=resume, device=spec.device,
-            local_workers=None if spec.external else len(self.workers),
-            kills=[list(k) for k in faults.kills], stalls=[list(k) for k in faults.stalls],
-            snapshot_every=spec.snapshot_every, snapshot_memory=spec.snapshot_memory,
-            slows=[list(k) for k in faults.slows],
-            service=service.worker_config() if service else None))
-        self.procs: dict[Worker, multiprocessing.Process] = {}
-        self.reaped: set[int] = set()  # pids whose exit has been handled
-        self.lost_worker: Optional[Worker] = None
-        # service mode: deaths told (the incarnation that died) that no plan has yet
-        self.reported: dict[Worker, int] = {}
-        self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
-        self.no_copy: Optional[str] = None  # a worker found no live copy of some stage
-        self.model_exception = False  # the fatal is an exception the model's code raised
-        # Who is in which version (planner/control/membership.py): the failed set, the incarnation
-        # each worker's newest plan admits, the speeds planned for. Decided there; here
-        # carried out (local) or followed (with a service, whose plans say it).
+        self.events: list[str] = []
+        self.record = RunRecord()  # what the run did, for the summary (run_record.py)
+        self.end = RunEnd(spec, self.run_dir, console=self.console)
+        self.processes = Processes(
+            spec.store_port, WorkerSettings.of(spec, uuid.uuid4().hex[:8], self.end.ckpt_dir,
+                                               self.end.resume, service),
+            external=spec.external, timeout=spec.timeout, run_dir=self.run_dir,
+            token=service.token if service else None, console=self.console)
+        self.store, self.mailbox = self.processes.store, self.processes.mailbox
+        self.steps = Steps(self.store)
+        trace = spec.faults.trace  # a failure trace replayed (trace_replay.py)
         # Elastic: a worker changes stage when the live set leaves a stage short (moves are
         # weighed over the run's length; planner/control/elastic.py).
-        trace = self.trace = faults.trace  # a failure trace replayed (trace_replay.py)
-        self.members = Membership.start(
-            self.D, self.S, trace.initial_failed if trace else (), job=job,
+        members = Membership.start(
+            self.D, self.S, trace.initial_failed if trace else (), job=spec.job,
             snapshots=spec.snapshot_every != 0, horizon=LOCAL_HORIZON,
-            pause=True).with_speeds(job.speed)
-        self.paused_since: Optional[float] = None  # fewer live workers than stages (admission.py)
-        self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
+            pause=True).with_speeds(spec.job.speed)
+        self.plans = Plans(self.store, spec.job, members, solver=spec.solver, mode=spec.mode,
+                           record=self.record, event=self.event)
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to
         # come back from an outage.
-        self.rejoins = RejoinBook(faults.rejoin_entries, spec.external,
-                                  self.timeouts.rejoin_limit(service is not None))
-        self.record = RunRecord()  # what the run did, for the summary (run_record.py)
+        self.admission = Admission(
+            RejoinBook(spec.faults.rejoin_entries, spec.external, self.patience.pause_limit),
+            self.processes, self.plans, self.steps, patience=self.patience,
+            record=self.record, event=self.event, service=service is not None)
+        self.trace = None if trace is None else TraceFaults(
+            trace, self.processes, self.plans, self.steps, self.admission, record=self.record,
+            event=self.event)
         self.snapshots = SnapshotFigures(spec.snapshot_every, self.event)
-        self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
-        self.byes: set[Worker] = set()  # external workers that said they are leaving
-        self.final_checks: dict[int, float] = {}
-        self.version, self.plan, self.committed = -1, None, -1
-        self.suspect_since: Optional[float] = None
-        self.lines = ProgressLines(self.console, self.n * cfg.micro_batch_size * cfg.seq_len,
-                                   self.start, iterations - 1)
+        self.lines = ProgressLines(self.console, self.n * spec.cfg.micro_batch_size * spec.cfg.seq_len,
+                                   self.end.start, spec.iterations - 1)
         self.iteration_end: dict[int, float] = {}
         self.began = time.monotonic()  # the summary's wall time
-        self.retrained = 0  # iterations trained again after a rollback to a snapshot
-        self.events: list[str] = []
-        self.faults = Injector(faults.kills, faults.stalls, self.event)
+        self.faults = Injector(spec.faults.kills, spec.faults.stalls, self.event)
         # Stragglers (planner/speeds.py): the detector fed by the workers' compute times,
         # which re-plans (Membership.measured) when they change.
         # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
         # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
         self.detector = (SpeedDetector(self.D, self.S, persist=2) if spec.detect_stragglers
                          else None)
+        self.lost_worker: Optional[Worker] = None  # died while the service had lost the job
+        self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
+        self.model_exception = False  # the fatal is an exception the model's code raised
+        self.no_copy: Optional[str] = None  # a worker found no live copy of some stage
+
+    # ---- the parts' state, as the rest of the run reads it -------------------------------
+    @property
+    def version(self) -> int:
+        return self.plans.version
+
+    @property
+    def failed(self) -> frozenset:
+        return self.plans.failed
+
+    def live(self) -> list[Worker]:
+        return self.plans.live()
 
     def event(self, msg: str) -> None:
         self.events.append(msg)
@@ -143,61 +146,48 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         restart is due: the survivors train re-routed until the worker is back."""
         self.event(f"worker {wkey(w)} failed ({why})")
         self.mailbox.forget(w)  # its next process's messages must be told from this one's
-        if self.rejoins.drop(w):
-            self.update_hold()  # it died before it was admitted: nothing to hold for
+        if self.admission.rejoins.drop(w):
+            self.admission.update_hold()  # it died before it was admitted: nothing to hold for
         if self.detector is not None:
             self.detector.forget(*w)  # a new process on a new machine says nothing yet
+        plan = self.plans.plan
         if self.service is not None:
             if self.service.lost:
                 self.lost_worker = w  # nobody can plan around it now: run() halts
             elif w not in self.failed:  # the plan in force admits a process that is gone
-                self.service.report_failure(w, self.plan.incarnation(*w), self.run_id, why)
+                self.service.report_failure(w, plan.incarnation(*w), self.processes.run_id, why)
                 # a paused job publishes no plan with w failed: its restart may start now
-                self.reported[w] = self.plan.incarnation(*w)
+                self.admission.reported[w] = plan.incarnation(*w)
         elif w not in self.failed:
-            self.done.pop(w, None)
-            self.decide(*self.members.fail(w))
-        self.restart(w)
+            self.steps.forget(w)
+            self.plans.decide(*self.plans.members.fail(w))
+        self.admission.restart(w)
 
     # ---- main loop ---------------------------------------------------------------------
     def run(self) -> TrainResult:
         try:
             self.publish()
             if self.trace is not None:
-                self.trace_start()
+                self.trace.start()
             if not self.external:
-                for w in self.workers:
+                for w in ((r, s) for r in range(self.D) for s in range(self.S)):
                     if w not in self.failed:
-                        self.spawn(w)
+                        self.processes.spawn(w)
             while True:
-                if self.service is not None and self.service.halted:
-                    return self.halt(self.service.halted)
-                if self.lost_worker is not None:
-                    return self.halt(f"worker {wkey(self.lost_worker)} failed while the plan "
-                                     f"service had lost the job ({self.service.lost})")
+                if (why := self.halt_reason()) is not None:
+                    return self.halt(why)
                 began = time.monotonic()
                 self.tick()
-                if self.fatal is not None:
-                    return self.halt(self.fatal)
-                if self.no_copy is not None:
-                    return self.halt(self.no_copy)
-                if (why := self.pause_over()) is not None:
+                if (why := self.fatal or self.no_copy or self.admission.pause_over(
+                        self.trace and self.trace.trace)) is not None:
                     return self.halt(why)
-                if self.complete():
-                    if self.service is not None:  # the page's last word: every worker's
-                        self.service.amend_progress(self.snapshots.report())  # figures
-                    self.publish(final=True)
-                    self.reap(self.timeouts.workers_exit)
-                    self.final_checkpoint()
-                    summary = self.summary()
-                    return TrainResult(summary, versions=len(summary.plans),
-                                       run_dir=self.run_dir, events=self.events,
-                                       iteration_end=self.iteration_end)
+                if self.end.complete(self.steps, self.plans):
+                    return self.finish()
                 if self.deadline and time.monotonic() > self.deadline:
                     raise TimeoutError(
                         f"training did not finish in time (logs in {self.run_dir}); plan "
-                        f"v{self.version}, failed {sorted(self.failed)}, last steps {self.done}, "
-                        f"losses {self.losses.counts(self.iterations)}")
+                        f"v{self.version}, failed {sorted(self.failed)}, last steps "
+                        f"{self.steps.done}, losses {self.end.losses.counts(self.iterations)}")
                 # Every 20 ms, or as soon as a message comes, but at most one tick per
                 # 5 ms: with many workers each message would otherwise cost a whole tick.
                 self.mailbox.wait(0.02)
@@ -205,18 +195,35 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         except (NoPlanError, Halted) as exc:
             return self.halt(str(exc))
         finally:
-            self.mailbox.close()
             self.faults.release_all()
-            for p in self.procs.values():
-                if p.exitcode is None:
-                    p.kill()
-                p.join()
+            self.processes.close()
             if self.service is not None:
                 self.service.close()
+
+    def halt_reason(self) -> Optional[str]:
+        """Before a tick: the service halted the job, or lost it while a worker died."""
+        if self.service is not None and self.service.halted:
+            return self.service.halted
+        if self.lost_worker is not None:
+            return (f"worker {wkey(self.lost_worker)} failed while the plan service had lost "
+                    f"the job ({self.service.lost})")
+        return None
 
     def stop(self) -> None:
         """From another thread: make run() end now (it kills its workers on the way out)."""
         self.deadline = time.monotonic()
+
+    def publish(self, final: bool = False) -> None:
+        """The first (or the final) version: decided here, or followed from the service."""
+        if self.service is None:
+            return self.plans.final() if final else self.plans.first()
+        if final:  # first the service (so exiting workers are not declared failed)
+            self.service.finish(self.console)
+            return self.store.set(P.FINISHED, "1")
+        if self.plans.follow(self.service.plan):
+            for w in self.failed:
+                self.steps.forget(w)
+            self.admission.followed(self.plans.plan)
 
     def tick(self) -> None:
         for msg in self.mailbox.drain():
@@ -225,74 +232,94 @@ class Coordinator(Processes, Admission, Publishing, RunEnd, TraceFaults):
         now = time.monotonic()
         # With a service a worker may exit after it was declared failed (a stalled worker
         # that found itself fenced out): its exit still counts, a due rejoin restarts it.
-        for w, p in list(self.procs.items()):
-            if p.exitcode is not None and p.pid not in self.reaped:
-                self.reaped.add(p.pid)  # each process's exit is handled exactly once
-                self.died(w, f"process exited with code {p.exitcode}")
+        for w, code in self.processes.new_exits():
+            self.died(w, f"process exited with code {code}")
         if self.external:
-            self.check_heartbeats()
+            for w, why in self.processes.silent(self.live(), self.plans.members.incarnation,
+                                                self.patience, self.plans.suspect_since is not None):
+                self.died(w, why)
         if self.trace is not None:
-            self.trace_tick(now)
-        if self.rejoins.pending:
-            self.spawn_due()
-            self.update_hold()
-        for w, inc in list(self.asking.items()):
-            self.admit(w, inc)
+            self.trace.tick(now)
+        self.admission.tick()
         if self.service is not None:
             self.publish()
-        elif (self.suspect_since is not None
-              and now - self.suspect_since > self.timeouts.resync_after
-              and self.paused_since is None):
-            # Comm trouble with nobody dead: a new version makes every worker re-sync. Wait
-            # out one comm timeout first, so a worker still blocked in the old version can
-            # reach the new one; re-publishing sooner let workers chase versions forever.
-            self.event(f"suspect reported under plan v{self.version} but no worker died: re-publishing")
-            self.decide(*self.members.resync(self.version))
+        elif (resync_due(self.plans.suspect_since, now, self.patience)
+              and self.plans.paused_since is None):
+            # Comm trouble with nobody dead: a new version makes every worker re-sync
+            # (planner/control/timing.py says when).
+            self.event(f"suspect reported under plan v{self.version} but no worker died: "
+                       "re-publishing")
+            self.plans.decide(*self.plans.members.resync(self.version))
         if self.detector is not None and self.service is None:
             grid = self.detector.update()
             if grid is not None:
                 slow = {f"{d}:{s}": v for d, row in enumerate(grid) for s, v in enumerate(row)
                         if v != 1.0}
                 self.event(f"measured speeds changed: {slow or 'all nominal'}: re-planning")
-                self.decide(*self.members.measured(grid))
-        if self.members.moving and self.service is None and self.reached(-1):
-            self.members = self.members.entered(self.version)  # the movers hold their stages
-        vals = [self.done[w][0] for w in self.live() if w in self.done]
-        if (vals and len(vals) == len(self.live()) and min(vals) < self.committed
-                and all(self.done[w][1] == self.version for w in self.live())):
-            # every worker entered a version that rolled back to a snapshot: count again
-            self.retrained += self.committed - min(vals)
-            self.committed = min(vals)
-            set_counter(self.store, P.COMMITTED, self.committed)
-        if vals and len(vals) == len(self.live()) and min(vals) > self.committed:
-            # only the coordinator moves the counter: add the difference (one round trip)
-            self.store.add(P.COMMITTED, min(vals) - self.committed)
-            self.committed = min(vals)
-        if now - self._ck_checked > 0.25:
-            self._ck_checked = now
-            self.checkpoints.collect(self.losses.upto)
+                self.plans.decide(*self.plans.members.measured(grid))
+        if self.plans.members.moving and self.service is None and self.admission.reached(-1):
+            self.plans.members = self.plans.members.entered(self.version)  # movers hold stages
+        self.steps.commit(self.live(), self.version)
+        self.end.collect(now)
         self.progress()
 
-    def handle(self, m) -> None:
-        handler = HANDLERS.get(type(m))  # messages.py
+    def handle(self, m: P.Message) -> None:
+        if not isinstance(m, P.Message):
+            raise TypeError(f"not a worker message: {m!r}")
+        handler = HANDLERS.get(type(m))  # messages.py; `Bye` is read only at the end
         if handler is not None:
             handler(self, m.worker, m)
 
     @property
     def printed(self) -> int:
         """The newest iteration whose losses are all in (and printed)."""
-        return self.losses.printed
+        return self.end.losses.printed
 
     def progress(self) -> None:
-        for i in self.losses.newly_complete():
+        losses = self.end.losses
+        for i in losses.newly_complete():
             now = time.monotonic()
             self.iteration_end[i] = now
             v, failed = self.record.trained_under(i, self.version, self.failed)
-            self.lines.completed(i, self.losses.loss(i), v, failed, now)
+            self.lines.completed(i, losses.loss(i), v, failed, now)
             if self.service is not None:  # the live page's progress (service_source.py)
-                self.service.report_progress(i, self.losses.loss(i), self.lines.tokens,
+                self.service.report_progress(i, losses.loss(i), self.lines.tokens,
                                              self.iterations, now, self.snapshots.report())
 
+    # ---- the end -------------------------------------------------------------------------
+    def finish(self) -> TrainResult:
+        if self.service is not None:  # the page's last word: every worker's figures
+            self.service.amend_progress(self.snapshots.report())
+        self.publish(final=True)
+        self.end.reap(self.processes, self.live(), self.timeouts.workers_exit, self.handle)
+        self.end.final_checkpoint(self.timeouts)
+        summary = self.end.summary(self.record, self.faults.log, self.elastic_extra())
+        return TrainResult(summary, versions=len(summary.plans), run_dir=self.run_dir,
+                           events=self.events, iteration_end=self.iteration_end)
+
+    def elastic_extra(self) -> dict:
+        """The summary's elastic counts the coordinator keeps (ending.py adds the plans')."""
+        out = {"retrained_iterations": self.steps.retrained, **self.snapshots.counts(),
+               "samples": (self.iterations - self.end.start) * self.n
+               * self.spec.cfg.micro_batch_size,
+               "wall_s": round(time.monotonic() - self.began, 3)}
+        if self.trace is not None:
+            t = self.trace.trace
+            out.update(trace_events=t.applied(), trace_kills=t.kills, trace_restarts=t.restarts)
+        return out
+
+    def halt(self, reason: str) -> TrainResult:
+        self.store.set(P.HALTED, reason)
+        set_counter(self.store, P.HOLD, 1)  # every worker between iterations looks now
+        self.end.reap(self.processes, self.live(), self.timeouts.workers_exit, self.handle)
+        time.sleep(0.1)
+        for msg in self.mailbox.drain():
+            self.handle(msg)  # last reports: losses of the newest complete iteration
+        fatal = reason == self.fatal
+        path = self.end.halted(reason, fatal)
+        return TrainResult(None, halted=reason, checkpoint=path, versions=self.version,
+                           run_dir=self.run_dir, events=self.events, model_error=fatal,
+                           model_exception=fatal and self.model_exception)
 
 
 def train(spec: LaunchSpec, *, console: Optional[Console] = None,

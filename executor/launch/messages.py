@@ -12,10 +12,8 @@ from executor.protocol import wkey
 
 def on_mid(c, w, m: P.Mid) -> None:
     """Halfway through an iteration's actions: where --kill/--stall faults strike."""
-    pid = None
-    if w in c.procs and c.procs[w].exitcode is None:
-        pid = c.procs[w].pid
-    elif c.external and m.pid:  # a torchrun'd worker: signal it if it runs here
+    pid = c.processes.pid(w)
+    if pid is None and c.external and m.pid:  # a torchrun'd worker: signal it if it runs here
         if m.host == socket.gethostname():
             pid = m.pid
         elif c.faults.due(w, m.it):
@@ -25,7 +23,7 @@ def on_mid(c, w, m: P.Mid) -> None:
     if pid is not None and c.faults.mid(w, m.it, pid):
         t = max(row[0] for row in c.faults.log if row[2] == "kill")
         c.record.kills_at.append((t, w, m.it))
-        if w not in c.procs and w not in c.failed:  # torchrun'd: no exit to poll, and
+        if w not in c.processes.procs and w not in c.failed:  # torchrun'd: no exit to poll, and
             c.died(w, "SIGKILLed by the coordinator")  # the kill is sure
     if m.wait:
         c.store.set(P.go_key(w, m.inc, m.it), "1")
@@ -38,12 +36,12 @@ def on_done(c, w, m: P.Done) -> None:
     slot = tuple(m.slot or w)  # the slot it fills (a plan's roles may move it)
     if m.compute and c.detector is not None and m.v == c.version:
         c.detector.observe(slot[0], slot[1], m.compute, m.it)  # paired by iteration
-    c.done[w] = (m.it, m.v)
+    c.steps.completed(w, m.it, m.v)
     if m.losses:
         c.record.trained[m.it] = m.v
-        c.losses.add(m.it, m.losses)
+        c.end.losses.add(m.it, m.losses)
     if m.it == c.iterations - 1:
-        c.final_checks[slot[1]] = m.checksum
+        c.end.final_checks[slot[1]] = m.checksum
         if m.snap_bytes is not None:  # the host memory its snapshots hold, and K in force
             c.snapshots.final(w, m.snap_every, m.snap_bytes)
     c.snapshots.look(c.store)
@@ -59,18 +57,17 @@ def on_fatal(c, w, m: P.Fatal) -> None:
 
 def on_suspect(c, w, m: P.Suspect) -> None:
     """A peer's comm op failed under version v: resync if nobody dies (launcher tick)."""
-    if m.v == c.version and c.suspect_since is None:
-        c.suspect_since = time.monotonic()
+    if m.v == c.version and c.plans.suspect_since is None:
+        c.plans.suspect_since = time.monotonic()
 
 
 def on_ready(c, w, m: P.Ready) -> None:
     """A newer process of w asks in: its predecessor is dead (or w was failed)."""
-    if c.service is not None or m.inc <= c.members.incarnation(w):
+    if c.service is not None or m.inc <= c.plans.members.incarnation(w):
         return  # the service admits it / a stale message
     if w not in c.failed:  # (torchrun restarted it) that death is news: a failure first
         c.died(w, f"a new process, incarnation {m.inc}, replaced it")
-    c.asking[w] = max(m.inc, c.asking.get(w, 0))
-    c.admit(w, c.asking[w])
+    c.admission.ask(w, m.inc)
 
 
 def on_halt(c, w, m: P.NoCopyLeft) -> None:

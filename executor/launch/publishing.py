@@ -3,13 +3,15 @@ the store (local), or taken from the plan service, which decides them (--service
 from __future__ import annotations
 
 import time
+from typing import Callable, Optional
 
-from executor import protocol as P
-from executor.runtime.rendezvous import publish_plan, read_int
+from executor.launch.run_record import RunRecord
+from executor.runtime.rendezvous import publish_plan
 from planner.control.decision_plan import plan_for
 from planner.control.membership import Halt, Membership, Pause, Publish
+from planner.job import JobSpec
+from planner.plan import Mode, Plan
 from planner.solvers.backends import solve
-from planner.plan import home_id
 from planner.speeds import with_speeds
 
 Worker = tuple[int, int]
@@ -19,25 +21,36 @@ class Halted(Exception):
     """The membership leaves no plan (planner/control/membership.py Halt): the run stops."""
 
 
-class Publishing:
-    """Mixed into the Coordinator (launcher.py): its store, job, members and record."""
+class Plans:
+    """Owns who is in which version (the Membership), the plan in force, and the pause."""
 
-    def publish(self, final: bool = False) -> None:
-        if self.service is not None:
-            if final:  # first the service (so exiting workers are not declared failed)
-                self.service.finish(self.console)
-                return self.store.set(P.FINISHED, "1")
-            return self.follow()
-        if final:
-            plan = self.plan.model_copy(update={"version": self.version + 1, "workers": []})
-        else:
-            return self.decide(*self.members.first())
-        self.version, self.plan = plan.version, plan
-        publish_plan(self.store, plan)
-        self.record.published(plan)
+    def __init__(self, store, job: JobSpec, members: Membership, *, solver: str, mode: Mode,
+                 record: RunRecord, event: Callable[[str], None]):
+        self.store, self.job, self.solver, self.mode = store, job, solver, mode
+        self.record, self.event = record, event
+        # the failed set, the incarnation each worker's newest plan admits, the speeds
+        # planned for: decided there; here carried out (local) or followed (--service)
+        self.members = members
+        self.version, self.plan = -1, None
+        self.paused_since: Optional[float] = None  # fewer live workers than stages
+        self.suspect_since: Optional[float] = None  # a peer's comm op failed under `version`
+
+    @property
+    def failed(self) -> frozenset:
+        return self.members.failed
+
+    def live(self) -> list[Worker]:
+        return [w for w in self.plan.live_workers() if w not in self.failed]
+
+    def first(self) -> None:
+        self.decide(*self.members.first())
+
+    def final(self) -> None:
+        """A last version with no workers: every worker exits."""
+        self._install(self.plan.model_copy(update={"version": self.version + 1, "workers": []}))
 
     def decide(self, members: Membership, decision) -> None:
-        """Carry out a membership decision (local mode): plan and publish, or halt."""
+        """Carry out a membership decision (local mode): plan and publish, or pause, or halt."""
         self.members = members
         if isinstance(decision, Halt):
             raise Halted(decision.reason)
@@ -60,44 +73,29 @@ class Publishing:
                         lambda failed: solve(spec, failed, solver=self.solver, mode=self.mode))
         if decision.roles is not None:
             self.moved(plan)
-        self.version, self.plan, self.suspect_since = plan.version, plan, None
-        publish_plan(self.store, plan)
-        self.record.published(plan)
+        self.suspect_since = None
+        self._install(plan)
 
-    @property
-    def failed(self) -> frozenset:
-        return self.members.failed
-
-    def follow(self) -> None:
-        """Service mode: take the newest plan the service published."""
-        plan = self.service.plan
+    def follow(self, plan: Plan) -> bool:
+        """Service mode: take the service's newest plan; True if it is a new version."""
         if plan.version == self.version:
-            return
+            return False
         self.version, self.plan = plan.version, plan
         self.record.published(plan)
         # who is dead and who fills which slot, as the plan says (with roles, a dead worker
         # is one whose id fills no slot; planner/control/membership.py `following`)
         self.members = Membership.following(plan, job=self.job)
-        for w, inc in list(self.reported.items()):  # in a plan now: failed, or back
-            if w in self.failed or plan.incarnation(*w) > inc:
-                del self.reported[w]
-        for w in self.failed:
-            self.done.pop(w, None)
-        for w in list(self.rejoins.pending):  # the service admitted the restarted process
-            if plan.slot_of(home_id(*w)) is not None and self.rejoins.admits(
-                    w, plan.incarnation(*w), read_int(self.store, P.incarnation_key(w))):
-                self.admitted(w)
-        for w in self.failed:  # declared failed while its process lives on (a stall)
-            if self.rejoins.await_failed(w, plan.incarnation(*w)):
-                self.update_hold()
         self.event(f"service published plan v{plan.version} (failed {sorted(self.failed) or '-'})")
         self.moved(plan)
+        return True
 
-    def moved(self, plan) -> None:
+    def _install(self, plan: Plan) -> None:
+        self.version, self.plan = plan.version, plan
+        publish_plan(self.store, plan)
+        self.record.published(plan)
+
+    def moved(self, plan: Plan) -> None:
         for m in plan.moves or ():
             self.event(f"plan v{plan.version}: worker {m.worker} moves "
                        f"{'in' if m.from_stage is None else f'from stage {m.from_stage}'} "
                        f"to stage {m.to_stage} (state from a {m.source})")
-
-    def live(self) -> list[Worker]:
-        return [w for w in self.plan.live_workers() if w not in self.failed]
