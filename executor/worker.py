@@ -95,8 +95,8 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     worker = WorkerConfig(
         conf.model, job, conf.iterations, training=conf.training, workload=workload,
         timeouts=Timeouts(timeout), device=device, local_workers=local,
-        start_iteration=start, resume_part=resume_part, ckpt_dir=conf.ckpt_dir,
-        ckpt_every=conf.ckpt_every,
+        start_iteration=start, resume_part=resume_part, checkpoint_dir=conf.checkpoint_dir,
+        checkpoint_every=conf.checkpoint_every,
         fault_iterations=frozenset(fault_iterations(conf.kills, conf.stalls, me)),
         slows=tuple((i, f) for r, s, i, f in conf.slows if (r, s) == me),
         snapshot_every=conf.snapshot_every,

@@ -222,7 +222,7 @@ def test_service_sigkilled_and_restarted_mid_run(tmp_path):
         # With the service down, a worker dies: the survivors can only go on once they
         # reach the restarted service and it takes the failure (the coordinator's post,
         # retried until the service is back).
-        os.kill(coord.procs[(1, 1)].pid, signal.SIGKILL)
+        os.kill(coord.processes.pid((1, 1)), signal.SIGKILL)
         time.sleep(0.5)
         srv.start()
         runner.join(50)

@@ -10,26 +10,26 @@ from executor.checkpoint.stage_state import save_state, stage_state
 
 
 class PartWriter:
-    """Parts of stage `stage` under `ckpt_dir` (none if it is empty), every `every`
+    """Parts of stage `stage` under `checkpoint_dir` (none if it is empty), every `every`
     iterations and at the last one. The state is copied at once and written on a
     background thread (a DCP save took 0.2-0.5 s of wall time on a loaded machine, on the
     critical path); at most one save is in flight. A writer killed before its save finished
     loses that part: the stage's next writer saves it on entering the next plan version (its
     state then is that very state). A failed save costs that checkpoint, never the training."""
 
-    def __init__(self, ckpt_dir: Optional[str], every: int, iterations: int, stage: int,
+    def __init__(self, checkpoint_dir: Optional[str], every: int, iterations: int, stage: int,
                  log: Callable[[str], None]):
-        self.ckpt_dir, self.every, self.iterations = ckpt_dir, every, iterations
+        self.checkpoint_dir, self.every, self.iterations = checkpoint_dir, every, iterations
         self.stage, self.log = stage, log
         self._saver: Optional[threading.Thread] = None
 
     def due(self, it: int) -> bool:
-        return bool(self.ckpt_dir) and it >= 0 and ((it + 1) % self.every == 0
+        return bool(self.checkpoint_dir) and it >= 0 and ((it + 1) % self.every == 0
                                                      or it == self.iterations - 1)
 
     def write(self, it: int, module, opt, only_if_missing: bool = False) -> None:
         self.finish()
-        path = os.path.join(iteration_dir(self.ckpt_dir, it), f"stage{self.stage}")
+        path = os.path.join(iteration_dir(self.checkpoint_dir, it), f"stage{self.stage}")
         if only_if_missing and os.path.isdir(path):
             return
         sd = stage_state(module, opt, copy=True)

@@ -25,8 +25,8 @@ class WorkerSettings:
     run_id: str
     workload: str = "gpt"  # --model NAME: every worker loads the same Workload
     timeout: float = 5.0
-    ckpt_dir: Optional[str] = None
-    ckpt_every: int = 1
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: int = 1
     snapshot_every: int = AUTO  # peer-memory snapshots every K iterations (0: off, -1: auto)
     snapshot_memory: str = DEFAULT_BUDGET  # the host-memory budget of auto (cadence.py)
     resume: Optional[str] = None  # the checkpoint a first incarnation starts from
@@ -38,14 +38,14 @@ class WorkerSettings:
     service: Optional[dict] = None  # url and job id of the plan service (no token)
 
     @classmethod
-    def of(cls, spec: "LaunchSpec", run_id: str, ckpt_dir: str, resume: Optional[str],
+    def of(cls, spec: "LaunchSpec", run_id: str, checkpoint_dir: str, resume: Optional[str],
            service=None) -> "WorkerSettings":
         """The workers' part of a local run, with what the coordinator adds: the run's id,
         where checkpoints go, the checkpoint resumed from, the service to follow."""
         f = spec.faults
         return cls(spec.cfg, spec.training, spec.job, spec.iterations, run_id,
-                   workload=spec.model, timeout=spec.timeout, ckpt_dir=ckpt_dir,
-                   ckpt_every=spec.checkpoint_every, resume=resume, device=spec.device,
+                   workload=spec.model, timeout=spec.timeout, checkpoint_dir=checkpoint_dir,
+                   checkpoint_every=spec.checkpoint_every, resume=resume, device=spec.device,
                    local_workers=None if spec.external else spec.job.replicas * spec.job.stages,
                    kills=[list(k) for k in f.kills], stalls=[list(k) for k in f.stalls],
                    slows=[list(k) for k in f.slows], snapshot_every=spec.snapshot_every,

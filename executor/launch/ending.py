@@ -44,8 +44,8 @@ class RunEnd:
         job, cfg, training = spec.job, spec.cfg, spec.training
         self.iterations, self.S, self.console = spec.iterations, job.stages, console
         self.external = spec.external
-        self.ckpt_dir = os.path.abspath(spec.checkpoint_dir or os.path.join(run_dir, "checkpoints"))
-        self.checkpoints = CheckpointStore(self.ckpt_dir,
+        self.checkpoint_dir = os.path.abspath(spec.checkpoint_dir or os.path.join(run_dir, "checkpoints"))
+        self.checkpoints = CheckpointStore(self.checkpoint_dir,
                                            (job.replicas, job.stages, job.microbatches),
                                            dict(cfg.to_dict(), workload=spec.model),
                                            job=job.model_dump(mode="json"),

@@ -83,7 +83,7 @@ class Coordinator:
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.end = RunEnd(spec, self.run_dir, console=self.console)
         self.processes = Processes(
-            spec.store_port, WorkerSettings.of(spec, uuid.uuid4().hex[:8], self.end.ckpt_dir,
+            spec.store_port, WorkerSettings.of(spec, uuid.uuid4().hex[:8], self.end.checkpoint_dir,
                                                self.end.resume, service),
             external=spec.external, timeout=spec.timeout, run_dir=self.run_dir,
             token=service.token if service else None, console=self.console)

@@ -26,7 +26,7 @@ class StageRuntime:
                                     precision=conf.training.precision)
         self.stepper = StageStepper(self.module, self.opt, conf.training, stage, S, store,
                                     log=log)
-        self.parts = PartWriter(conf.ckpt_dir, conf.ckpt_every, conf.iterations, stage, log)
+        self.parts = PartWriter(conf.checkpoint_dir, conf.checkpoint_every, conf.iterations, stage, log)
         # Micro-batches of the next iteration, loaded on a thread while this one computes
         # (a loader's work off the critical path). Only the first and last stage load data.
         self.batches = Batches(lambda it, g: wl.microbatch(cfg, it, g), stage in (0, S - 1))

@@ -27,8 +27,8 @@ class WorkerConfig:
     local_workers: Optional[int] = None  # workers sharing this machine (None: one a GPU)
     start_iteration: int = 0  # the run's first (after a resume, the checkpoint's + 1)
     resume_part: Optional[str] = None  # this stage's DCP part a first process starts from
-    ckpt_dir: Optional[str] = None
-    ckpt_every: int = 1
+    checkpoint_dir: Optional[str] = None
+    checkpoint_every: int = 1
     # iterations in which an injected fault may target this worker (a mid-iteration stop)
     fault_iterations: frozenset = frozenset()
     slows: tuple = ()  # (from iteration, factor): --slow's stretch of this worker

@@ -4,7 +4,6 @@ torch is imported inside the commands so that `recycle plan` stays fast.
 """
 from __future__ import annotations
 
-import dataclasses
 import os
 from typing import List, Optional
 
@@ -12,21 +11,12 @@ import typer
 from click.core import ParameterSource
 
 from planner.errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN
-from planner.plan import Mode
 from recycle.commands.errors import user_errors
 
 
 def register(app: typer.Typer) -> None:
     app.command("train")(train_cmd)
     app.command("profile")(profile_cmd)
-
-
-def _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model="gpt"):
-    from executor.compute.model import ModelConfig
-    from executor.models.families import architecture  # --model NAME[:FLAVOUR]'s shape
-    arch = architecture(model, d_model=d_model, n_layers=layers, n_heads=heads,
-                        seq_len=seq_len, vocab=vocab)
-    return ModelConfig(micro_batch_size=micro_batch_size, seed=seed, **arch)
 
 
 def _resumed(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
@@ -117,91 +107,21 @@ def train_cmd(
     processes, surviving injected failures."""
     from rich.console import Console
 
-    from executor.checkpoint import read_checkpoint
-    from executor.compute.config import TrainingSettings
-    from executor.inputs.launch_spec import Faults, LaunchSpec
-    from executor.inputs.train_options import check_model_options, check_training, grid_of
-    from executor.inputs.train_options import resume_changes
+    from executor.inputs.resolve import resolve
+    from executor.inputs.run_config import RunConfig
     from executor.launch.launcher import train
-    from executor.runtime.peer_snapshots.cadence import parse_every
-    from planner.inputs.limits import load_spec
-    from planner.job import JobSpec
 
     console = Console(stderr=True)
     resumed = ctx.meta.get("resumed")  # the checkpoint's manifest (_resumed)
+    params = dict(ctx.params)  # flags given, else --config's, else --resume's, else defaults
     if resumed is not None and lr_schedule != "cosine" and (
             ctx.get_parameter_source("min_lr_ratio") == ParameterSource.DEFAULT_MAP):
-        min_lr_ratio = None  # the checkpoint's cosine floor; this run asks another schedule
+        params["min_lr_ratio"] = None  # the checkpoint's cosine floor; another schedule now
     with user_errors("train options"):
-        vocab_flag = vocab  # None unless given: then --data's token file sizes the vocab
-        from executor.models.families import flag_values  # as --model NAME[:FLAVOUR] fixes them
-        d_model, layers, heads, seq_len, vocab = flag_values(model, d_model, layers, heads,
-                                                             seq_len, vocab)
-        check_model_options(d_model=d_model, layers=layers, heads=heads, seq_len=seq_len,
-                            micro_batch_size=micro_batch_size, vocab=vocab, lr=lr)
-        min_lr_ratio = check_training(precision=precision, lr_schedule=lr_schedule,
-                                      warmup=warmup, min_lr_ratio=min_lr_ratio, clip=clip,
-                                      iterations=iterations)
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model)
-        training = TrainingSettings(lr=lr, precision=precision, lr_schedule=lr_schedule,
-                                    warmup_iters=warmup, total_iters=iterations,
-                                    min_lr_ratio=min_lr_ratio, clip=clip,
-                                    data=os.path.abspath(data) if data else "")
-        if data:  # the model's vocab is the token file's (its header or sidecar)
-            from executor.data.token_file import data_vocab
-            cfg = dataclasses.replace(cfg, vocab=data_vocab(data, vocab_flag))
-        faults = Faults.from_flags(kill, rejoin, restart, stall, slow)
-        spec = load_spec(job) if job else None
-        saved_grid = resumed and (resumed.replicas, resumed.stages, resumed.microbatches)
-        if resumed and resumed.job and not job and (replicas, stages, microbatches) == saved_grid:
-            spec = JobSpec.model_validate(resumed.job)  # (another grid is refused below)
-        replicas, stages, microbatches = grid_of(spec, job, replicas, stages, microbatches)
-        watch = None
-        if service:  # workers poll, heartbeat and report to the service themselves
-            from executor.sources.service_source import ServiceWatch
-            if not (job_id and token):
-                raise ValueError("--service needs --job-id and --token")
-            if sync or no_split:  # the service plans every job with I/W split, staggered
-                raise ValueError(f"{'--sync' if sync else '--no-split'} cannot apply with "
-                                 f"--service: the service's plans split I/W and stagger")
-            watch = ServiceWatch(service, job_id, token, timeout_s=max(30.0, timeout))
-            spec = spec or watch.plan.job
-            replicas, stages, microbatches = spec.replicas, spec.stages, spec.microbatches
-        spec = spec or JobSpec.uniform(replicas, stages, microbatches)
-        if trace:
-            from executor.launch.trace_replay import trace_faults
-            faults = trace_faults(faults, trace, replicas, stages, trace_start, trace_hours,
-                                  gpus_per_node, placement, time_scale, external,
-                                  service is not None)
-        # The run as one value, checked here once (before the model is loaded: cheap first)
-        launch = LaunchSpec(
-            cfg, spec, iterations, faults=faults, training=training,
-            detect_stragglers=detect_stragglers,
-            solver=solver, mode=Mode(split_backward=not no_split, staggered=not sync),
-            timeout=timeout, run_dir=run_dir, checkpoint_dir=checkpoint_dir,
-            checkpoint_every=checkpoint_every, resume=resume, external=external,
-            store_port=store_port, device=device, model=model, summary_path=summary,
-            snapshot_every=parse_every(snapshot_every), snapshot_memory=snapshot_memory)
-        from executor.models.balance import split_config
-        cfg = split_config(cfg, split, spec, job, service)
-        if resumed and split is None and not job and spec.stages == resumed.stages:
-            # the checkpoint's stage split (the job's per-layer costs need not be at hand)
-            cfg = dataclasses.replace(cfg, boundaries=tuple(resumed.model.get("boundaries", ())))
-        from executor.inputs.workload_name import check_workload  # after the cheap checks
-        workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
-        if data:
-            from executor.data.token_file import check_data, with_data
-            check_data(data, cfg.vocab, cfg.micro_batch_size, cfg.seq_len,
-                       spec.replicas * spec.microbatches)
-            workload = with_data(workload, training.data)
-        if reference or not external:  # this machine's memory holds the model's state
-            from executor.models.footprint import check_fits
-            check_fits(model, workload, cfg, spec.stages, replicas=replicas, device=device,
-                       mode="reference" if reference else "workers")
-        if resume:
-            where, man = read_checkpoint(resume, spec, cfg, training, iterations, model)
-            for note in resume_changes(man.training, training):
-                console.print(f"resuming {where} with {note}")
+        run = resolve(RunConfig.from_flags(params), resumed=resumed, token=token)
+    for note in run.notes:
+        console.print(note)
+    launch = run.launch
     if reference:
         import torch
 
@@ -211,23 +131,16 @@ def train_cmd(
         # is near 0 (a GPT with vocab 8192 drifted 0.004 from its own workers on 2 cores)
         torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
         # on the GPU only when asked by name: "auto" kept the reference on the CPU before
-        result = train_reference(cfg, replicas, microbatches, iterations, stages,
-                                 training=training, workload=workload,
+        job = launch.job
+        result = train_reference(launch.cfg, job.replicas, job.microbatches, iterations,
+                                 job.stages, training=launch.training, workload=run.workload,
                                  device="cuda" if device == "cuda" else "cpu")
         for i, loss in enumerate(result.losses):
             console.print(f"iter {i:>4}  loss {loss:.5f}  (reference)")
         if summary:
             result.save(summary)
         return
-    from executor.inputs.run_config import RunConfig
-    run_config = RunConfig.from_flags({**ctx.params, "replicas": replicas, "stages": stages,
-                                       "microbatches": microbatches, "seq_len": seq_len,
-                                       "d_model": d_model, "layers": layers, "heads": heads,
-                                       "vocab": vocab, "min_lr_ratio":  # the floor of a cosine only
-                                       min_lr_ratio if lr_schedule == "cosine" else None})
-    # the model as split and sized above, and the flag tree for RUN_DIR/run.toml
-    launch = dataclasses.replace(launch, cfg=cfg, run_config=run_config)
-    result = train(launch, console=console, service=watch)
+    result = train(launch, console=console, service=run.watch)
     if result.model_exception:  # the model's code raised: a bug to fix, not a failure
         raise typer.Exit(EXIT_MODEL_ERROR)
     if result.halted:  # a model that breaks its own activation spec is bad input
@@ -280,7 +193,11 @@ def profile_cmd(
             raise ValueError(f"--repeats must be at least 1, not {repeats}")
         if threads is not None and threads < 1:
             raise ValueError(f"--threads must be at least 1, not {threads}")
-        cfg = _model(d_model, layers, heads, seq_len, micro_batch_size, vocab, seed, model)
+        from executor.inputs.resolve import model_config
+        from executor.inputs.run_config import ModelSection
+        cfg = model_config(ModelSection(model=model, d_model=d_model, layers=layers,
+                                        heads=heads, seq_len=seq_len, vocab=vocab,
+                                        micro_batch_size=micro_batch_size, seed=seed), lr=lr)
         from executor.models.balance import check_split
         check_split(split)
         from executor.inputs.workload_name import check_workload
