@@ -13,7 +13,7 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from api.fastpath import node_view
+from api.hotpath.views import node_view
 from api.models import Error
 from api.routes.plans import AFTER, NO_NEWER, WAIT, _json, _wait
 from api.nodes.beat import node_beat

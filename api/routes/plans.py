@@ -5,7 +5,7 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
 
-from api.fastpath import superseded, worker_view
+from api.hotpath.views import superseded, worker_view
 from api.hotpath.encode import whole_plan
 from api.models import MAX_INCARNATION, Error, WorkerPlanOut
 from api.security import JOB, AuthRoute, bearer
