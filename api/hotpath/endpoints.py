@@ -78,9 +78,14 @@ class Endpoint:
     body: Optional[type] = None    # the pydantic model of the body
     auth: str = "job"              # api/security.py: the job's worker token, or the admin's
     long_poll: bool = False        # 204 when nothing newer came within `wait`
-    pattern: re.Pattern = field(init=False, repr=False, compare=False)
+    pattern: re.Pattern = field(init=False, repr=False)
+    defaults: dict = field(init=False, repr=False)  # of the optional query parameters
+    required: frozenset = field(init=False, repr=False)
 
     def __post_init__(self):
+        object.__setattr__(self, "defaults", {n: v.default for n, v in self.query.items()
+                                              if v.default is not REQUIRED})
+        object.__setattr__(self, "required", frozenset(self.query) - set(self.defaults))
         def group(m):
             num = self.path.get(m.group(1))
             return f"(?P<{m.group(1)}>{'[^/]+' if num is None else num.plain.pattern})"
@@ -96,17 +101,17 @@ class Endpoint:
         if m is None:
             return None
         args = m.groupdict()
-        for name, num in self.path.items():
-            if (value := num.parse(args[name])) is None:
+        for name, num in self.path.items():  # the pattern has checked the spelling
+            value = args[name] = num.kind(args[name])
+            if not num.ge <= value <= num.le:
                 return None
-            args[name] = value
         return args
 
     def parse_query(self, qs: bytes) -> Optional[dict]:
         """The query's values (defaults filled in) if it names only this endpoint's
         parameters, each once, plainly spelled and within bounds, and every required one;
         else None (FastAPI ignores unknown ones, takes a repeated one's last value...)."""
-        values = {name: num.default for name, num in self.query.items()}
+        values = dict(self.defaults)
         seen = set()
         for part in qs.decode("latin-1").split("&") if qs else ():
             key, eq, text = part.partition("=")
@@ -115,9 +120,7 @@ class Endpoint:
                 return None
             seen.add(key)
             values[key] = value
-        if any(v is REQUIRED for v in values.values()):
-            return None
-        return values
+        return values if self.required <= seen else None
 
     def under(self, prefix: str) -> str:
         """The route's path below its router's `prefix`."""
