@@ -79,7 +79,7 @@ def test_the_patterns_match_their_routes_and_no_other(tmp_path):
     paths = _openapi(tmp_path)
     for ep in HOT:
         assert ep.match(_sample(ep.template)) is not None, ep.template
-        for template, ops in paths.items():
+        for template in paths:
             if template != ep.template:
                 assert ep.match(_sample(template)) is None, (ep.template, template)
     assert WORKER_PLAN.match("/v1/jobs/j/workers/1/2/plan") == {

@@ -86,12 +86,14 @@ class Endpoint:
         object.__setattr__(self, "defaults", {n: v.default for n, v in self.query.items()
                                               if v.default is not REQUIRED})
         object.__setattr__(self, "required", frozenset(self.query) - set(self.defaults))
-        def group(m):
-            num = self.path.get(m.group(1))
-            return f"(?P<{m.group(1)}>{'[^/]+' if num is None else num.plain.pattern})"
-        parts = re.split(r"(\{\w+\})", self.template)
-        regex = "".join(re.sub(r"\{(\w+)\}", group, p) if p.startswith("{") else re.escape(p)
-                        for p in parts)
+
+        def piece(part: str) -> str:  # a literal, or a named group for a {name}
+            if not part.startswith("{"):
+                return re.escape(part)
+            name = part[1:-1]
+            num = self.path.get(name)
+            return f"(?P<{name}>{'[^/]+' if num is None else num.plain.pattern})"
+        regex = "".join(map(piece, re.split(r"(\{\w+\})", self.template)))
         object.__setattr__(self, "pattern", re.compile(regex))
 
     def match(self, path: str) -> Optional[dict]:
@@ -124,7 +126,8 @@ class Endpoint:
 
     def under(self, prefix: str) -> str:
         """The route's path below its router's `prefix`."""
-        assert self.template.startswith(prefix), (self.template, prefix)
+        if not self.template.startswith(prefix):
+            raise ValueError(f"{self.template} is not under {prefix}")
         return self.template[len(prefix):]
 
     @property
