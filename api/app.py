@@ -13,7 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api import page
 from api.routes import jobs as routes_jobs, ops as routes_ops, plans as routes_plans, workers as routes_workers
-from api.fastpath import FastPlans, prebuilt_views
+from api.fastpath import FastPlans
+from api.hotpath.views import prebuilt_views
 from api.heartbeats import Monitor
 from api.metrics import Metrics
 from api.nodes import routes as routes_nodes

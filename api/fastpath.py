@@ -15,178 +15,25 @@ numbers in range. Anything else (no or bad token, bad or extra parameters, a hal
 before the wait) goes on to FastAPI unchanged, so errors are exactly those of
 api/routes/plans.py, api/routes/workers.py and api/nodes/routes.py (a heartbeat body that
 does not validate is replayed to FastAPI, which words the 422); the answers here are byte
-for byte the ones those routes give.
+for byte the ones those routes give. Paths, bounds, tokens and bodies come from the
+declarations the routes take theirs from (api/hotpath/endpoints.py), the shares' bytes
+from api/hotpath/views.py, and the token check is the routes' (api/security.py).
 """
 from __future__ import annotations
 
-import json
-import re
-from types import SimpleNamespace
-from typing import Optional
-
 from pydantic import ValidationError
+from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 
-from api.hotpath.encode import PARTS, whole_plan
+from api.hotpath.encode import whole_plan
+from api.hotpath.endpoints import JOB_PLAN, NODE_BEAT, NODE_PLAN, WORKER_BEAT, WORKER_PLAN
+from api.hotpath.views import node_cells, node_view, superseded, worker_view
 from api.jobs.runtime import ApiError
-from planner.plan import home_of
+from api.nodes.beat import node_beat, worker_beat
+from api.security import bearer_token
 
-PATH = re.compile(r"/v1/jobs/([^/]+)(?:/workers/(\d{1,7})/(\d{1,7}))?/plan")
-NODE_PATH = re.compile(r"/v1/jobs/([^/]+)/nodes/(\d{1,7})/plan")
-BEAT_PATH = re.compile(r"/v1/jobs/([^/]+)(?:/nodes/(\d{1,7}))?/heartbeats")
 MAX_BEAT_BODY = 1 << 16  # larger bodies go the long way (BodyLimit and all)
-# The query parameters each fast route reads, by FastAPI's path template: a request with
-# any other goes to FastAPI. tests/test_fastpath_routes.py checks these templates and
-# parameters against the routes themselves (api/routes/, api/nodes/routes.py), and the
-# patterns above against the templates, so the two paths cannot drift apart.
-JOB_PLAN = "/v1/jobs/{job_id}/plan"
-WORKER_PLAN = "/v1/jobs/{job_id}/workers/{replica}/{stage}/plan"
-NODE_PLAN = "/v1/jobs/{job_id}/nodes/{node}/plan"
-QUERY = {JOB_PLAN: {"after", "wait"}, WORKER_PLAN: {"after", "wait", "incarnation"},
-         NODE_PLAN: {"after", "wait", "workers_per_node"}}
-BEATS = ("/v1/jobs/{job_id}/heartbeats", "/v1/jobs/{job_id}/nodes/{node}/heartbeats")
-INT = re.compile(r"-?\d{1,16}")
-NUM = re.compile(r"\d{1,6}(?:\.\d{1,9})?")
-
-
-def _query(qs: bytes) -> Optional[tuple]:
-    """(after, wait, incarnation, workers_per_node, the names given) if the query string
-    has only those, as plain numbers in range."""
-    after, wait, incarnation, per_node = None, 0.0, None, None
-    seen = set()
-    for part in qs.decode("latin-1").split("&") if qs else ():
-        key, eq, value = part.partition("=")
-        if not eq or key in seen:
-            return None
-        seen.add(key)
-        if key == "after" and INT.fullmatch(value) and -1 <= int(value) <= 2**53:
-            after = int(value)
-        elif key == "wait" and NUM.fullmatch(value) and float(value) <= 3600:
-            wait = float(value)
-        elif key == "incarnation" and INT.fullmatch(value) and 1 <= int(value) <= 2**31:
-            incarnation = int(value)
-        elif key == "workers_per_node" and INT.fullmatch(value) and 1 <= int(value) <= 4096:
-            per_node = int(value)
-        else:
-            return None
-    return after, wait, incarnation, per_node, seen
-
-
-def _parts(job) -> None:
-    """Per version, from the Plan object in memory (no re-parse of its JSON): the fields
-    every share carries, serialised once, each worker's actions by cell, and with roles
-    the slot each worker fills."""
-    if "_head" in job.views:
-        return
-    plan = job.plan
-    head = {"job_id": job.id, "version": plan.version, "failed": plan.failed}
-    tail = {"metrics": plan.metrics.model_dump(mode="json"),
-            "solver": plan.solver.model_dump(mode="json")}
-    job.views["_head"] = json.dumps(head, separators=(",", ":"))[1:-1].encode()
-    job.views["_tail"] = json.dumps(tail, separators=(",", ":"))[1:-1].encode()
-    job.views["_actions"] = {(w.replica, w.stage): w.actions for w in plan.workers}
-    job.views["_slots"] = None if plan.roles is None else {
-        home_of(r.worker): (r.replica, r.stage) for r in plan.roles}
-
-
-def _slot(job, worker) -> tuple:
-    """The slot `worker` fills (its own without roles; None when it fills none)."""
-    slots = job.views["_slots"]
-    return worker if slots is None else slots.get(worker)
-
-
-def _microbatches(job, cells) -> list[int]:
-    """The micro-batches the workers `cells` run an action of, in order."""
-    acts = job.views["_actions"]
-    slots = [_slot(job, c) for c in cells]
-    return sorted({g for c in slots if c in acts for g in PARTS.microbatches(acts[c])})
-
-
-def _routes(job, cells) -> str:
-    """The route rows (every stage's replica) of the micro-batches `cells` touch, keyed by
-    micro-batch: all a worker needs to know whom it exchanges activations with. The whole
-    table (replicas x micro-batches rows) is in the plan (`/plan`), not in shares."""
-    routes = job.plan.routes
-    return json.dumps({str(g): routes[g] for g in _microbatches(job, cells)},
-                      separators=(",", ":"))
-
-
-def _entry(job, replica: int, stage: int) -> str:
-    """One worker's own part of its share: identity, membership, incarnation, actions
-    (with roles, those of the slot it fills, named by `slot`)."""
-    slot = _slot(job, (replica, stage))
-    actions = job.views["_actions"].get(slot)
-    grid = job.plan.incarnations
-    inc = grid[replica][stage] if grid else 1
-    where = "" if job.views["_slots"] is None else \
-        f',"slot":{"null" if slot is None else f"[{slot[0]},{slot[1]}]"}'
-    return (f'{{"replica":{replica},"stage":{stage},"in_plan":{str(actions is not None).lower()},'
-            f'"incarnation":{inc}{where},"actions":{PARTS.actions(actions) if actions else "[]"}}}')
-
-
-def _share(job, entry: bytes, cells) -> bytes:
-    """`entry` (an object's fields, no closing brace) plus the shared fields and the route
-    rows of `cells`."""
-    return b"".join((entry, b",", job.views["_head"], b',"routes":',
-                     _routes(job, cells).encode(), b",", job.views["_tail"], b"}"))
-
-
-def worker_view(job, replica: int, stage: int) -> bytes:
-    """One worker's share of the current plan: its actions and the route rows of its
-    micro-batches, with the fields every share has (serialised once per version)."""
-    key = (replica, stage)
-    if key not in job.views:
-        _parts(job)
-        job.views[key] = _share(job, _entry(job, replica, stage)[:-1].encode(), [key])
-    return job.views[key]
-
-
-def node_cells(job, node: int, per_node: int) -> Optional[list[tuple[int, int]]]:
-    """The (replica, stage) cells of node `node` at `per_node` workers per node (ranks
-    node*per_node onwards, rank = replica * stages + stage); None outside the job."""
-    n, S = job.spec.replicas * job.spec.stages, job.spec.stages
-    if not (1 <= per_node and node * per_node < n):
-        return None
-    return [divmod(rank, S) for rank in range(node * per_node, min(n, (node + 1) * per_node))]
-
-
-def node_view(job, node: int, per_node: int) -> bytes:
-    """A node's share (one long-poll per node agent): the entry of each of the node's
-    workers (as in worker_view) under `workers`, the shared fields once, and the route rows
-    of every micro-batch one of them touches (the agent cuts each worker's rows from them)."""
-    key = ("node", node, per_node)
-    if key not in job.views:
-        _parts(job)
-        cells = node_cells(job, node, per_node)
-        entries = ",".join(_entry(job, r, s) for r, s in cells)
-        job.views[key] = _share(job, f'{{"node_rank":{node},"workers":[{entries}]'.encode(),
-                                cells)
-    return job.views[key]
-
-
-def prebuilt_views(job, plan, per_node: Optional[int]) -> dict:
-    """What job.views will hold once `plan` is published: the shares of every node at
-    `per_node` workers per node (None: no agent has claimed one; nothing is built), made
-    from `plan` before it is in force (Service.apply_event builds them while the event's
-    write waits for its fsync)."""
-    draft = SimpleNamespace(id=job.id, spec=job.spec, plan=plan, views={})
-    if per_node:
-        for node in range(-(-job.spec.replicas * job.spec.stages // per_node)):
-            node_view(draft, node, per_node)
-    return draft.views
-
-
-def superseded(job, worker, incarnation: Optional[int]):
-    """The 409 for a worker process older than the incarnation the plan admits, else None.
-    A newer one gets the plan: it learns the version to wait after (its recovery event
-    makes the next one admit it)."""
-    if worker is None or incarnation is None:
-        return None
-    have = job.incarnation(*worker)
-    if incarnation >= have:
-        return None
-    return ApiError(409, f"worker {worker[0]}:{worker[1]} incarnation {incarnation} is "
-                         f"superseded by incarnation {have}; it must stop")
+BY_METHOD = {"GET": (JOB_PLAN, WORKER_PLAN, NODE_PLAN), "POST": (WORKER_BEAT, NODE_BEAT)}
 
 
 class FastPlans:
@@ -201,28 +48,24 @@ class FastPlans:
         once read here, is replayed)."""
         if scope["type"] != "http":
             return receive
-        if scope["method"] == "POST":
-            return await self._beat(scope, receive, send)
-        if scope["method"] != "GET":
-            return receive
-        m = PATH.fullmatch(scope["path"])
-        if m is not None:
-            req = self._accept(scope, m)
+        for ep in BY_METHOD.get(scope["method"], ()):
+            args = ep.match(scope["path"])
+            if args is not None:
+                break
         else:
-            m = NODE_PATH.fullmatch(scope["path"])
-            req = self._accept_node(scope, m) if m is not None else None
+            return receive
+        if ep.body is not None:
+            return await self._beat(scope, receive, send, ep, args)
+        req = self._accept(scope, ep, args)
         if req is None:
             return receive
         await self._answer(scope, send, *req)
         return True
 
-    async def _beat(self, scope, receive, send):
+    async def _beat(self, scope, receive, send, ep, args):
         """POST .../heartbeats and .../nodes/{n}/heartbeats: the same models, checks and
         answers as api/routes/workers.py and api/nodes/routes.py, without FastAPI's routing
         and dependency solving (thousands a second at scale)."""
-        m = BEAT_PATH.fullmatch(scope["path"])
-        if m is None or scope["query_string"]:
-            return receive
         length, ctype = None, b"application/json"
         for name, value in scope["headers"]:
             if name == b"content-length":
@@ -231,7 +74,7 @@ class FastPlans:
                 ctype = value
         if not ctype.startswith(b"application/json") or length is None or not length.isdigit() or int(length) > MAX_BEAT_BODY:
             return receive
-        got = self._job(scope, m)
+        got = self._job(scope, ep, args["job_id"])
         if got is None:
             return receive
         svc, job, _ = got
@@ -247,15 +90,12 @@ class FastPlans:
         async def replay():
             return {"type": "http.request", "body": body, "more_body": False}
 
-        from api.nodes.beat import node_beat, worker_beat
-        from api.nodes.models import NodeBeatIn
-        from api.models import HeartbeatIn
         try:
-            if m.group(2) is None:
-                answer = await worker_beat(svc, job, HeartbeatIn.model_validate_json(body))
+            if ep is WORKER_BEAT:
+                answer = await worker_beat(svc, job, ep.body.model_validate_json(body))
             else:
-                answer = await node_beat(svc, self.root.state.nodes, job, int(m.group(2)),
-                                         NodeBeatIn.model_validate_json(body))
+                answer = await node_beat(svc, self.root.state.nodes, job, args["node"],
+                                         ep.body.model_validate_json(body))
         except ValidationError:
             return replay  # FastAPI words the 422
         except ApiError as err:  # as the ApiError handler answers it
@@ -265,51 +105,40 @@ class FastPlans:
         await JSONResponse(answer)(scope, None, send)
         return True
 
-    def _job(self, scope, m):
-        """(service, job, query) for a running job and a token that may read it."""
+    def _job(self, scope, ep, job_id: str):
+        """(service, job, query values) for a running job, a query `ep` takes as it is and
+        a token that may use `ep` on that job."""
         state = self.root.state
         svc = getattr(state, "service", None)
-        query = _query(scope["query_string"])
+        query = ep.parse_query(scope["query_string"])
         if svc is None or query is None:
             return None
-        job_id = m.group(1)
         job = svc.jobs.get(job_id)
         if job is None or job.state == "halted":
             return None
-        token = None
-        for name, value in scope["headers"]:
-            if name == b"authorization":
-                scheme, _, token = value.decode("latin-1").partition(" ")
-                token = token.strip() if scheme.lower() == "bearer" else None
-                break
-        if not token or not (state.auth.is_admin(token) or state.auth.worker_job(token) == job_id):
+        header = next((v for k, v in scope["headers"] if k == b"authorization"), None)
+        try:  # the routes' own check (AuthRoute); a refusal is theirs to answer
+            state.auth.role(bearer_token(header and header.decode("latin-1")), ep.auth, job_id)
+        except HTTPException:
             return None
         return svc, job, query
 
-    def _accept_node(self, scope, m):
-        got = self._job(scope, m)
+    def _accept(self, scope, ep, args):
+        """The arguments of _answer for a plan GET the fast path can answer, else None."""
+        got = self._job(scope, ep, args["job_id"])
         if got is None:
             return None
-        svc, job, (after, wait, _, per_node, seen) = got
-        node = int(m.group(2))
-        if not seen <= QUERY[NODE_PLAN] or per_node is None or \
-                node_cells(job, node, per_node) is None:
-            return None
-        return svc, job, ("node", node, per_node), after, wait, None
-
-    def _accept(self, scope, m):
-        got = self._job(scope, m)
-        if got is None:
-            return None
-        svc, job, query = got
-        if not query[4] <= QUERY[JOB_PLAN if m.group(2) is None else WORKER_PLAN]:
-            return None  # a parameter the route does not read (FastAPI ignores it)
+        svc, job, q = got
         worker = None
-        if m.group(2) is not None:
-            worker = (int(m.group(2)), int(m.group(3)))
+        if ep is WORKER_PLAN:
+            worker = (args["replica"], args["stage"])
             if not (worker[0] < job.spec.replicas and worker[1] < job.spec.stages):
                 return None
-        return svc, job, worker, *query[:3]
+        elif ep is NODE_PLAN:
+            worker = ("node", args["node"], q["workers_per_node"])
+            if node_cells(job, *worker[1:]) is None:
+                return None
+        return svc, job, worker, q["after"], q["wait"], q.get("incarnation")
 
     async def _answer(self, scope, send, svc, job, worker, after, wait, incarnation):
         node, worker = (worker[1:], None) if worker and worker[0] == "node" else (None, worker)

@@ -7,7 +7,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from planner.plan import Action, Metrics, Move, SolverInfo
 
-Index = Field(ge=0, le=1_000_000, strict=True)  # strict: JSON true is not 1
+MAX_INDEX = 1_000_000  # a replica's, stage's or node's number (in bodies and paths alike)
+Index = Field(ge=0, le=MAX_INDEX, strict=True)  # strict: JSON true is not 1
 MAX_INCARNATION = 2**31
 
 

@@ -29,8 +29,8 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def _bearer(request: Request) -> Optional[str]:
-    header = request.headers.get("authorization")
+def bearer_token(header: Optional[str]) -> Optional[str]:
+    """The token of an Authorization header's value; None without one."""
     if not header:
         return None
     scheme, _, value = header.partition(" ")
@@ -59,7 +59,13 @@ class Auth:
 
     def check(self, request: Request, need: str) -> str:
         """Raise 401/403 unless the request's token may act; return "admin" or "worker"."""
-        token = _bearer(request)
+        return self.role(bearer_token(request.headers.get("authorization")), need,
+                         request.path_params.get("job_id"))
+
+    def role(self, token: Optional[str], need: str, job_id: Optional[str]) -> str:
+        """"admin" or "worker" if `token` may act on a route needing `need` ("admin" or
+        "job") for job `job_id`, else HTTPException 401/403. The routes (AuthRoute) and
+        the fast path (api/fastpath.py, which passes a refused request on) both ask here."""
         if token is None:
             raise HTTPException(401, "missing bearer token",
                                 headers={"WWW-Authenticate": "Bearer"})
@@ -70,7 +76,7 @@ class Auth:
             raise HTTPException(401, "invalid token", headers={"WWW-Authenticate": "Bearer"})
         if need == "admin":
             raise HTTPException(403, "this needs the admin token; a worker token cannot do it")
-        if job != request.path_params.get("job_id"):
+        if job != job_id:
             raise HTTPException(403, "this token belongs to another job")
         return "worker"
 

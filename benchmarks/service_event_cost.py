@@ -30,7 +30,10 @@ from planner.failures import canonical_sets, canonicalize
 from planner.job import JobSpec
 from planner.plan import Plan
 from planner.solvers.backends import map_plan, solve
-from api.fastpath import node_view
+try:
+    from api.hotpath.views import node_view
+except ImportError:  # a tree before api/hotpath/views.py (for side-by-side runs)
+    from api.fastpath import node_view
 
 try:
     from api.hotpath.encode import PARTS

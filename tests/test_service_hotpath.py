@@ -153,7 +153,7 @@ def test_node_shares_are_built_during_the_write_and_equal_those_built_on_demand(
     the shares built from the plan on demand, and served as such."""
     from types import SimpleNamespace
 
-    from api.fastpath import node_view
+    from api.hotpath.views import node_view
     with ThreadServer(tmp_path / "s.db", precompute_failures=1) as srv:
         admin = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)
         jid, _ = register_job(admin, D=6, S=4, M=4)

@@ -146,7 +146,7 @@ class PlanUpdates:
 
     def _prebuild(self, job: JobRuntime, plan: Plan) -> dict:
         """`plan`'s shares (job.views) for the nodes whose agents long-poll, built before it
-        is published (api/fastpath.py prebuilt_views, set by the app); {} on any error:
+        is published (api/hotpath/views.py prebuilt_views, set by the app); {} on any error:
         they are then built on demand, as without this."""
         if self.prebuild is None:
             return {}

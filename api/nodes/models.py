@@ -9,7 +9,8 @@ from api.models import Index, HeartbeatIn, _In
 
 AgentId = Field(min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$",
                 description="the agent's own id, chosen at start (e.g. host-pid-random)")
-PerNode = Field(ge=1, le=4096, strict=True,
+MAX_PER_NODE = 4096  # workers per node, claimed in a body and named in the plan's query
+PerNode = Field(ge=1, le=MAX_PER_NODE, strict=True,
                 description="workers per node (torchrun's --nproc-per-node); the same for "
                             "every node of a job")
 

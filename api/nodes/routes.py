@@ -11,11 +11,12 @@ import asyncio
 
 from typing import Optional
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
-from api.fastpath import node_view
+from api.hotpath.endpoints import AFTER, NODE, NODE_BEAT, NODE_PLAN, PER_NODE, WAIT
+from api.hotpath.views import node_view
 from api.models import Error
-from api.routes.plans import AFTER, NO_NEWER, WAIT, _json, _wait
+from api.routes.plans import _json, _wait
 from api.nodes.beat import node_beat
 from api.nodes.models import DetachOut, NodeBeatIn, NodeBeatOut, NodeClaimIn, NodeOut
 from api.security import JOB, AuthRoute, bearer
@@ -24,7 +25,7 @@ from api.jobs.runtime import ApiError
 router = APIRouter(prefix="/v1/jobs/{job_id}/nodes/{node}", route_class=AuthRoute,
                    dependencies=[Depends(bearer)], tags=["nodes"])
 ERRORS = {c: {"model": Error} for c in (401, 403, 404, 409, 410, 413, 422)}
-Node = Path(ge=0, le=1_000_000, description="the node's rank (torchrun's --node-rank)")
+Node = NODE.path()
 
 
 def _claim(request: Request, job_id: str, node: int, body: NodeClaimIn):
@@ -49,9 +50,11 @@ async def attach(job_id: str, body: NodeClaimIn, request: Request, node: int = N
             "plan_version": job.version, "timeout_s": svc.config.heartbeat_timeout_s}
 
 
-@router.post("/heartbeats", response_model=NodeBeatOut, openapi_extra=JOB, responses=ERRORS,
+@router.post(NODE_BEAT.under(router.prefix), response_model=NodeBeatOut,
+             openapi_extra=NODE_BEAT.openapi_extra, responses=NODE_BEAT.responses(),
              summary="Heartbeats of a node's workers, in one request")
-async def heartbeats(job_id: str, body: NodeBeatIn, request: Request, node: int = Node):
+async def heartbeats(job_id: str, body: NodeBeatIn, request: Request,  # = NODE_BEAT.body
+                     node: int = Node):
     """Each entry counts as that worker's own heartbeat (POST /heartbeats), including the
     straggler detector's compute times. Renews the agent's lease (and claims the node if
     nobody holds it, e.g. after a service restart). A worker the job has failed, or an
@@ -74,11 +77,12 @@ async def detach(job_id: str, body: NodeClaimIn, request: Request, node: int = N
             else f"held by agent {holder.agent_id}"}
 
 
-@router.get("/plan", openapi_extra=JOB, responses={**ERRORS, **NO_NEWER},
+@router.get(NODE_PLAN.under(router.prefix), openapi_extra=NODE_PLAN.openapi_extra,
+            responses=NODE_PLAN.responses(),
             summary="The node's share of the current plan (long-poll like /plan)")
 async def node_plan(request: Request, job_id: str, node: int = Node,
-                    after: Optional[int] = AFTER, wait: float = WAIT,
-                    workers_per_node: int = Query(ge=1, le=4096, description="as claimed")):
+                    after: Optional[int] = AFTER.query(), wait: float = WAIT.query(),
+                    workers_per_node: int = PER_NODE.query()):
     """One long-poll for all the node's workers: the version, failed set, routes, metrics
     and solver once, and under `workers` each worker's entry as
     /workers/{replica}/{stage}/plan gives it (in_plan, incarnation, actions)."""

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Optional
 
-from api.fastpath import node_cells
+from api.hotpath.views import node_cells
 from api.jobs.runtime import ApiError, JobRuntime
 
 

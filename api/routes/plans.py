@@ -3,11 +3,12 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastapi import APIRouter, Depends, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Request, Response
 
-from api.fastpath import superseded, worker_view
 from api.hotpath.encode import whole_plan
-from api.models import MAX_INCARNATION, Error, WorkerPlanOut
+from api.hotpath.endpoints import AFTER, INCARNATION, INDEX, JOB_PLAN, WAIT, WORKER_PLAN
+from api.hotpath.views import superseded, worker_view
+from api.models import Error, WorkerPlanOut
 from api.security import JOB, AuthRoute, bearer
 from api.jobs.runtime import ApiError
 from planner.plan import Plan
@@ -16,10 +17,8 @@ router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,
                    dependencies=[Depends(bearer)], tags=["plans"])
 
 ERRORS = {c: {"model": Error} for c in (401, 403, 404, 410, 413, 422)}
-NO_NEWER = {204: {"description": "no newer version within `wait` seconds"}}
-AFTER = Query(None, ge=-1, le=2**53, description="return only a version newer than this")
-WAIT = Query(0.0, ge=0, le=3600, description="seconds to wait for a newer version (long-poll; "
-                                             "capped by the server's max wait)")
+# The long-polls' paths, bounds, auth and documented statuses are declared once, for them
+# and for the fast path that answers most of their requests (api/hotpath/endpoints.py).
 
 
 def _json(body: bytes, version: int) -> Response:
@@ -45,10 +44,11 @@ async def _wait(request: Request, job_id: str, after: Optional[int], wait: float
     return svc, job, newer
 
 
-@router.get("/plan", response_model=Plan, openapi_extra=JOB,
-            responses={**ERRORS, **NO_NEWER}, summary="Current plan; long-poll with after/wait")
-async def current_plan(request: Request, job_id: str, after: Optional[int] = AFTER,
-                       wait: float = WAIT):
+@router.get(JOB_PLAN.under(router.prefix), response_model=Plan,
+            openapi_extra=JOB_PLAN.openapi_extra, responses=JOB_PLAN.responses(),
+            summary="Current plan; long-poll with after/wait")
+async def current_plan(request: Request, job_id: str, after: Optional[int] = AFTER.query(),
+                       wait: float = WAIT.query()):
     """Without `after`: the current plan at once. With `after=V`: the current plan as
     soon as its version is greater than V, or 204 after `wait` seconds. A halted job
     answers 410 with the reason (restore from checkpoint)."""
@@ -72,16 +72,13 @@ async def plan_version(request: Request, job_id: str,
     return await _whole(request, body, version)
 
 
-@router.get("/workers/{replica}/{stage}/plan", response_model=WorkerPlanOut,
-            openapi_extra=JOB, responses={**ERRORS, **NO_NEWER, 409: {"model": Error}},
+@router.get(WORKER_PLAN.under(router.prefix), response_model=WorkerPlanOut,
+            openapi_extra=WORKER_PLAN.openapi_extra, responses=WORKER_PLAN.responses(),
             summary="One worker's actions in the current plan (long-poll like /plan)")
-async def worker_plan(request: Request, job_id: str, replica: int = Path(ge=0, le=1_000_000),
-                      stage: int = Path(ge=0, le=1_000_000), after: Optional[int] = AFTER,
-                      wait: float = WAIT,
-                      incarnation: Optional[int] = Query(
-                          None, ge=1, le=MAX_INCARNATION,
-                          description="the caller's incarnation: an older one than the "
-                                      "version admits is answered 409 (it must stop)")):
+async def worker_plan(request: Request, job_id: str, replica: int = INDEX.path(),
+                      stage: int = INDEX.path(), after: Optional[int] = AFTER.query(),
+                      wait: float = WAIT.query(),
+                      incarnation: Optional[int] = INCARNATION.query()):
     """The worker's ordered actions plus the routes and the version. `in_plan: false`
     means the worker has been declared failed and must stop (fencing); `incarnation` is
     the process incarnation of this worker that the version admits."""

@@ -6,6 +6,7 @@ import time
 
 from fastapi import APIRouter, Depends, Request
 
+from api.hotpath.endpoints import WORKER_BEAT
 from api.nodes.beat import worker_beat
 from api.models import (Error, HeartbeatIn, HeartbeatOut, ProgressIn, ProgressOut, SuspectIn,
                         SuspectOut)
@@ -17,9 +18,10 @@ router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,
 ERRORS = {c: {"model": Error} for c in (401, 403, 404, 409, 410, 413, 422)}
 
 
-@router.post("/heartbeats", response_model=HeartbeatOut, openapi_extra=JOB, responses=ERRORS,
+@router.post(WORKER_BEAT.under(router.prefix), response_model=HeartbeatOut,
+             openapi_extra=WORKER_BEAT.openapi_extra, responses=WORKER_BEAT.responses(),
              summary="A worker is alive")
-async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):
+async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):  # = WORKER_BEAT.body
     """Send one at least every `timeout_s / 5`. The answer carries the current plan
     version, so a worker can notice a new plan without polling for it. A worker marked
     failed gets 409 (it is fenced out); a halted job answers 410. With `incarnation`: one
