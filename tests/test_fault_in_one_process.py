@@ -1,0 +1,88 @@
+"""A worker's fault path in one process, as torchft's manager_integ_test does it: the real
+Coordinator (its workers external, so it watches heartbeats) and one real Agent per
+worker, each in a thread with its own store connections and gloo groups; one worker
+"dies" between iterations (its thread ends, its groups close, its heartbeats stop). The
+survivors see the comm error, report it, the coordinator declares the silent worker
+failed and re-plans, and training ends equal to the one-process reference. No process is
+started: this runs in the fast tier."""
+import io
+import threading
+
+from rich.console import Console
+
+from executor.compute.model import ModelConfig
+from executor.compute.reference import compare, train_reference
+from executor.inputs.launch_spec import LaunchSpec
+from executor.launch.launcher import Coordinator
+from executor.protocol import incarnation_key
+from executor.runtime.agent import Agent
+from executor.runtime.comm import connect_store
+from executor.runtime.rendezvous import StorePlanSource
+from executor.runtime.worker_config import WorkerConfig
+from executor.timeouts import Timeouts
+from planner.job import JobSpec
+
+CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)
+D, S, M, ITERATIONS, TIMEOUT = 2, 2, 2, 6, 2.0
+
+
+class Killed(BaseException):
+    """The injected death: no handler of the Agent catches it, as none sees a SIGKILL."""
+
+
+class DyingSource(StorePlanSource):
+    """The plan source of the worker that dies: before iteration `at` its thread ends
+    (Agent.run's `finally` closes its gloo groups, as an exit closes a process's sockets),
+    and from then on it heartbeats no more."""
+
+    def __init__(self, *args, at: int):
+        super().__init__(*args)
+        self.at, self.dead = at, False
+
+    def gate(self, version, iteration):
+        if iteration >= self.at:
+            self.dead = True
+            raise Killed()
+        return super().gate(version, iteration)
+
+    def heartbeat(self, *args, **kw):
+        if not self.dead:
+            super().heartbeat(*args, **kw)
+
+
+def _worker(port: int, me, spec: LaunchSpec, die_at, out: dict) -> None:
+    store = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
+    inc = int(store.add(incarnation_key(me), 1))
+    conn = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
+    source = (DyingSource(conn, me, inc, at=die_at) if die_at is not None
+              else StorePlanSource(conn, me, inc))
+    conf = WorkerConfig(spec.cfg, spec.job, spec.iterations, training=spec.training,
+                        timeouts=Timeouts(TIMEOUT), local_workers=D * S, snapshot_every=0)
+    try:
+        out[me] = Agent(conf, me, source, store, inc).run()
+    except Killed:
+        out[me] = "killed"
+
+
+def test_a_worker_dies_between_iterations_and_the_survivors_train_on_exact(tmp_path):
+    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), ITERATIONS, external=True,
+                      timeout=TIMEOUT, snapshot_every=0, deadline_s=60, run_dir=str(tmp_path),
+                      detect_stragglers=False)
+    text = io.StringIO()
+    coord = Coordinator(spec, console=Console(file=text, width=200))
+    exits: dict = {}
+    threads = [threading.Thread(target=_worker, daemon=True, name=f"agent-{r}:{s}",
+                                args=(coord.store.port, (r, s), spec,
+                                      3 if (r, s) == (1, 1) else None, exits))
+               for r in range(D) for s in range(S)]
+    for t in threads:
+        t.start()
+    res = coord.run()
+    for t in threads:
+        t.join(10)
+    assert res.summary is not None, f"halted: {res.halted}\n{text.getvalue()}"
+    assert exits == {(0, 0): 0, (0, 1): 0, (1, 0): 0, (1, 1): "killed"}, exits
+    assert any("worker 1:1 failed (heartbeat stopped" in e for e in res.events), res.events
+    assert [tuple(w) for w in res.summary.plans[-1]["failed"]] == [(1, 1)]
+    diffs = compare(res.summary, train_reference(CFG, D, M, ITERATIONS, S), 1e-5)
+    assert not diffs, "\n".join(diffs) + "\n" + text.getvalue()
