@@ -14,7 +14,7 @@ from rich.console import Console
 from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import bench_config
 from executor import worker
-from executor.launch import processes
+from executor.launch.coordinator import processes
 from executor.launch.launcher import Coordinator
 from executor.inputs.launch_spec import LaunchSpec
 from executor.runtime import agent

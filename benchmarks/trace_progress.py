@@ -10,7 +10,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Optional
 
-from executor.launch.trace_replay import window
+from executor.launch.faults.trace_replay import window
 from planner.simulation.trace import Trace, read_spot, write_spot
 
 Worker = tuple[int, int]

@@ -50,7 +50,7 @@ from benchmarks.trace_progress import (closeness, delayed_events, first_replan, 
                                        own_rate, recovery_seconds, restore_events,
                                        simulated, window_progress, write_eventless,
                                        write_failstop, write_window)
-from executor.launch.trace_replay import load_window  # noqa: E402
+from executor.launch.faults.trace_replay import load_window  # noqa: E402
 from planner.simulation.trace import Placement, parse_duration  # noqa: E402
 
 PY = sys.executable

@@ -1,4 +1,4 @@
-"""Preloaded first by the local workers' forkserver (executor/launch/processes.py): the
+"""Preloaded first by the local workers' forkserver (executor/launch/coordinator/processes.py): the
 server dies with the coordinator that started it.
 
 multiprocessing's forkserver exits once its client is gone, but only when it gets back to

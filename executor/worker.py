@@ -23,7 +23,7 @@ from executor import protocol as P
 from executor.runtime.agent import Agent
 from executor.runtime.comm import connect_store, local_workers_hint, pick_device
 from executor.runtime.peer_snapshots.cadence import budget_bytes
-from executor.launch.faults import fault_iterations
+from executor.launch.faults.injector import fault_iterations
 from executor.data.token_file import with_data
 from executor.inputs.worker_settings import WorkerSettings
 from executor.inputs.workload_name import load_workload

@@ -99,7 +99,7 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
     import torch
 
     from executor.launch.launcher import Coordinator
-    from executor.launch.run_record import failed_by_iteration
+    from executor.launch.report.run_record import failed_by_iteration
     from executor.inputs.launch_spec import Faults, LaunchSpec
     from executor.compute.config import ModelConfig, TrainingSettings
     from executor.compute.reference import compare, train_reference

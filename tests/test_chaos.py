@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.launch.faults import parse_event, parse_stall
+from executor.launch.faults.injector import parse_event, parse_stall
 from recycle.chaos.leaks import new_tag, reap_leaks, tagged, tagged_env
 from recycle.chaos.report import summarize
 from recycle.chaos.schedule import (GROUP_KINDS, MAX_KILLS_PER_ITERATION, STALL_S, Fault,

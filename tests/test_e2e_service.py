@@ -20,7 +20,7 @@ from rich.console import Console
 
 from api_support import ProcServer, admin_headers
 from executor.launch.launcher import Coordinator
-from executor.launch.run_record import failed_by_iteration
+from executor.launch.report.run_record import failed_by_iteration
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference

@@ -3,7 +3,7 @@ real SIGKILLs; every run equals the one-process reference, the stages' partition
 changes, only who runs each stage."""
 import pytest
 
-from executor.launch.run_record import failed_by_iteration
+from executor.launch.report.run_record import failed_by_iteration
 from executor.inputs.launch_spec import Faults
 from tests.test_executor_runtime import assert_exact, logs, run
 

@@ -21,10 +21,10 @@ from executor.runtime.agent import Agent
 from executor.runtime.worker_config import WorkerConfig
 from executor.protocol import Done
 from executor.runtime.comm import connect_store
-from executor.launch.faults import parse_event, parse_stall
+from executor.launch.faults.injector import parse_event, parse_stall
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
-from executor.launch.run_record import failed_by_iteration
+from executor.launch.report.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
 from executor.runtime.rendezvous import Mailbox, StorePlanSource, publish_plan

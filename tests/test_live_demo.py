@@ -5,7 +5,7 @@ writes the loss-curve PNG."""
 import pytest
 from rich.console import Console
 
-from executor.launch.run_record import failed_by_iteration
+from executor.launch.report.run_record import failed_by_iteration
 from recycle.live_demo import ITERATIONS, KILL, M, REJOIN, live_demo
 
 

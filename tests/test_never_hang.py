@@ -15,7 +15,7 @@ import time
 import pytest
 import torch
 
-from executor.launch.run_record import failed_by_iteration
+from executor.launch.report.run_record import failed_by_iteration
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from test_executor_runtime import CFG, M, assert_exact, logs, run
 

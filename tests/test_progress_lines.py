@@ -3,7 +3,7 @@ import io
 
 from rich.console import Console
 
-from executor.launch.progress_lines import ProgressLines
+from executor.launch.report.progress_lines import ProgressLines
 
 
 def _lines(console: Console) -> list[str]:

@@ -1,6 +1,6 @@
-"""The --rejoin/--restart schedule (executor/launch/rejoins.py), pure: which death consumes
+"""The --rejoin/--restart schedule (executor/launch/faults/rejoins.py), pure: which death consumes
 which entry, which iteration is held, and which plan admits the returning process."""
-from executor.launch.rejoins import RejoinBook
+from executor.launch.faults.rejoins import RejoinBook
 
 
 def test_each_death_consumes_the_earliest_entry_and_holds_its_iteration():

@@ -1,6 +1,6 @@
 """What a run's summary derives from its record: recovery times and the failed set each
-iteration trained under (executor/launch/run_record.py). Pure data, no processes."""
-from executor.launch.run_record import RunRecord, failed_by_iteration
+iteration trained under (executor/launch/report/run_record.py). Pure data, no processes."""
+from executor.launch.report.run_record import RunRecord, failed_by_iteration
 from planner.job import JobSpec
 from planner.solvers.backends import solve
 

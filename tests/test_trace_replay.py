@@ -1,9 +1,9 @@
-"""A spot trace replayed on real processes (executor/launch/trace_replay.py): node removals
+"""A spot trace replayed on real processes (executor/launch/faults/trace_replay.py): node removals
 SIGKILL workers, additions start new ones, and the run equals the failure-free one."""
 import pytest
 
 from executor.inputs.launch_spec import Faults
-from executor.launch.trace_replay import TraceReplay, load_window, window
+from executor.launch.faults.trace_replay import TraceReplay, load_window, window
 from planner.simulation.trace import NodeEvent, Placement, TraceError
 from tests.test_executor_runtime import assert_exact, run
 

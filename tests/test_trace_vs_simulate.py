@@ -15,7 +15,7 @@ from benchmarks.trace_progress import (closeness, delayed_events, first_replan,
                                        window_progress, write_eventless, write_failstop,
                                        write_window)
 from benchmarks.trace_report import markdown
-from executor.launch.trace_replay import load_window
+from executor.launch.faults.trace_replay import load_window
 from planner.job import JobSpec
 from planner.simulation.trace import Event, Placement, Trace, read_trace
 

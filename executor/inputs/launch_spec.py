@@ -14,8 +14,8 @@ from typing import Optional
 
 from executor.compute.config import ModelConfig, TrainingSettings
 from executor.inputs.run_config import RunConfig
-from executor.launch.faults import check_faults, parse_event, parse_slow, parse_stall
-from executor.launch.trace_replay import TraceReplay
+from executor.launch.faults.injector import check_faults, parse_event, parse_slow, parse_stall
+from executor.launch.faults.trace_replay import TraceReplay
 from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET, parse_budget
 from planner.errors import UserError
 from planner.job import JobSpec
@@ -31,7 +31,7 @@ def _tuples(items) -> tuple:
 
 @dataclass(frozen=True)
 class Faults:
-    """The faults injected into a run (executor/launch/faults.py carries them out)."""
+    """The faults injected into a run (executor/launch/faults/injector.py carries them out)."""
     kills: tuple[Event, ...] = ()  # --kill: SIGKILL mid-iteration
     rejoins: tuple[Event, ...] = ()  # --rejoin: back once the run reaches the iteration
     restarts: tuple[Event, ...] = ()  # --restart: back as soon as its death is planned

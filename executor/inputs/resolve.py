@@ -87,7 +87,7 @@ def faults_of(run: RunConfig, job: JobSpec) -> Faults:
     f = run.faults
     faults = Faults.from_flags(f.kill, f.rejoin, f.restart, f.stall, f.slow)
     if f.trace:
-        from executor.launch.trace_replay import trace_faults
+        from executor.launch.faults.trace_replay import trace_faults
         faults = trace_faults(faults, f.trace, job.replicas, job.stages, f.trace_start,
                               f.trace_hours, f.gpus_per_node, f.placement, f.time_scale,
                               run.comm.external, run.service.service is not None)

@@ -28,18 +28,18 @@ from executor import protocol as P
 from executor.inputs.launch_spec import LaunchSpec
 from executor.inputs.run_config import save_config
 from executor.inputs.worker_settings import WorkerSettings
-from executor.launch.admission import Admission
-from executor.launch.ending import RunEnd, TrainResult
-from executor.launch.faults import Injector
-from executor.launch.messages import HANDLERS
-from executor.launch.processes import Processes
-from executor.launch.progress_lines import ProgressLines
-from executor.launch.publishing import Halted, Plans
-from executor.launch.rejoins import RejoinBook
-from executor.launch.run_record import RunRecord
-from executor.launch.snapshot_figures import SnapshotFigures
-from executor.launch.steps import Steps
-from executor.launch.trace_faults import TraceFaults
+from executor.launch.coordinator.admission import Admission
+from executor.launch.coordinator.ending import RunEnd, TrainResult
+from executor.launch.faults.injector import Injector
+from executor.launch.coordinator.messages import HANDLERS
+from executor.launch.coordinator.processes import Processes
+from executor.launch.report.progress_lines import ProgressLines
+from executor.launch.coordinator.publishing import Halted, Plans
+from executor.launch.faults.rejoins import RejoinBook
+from executor.launch.report.run_record import RunRecord
+from executor.launch.report.snapshot_figures import SnapshotFigures
+from executor.launch.coordinator.steps import Steps
+from executor.launch.coordinator.trace_faults import TraceFaults
 from executor.protocol import wkey
 from executor.runtime.rendezvous import set_counter
 from executor.timeouts import Timeouts

@@ -1,5 +1,5 @@
 """A membership decision (membership.py `Publish`) as the plan that carries it out: one rule,
-used by the local coordinator (executor/launch/publishing.py) and the plan service
+used by the local coordinator (executor/launch/coordinator/publishing.py) and the plan service
 (api/service.py, api/jobs/) alike."""
 from __future__ import annotations
 

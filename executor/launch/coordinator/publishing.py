@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Callable, Optional
 
-from executor.launch.run_record import RunRecord
+from executor.launch.report.run_record import RunRecord
 from executor.runtime.rendezvous import publish_plan
 from planner.control.decision_plan import plan_for
 from planner.control.membership import Halt, Membership, Pause, Publish

@@ -8,12 +8,12 @@ import signal
 import time
 from typing import Callable, Optional
 
-from executor.launch.admission import Admission
-from executor.launch.processes import Processes
-from executor.launch.publishing import Plans
-from executor.launch.run_record import RunRecord
-from executor.launch.steps import Steps
-from executor.launch.trace_replay import TraceReplay
+from executor.launch.coordinator.admission import Admission
+from executor.launch.coordinator.processes import Processes
+from executor.launch.coordinator.publishing import Plans
+from executor.launch.report.run_record import RunRecord
+from executor.launch.coordinator.steps import Steps
+from executor.launch.faults.trace_replay import TraceReplay
 from executor.protocol import incarnation_key, wkey
 
 

@@ -13,11 +13,11 @@ from rich.console import Console
 from executor.checkpoint import CheckpointStore, read_checkpoint
 from executor.compute.reference import Summary
 from executor.inputs.launch_spec import LaunchSpec
-from executor.launch.losses import LossBook
-from executor.launch.processes import Processes
-from executor.launch.publishing import Plans
-from executor.launch.run_record import RunRecord
-from executor.launch.steps import Steps
+from executor.launch.report.losses import LossBook
+from executor.launch.coordinator.processes import Processes
+from executor.launch.coordinator.publishing import Plans
+from executor.launch.report.run_record import RunRecord
+from executor.launch.coordinator.steps import Steps
 from executor.protocol import Bye, Done
 from executor.timeouts import Timeouts
 

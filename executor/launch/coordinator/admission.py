@@ -8,11 +8,11 @@ import time
 from typing import Callable, Optional
 
 from executor import protocol as P
-from executor.launch.processes import Processes
-from executor.launch.publishing import Plans
-from executor.launch.rejoins import Rejoin, RejoinBook
-from executor.launch.run_record import RunRecord
-from executor.launch.steps import Steps
+from executor.launch.coordinator.processes import Processes
+from executor.launch.coordinator.publishing import Plans
+from executor.launch.faults.rejoins import Rejoin, RejoinBook
+from executor.launch.report.run_record import RunRecord
+from executor.launch.coordinator.steps import Steps
 from executor.protocol import wkey
 from executor.runtime.rendezvous import read_int, set_counter
 from planner.control.timing import Patience, admission, pause_verdict
