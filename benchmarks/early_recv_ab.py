@@ -15,7 +15,7 @@ from benchmarks import timed_worker
 from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import TimedCoordinator, bench_config, steady_ms
 from executor.inputs.launch_spec import LaunchSpec
-from executor.runtime import comm
+from executor.runtime.transport import comm
 from planner.job import JobSpec
 from planner.plan import Mode
 

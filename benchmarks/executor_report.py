@@ -59,7 +59,7 @@ def write_report(out_md: str, res: dict) -> None:
               "communication and Python overhead; *tok/s* is the global batch (D x M x micro-batch "
               "x seq tokens, unchanged by failures) over the realised period; *snapshot* is the "
               "time per iteration in the stepper beyond the optimizer step (the pre-step copy "
-              "rollback keeps, runtime/stepper.py) and *snapshot (MB)* the most extra memory "
+              "rollback keeps, runtime/steps/stepper.py) and *snapshot (MB)* the most extra memory "
               "its snapshots held on one worker; *load* is the 1-min load average when the "
               "run ended.", ""]
     lines += res.get("notes", [])
@@ -134,7 +134,7 @@ def notes(res: dict) -> list[str]:
     snaps = [r for r in ours if r.get("breakdown_ms")]
     if snaps:
         per = [r["breakdown_ms"][r["slowest"]]["snapshot"] for r in snaps]
-        out.append(f"- Snapshot for rollback (runtime/stepper.py): {min(per):.1f} to {max(per):.1f} "
+        out.append(f"- Snapshot for rollback (runtime/steps/stepper.py): {min(per):.1f} to {max(per):.1f} "
                    f"ms per iteration on the slowest worker, up to "
                    f"{max(r.get('snapshot_mb', 0) for r in snaps):.2f} MB extra memory per worker.")
     out.append("- Zero-bubble schedules of torch.distributed.pipelining (ZBV, interleaved ZB) "

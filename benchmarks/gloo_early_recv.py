@@ -1,4 +1,4 @@
-"""Does posting a gloo receive before its message is sent save time? (runtime/comm.py's
+"""Does posting a gloo receive before its message is sent save time? (runtime/transport/comm.py's
 World.post_early; the agent keeps the next receives of its plan posted.)
 
 Two processes, gloo on loopback, one thread each. Per round: a barrier, then rank 0

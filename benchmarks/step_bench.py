@@ -10,7 +10,7 @@ and the bf16 tolerance. Writes benchmarks/results/step_bench.md (+ .json).
    torch._foreach_copy_ into slots allocated once). Time per step (median of interleaved
    rounds, same process), bytes allocated per step, bytes held, restore time, and the
    AdamW step itself for scale.
-2. Clipping (executor/runtime/stepper.py): a real multi-process run (launcher.train, D=2,
+2. Clipping (executor/runtime/steps/stepper.py): a real multi-process run (launcher.train, D=2,
    S=2, --clip that applies in some iterations): steps taken optimistically, redone,
    exact at once; time per redo and per iteration, from the workers' logs. And the cost of
    one redo vs one step in-process, per model size.
@@ -37,7 +37,7 @@ import torch
 
 from executor.compute.config import ModelConfig, TrainingSettings
 from executor.compute.model import build_stage, make_optimizer
-from executor.runtime.stepper import StageStepper
+from executor.runtime.steps.stepper import StageStepper
 
 OUT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 

@@ -2,7 +2,7 @@
 
 A Hugging Face GPT-2 on `recycle train` workers (D=2 S=2, I/W split, staggered), its token
 embedding tied to its head (stage 0 and stage 1 hold copies; the tied gradient and the
-new value go through the run's store every iteration, executor/runtime/tied.py) vs the
+new value go through the run's store every iteration, executor/runtime/steps/tied.py) vs the
 same model untied (tie_word_embeddings=false: same shapes and FLOPs, no exchange).
 Interleaved runs; ms per iteration from the coordinator's iteration ends.
 

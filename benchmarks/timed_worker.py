@@ -23,7 +23,9 @@ from torch.optim.optimizer import (register_optimizer_step_post_hook,
 from executor import worker
 from executor.compute import stage
 from executor.protocol import Done
-from executor.runtime import comm, iteration, plan_fence, rendezvous, stepper
+from executor.runtime import plan_fence
+from executor.runtime.steps import iteration, stepper
+from executor.runtime.transport import comm, rendezvous
 
 # cumulative seconds per category, sent with every per-iteration "done" message:
 #   fiw: StageCompute F/I/W; opt: optimizer steps; recv/flush/allreduce: waiting in comm;

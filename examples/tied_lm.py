@@ -4,7 +4,7 @@ Python `module_workload(TiedLM, PIECES)` (executor/models/modules.py).
 
 On two or more stages the embedding (stage 0) and the head (last stage) are one weight
 held twice: the tied gradient is summed between the two stages before either copy moves
-(executor/runtime/tied.py, docs/executor.md "Tied weights").
+(executor/runtime/steps/tied.py, docs/executor.md "Tied weights").
     recycle train --model 'examples.tied_lm:TiedLM?split=emb,blocks.0,blocks.1,norm,head' \
         -d 2 -s 2 --kill 1:1@1 --rejoin 1:1@2
 """

@@ -16,7 +16,7 @@ Keys (the coordinator hosts the store):
   mq                     the queue of every worker's messages (Message JSON), in order
   recycle/v{v}/...       a plan version's world: check-ins, process groups, activation specs
   recycle/clip/...       the stages' squared gradient norms (optim/clip.py)
-  recycle/tied/...       tied weights' gradients and values (runtime/tied.py)
+  recycle/tied/...       tied weights' gradients and values (runtime/steps/tied.py)
   snap/...               peer-memory snapshots: hosts' addresses, holders' marks, auto K
   torchrun/placement     the placement torchrun'd workers agreed on
 """

@@ -21,13 +21,13 @@ import torch
 from executor.checkpoint import Manifest
 from executor import protocol as P
 from executor.runtime.agent import Agent
-from executor.runtime.comm import connect_store, local_workers_hint, pick_device
+from executor.runtime.transport.comm import connect_store, local_workers_hint, pick_device
 from executor.runtime.peer_snapshots.cadence import budget_bytes
 from executor.launch.faults.injector import fault_iterations
 from executor.data.token_file import with_data
 from executor.inputs.worker_settings import WorkerSettings
 from executor.inputs.workload_name import load_workload
-from executor.runtime.rendezvous import StorePlanSource
+from executor.runtime.transport.rendezvous import StorePlanSource
 from executor.runtime.worker_config import WorkerConfig
 from executor.timeouts import Timeouts
 
@@ -130,7 +130,7 @@ def child(store: str, replica: int, stage: int, log_path: str,
 
 def leave(code: int) -> None:
     """Exit without the interpreter's teardown: a world's groups may still be closing on a
-    background thread (runtime/comm.py), and destroying them under a finalising interpreter aborts
+    background thread (runtime/transport/comm.py), and destroying them under a finalising interpreter aborts
     the process (SIGABRT, 'terminate called without an active exception'), which torchrun
     takes for a failure and restarts the node's workers. Checkpoint parts are written by
     then (the agent joins its saver before returning)."""

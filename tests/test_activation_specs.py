@@ -1,5 +1,5 @@
 """Activations of any shape and dtype (and tuples of them) between stages, their spec
-agreed once per plan version (executor/runtime/wire.py, World.activation_spec).
+agreed once per plan version (executor/runtime/transport/wire.py, World.activation_spec).
 
 Real worker processes and gloo worlds: exact against the one-process reference with a
 SIGKILL and a rejoin; the wire itself between two real processes (bf16, int, bool, a
@@ -19,8 +19,8 @@ from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
-from executor.runtime.comm import FWD, World, connect_store, host_store
-from executor.runtime.wire import ActivationSpec, ActivationSpecError
+from executor.runtime.transport.comm import FWD, World, connect_store, host_store
+from executor.runtime.transport.wire import ActivationSpec, ActivationSpecError
 from planner.job import JobSpec
 
 CFG = ModelConfig(vocab=8, seq_len=6, d_model=8, n_heads=2, n_layers=2, micro_batch_size=2)
@@ -167,7 +167,7 @@ def test_spec_round_trip_and_grad_spec():
 def test_a_missing_gradient_is_zeros_on_the_device_of_the_others():
     # the CUDA path: a CPU zero among CUDA gradients broke the message's packing (the meta
     # device stands in for CUDA here: its tensors are never on the CPU either)
-    from executor.runtime.wire import grad_message
+    from executor.runtime.transport.wire import grad_message
     spec = ActivationSpec.of(ACT).grad()
     out = grad_message(spec, (None, torch.empty(5, dtype=torch.float64, device="meta")))
     assert [t.device.type for t in out] == ["meta", "meta"]

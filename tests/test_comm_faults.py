@@ -1,6 +1,6 @@
 """A peer SIGKILLed while others are inside an all-reduce or a p2p transfer with it.
 
-Real processes, real gloo worlds (executor/runtime/comm.py World), real signals. The survivors
+Real processes, real gloo worlds (executor/runtime/transport/comm.py World), real signals. The survivors
 must get a CommError (never hang), leave the world, build the next version's world
 without the dead peer and all-reduce correctly in it. Each case runs twice: with gloo's
 blocking waits, and with the polled waits that NCCL uses (a dead NCCL peer can leave a
@@ -21,8 +21,8 @@ import time
 import pytest
 import torch
 
-from executor.runtime.comm import CommError, World, connect_store
-from executor.runtime.waiting import NEWER_PLAN
+from executor.runtime.transport.comm import CommError, World, connect_store
+from executor.runtime.transport.waiting import NEWER_PLAN
 from planner.solvers.backends import solve
 from planner.job import JobSpec
 
@@ -75,7 +75,7 @@ def run_case(op, poll, sig):
     victim = (2, 0)
     newer_plan = solve(JobSpec.uniform(3, 1, 2), [victim]).stamped(1, [[1], [1], [1]])
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(["executor.runtime.comm"])  # torch imported once, not per process
+    ctx.set_forkserver_preload(["executor.runtime.transport.comm"])  # torch imported once, not per process
     me_list = [(0, 0), (1, 0), (2, 0)] if op == "allreduce" else [(0, 0), (2, 0)]
     procs = [ctx.Process(target=member, args=(store.port, me, me_list, op, poll, victim,
                                               newer_plan)) for me in me_list]

@@ -1,4 +1,4 @@
-"""The worker's compute clock (executor/runtime/compute_clock.py): on CPU the thread's CPU
+"""The worker's compute clock (executor/runtime/steps/compute_clock.py): on CPU the thread's CPU
 time per micro-batch; on CUDA events per action, read only when done, never a synchronize
 per action. The CUDA bookkeeping is checked on CPU with stand-in events whose completion
 the test controls (the clock's own logic runs unchanged); the `gpu` test runs the real
@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from executor.runtime.compute_clock import ComputeClock
+from executor.runtime.steps.compute_clock import ComputeClock
 
 
 def _spin(seconds: float) -> None:

@@ -21,7 +21,7 @@ def _user_error_types():
     from planner.validate import InvalidPlan
     from executor.checkpoint.manifest import CheckpointError
     from executor.node.agent import AgentError
-    from executor.runtime.wire import ActivationSpecError
+    from executor.runtime.transport.wire import ActivationSpecError
     return [DamagedDatabase, SpeedError, FailedSetError, TooLarge, CsvImportError,
             ExportError, TraceError, UnknownBackend, InvalidPlan, CheckpointError,
             AgentError, ActivationSpecError]

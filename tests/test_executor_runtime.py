@@ -20,14 +20,14 @@ from rich.console import Console
 from executor.runtime.agent import Agent
 from executor.runtime.worker_config import WorkerConfig
 from executor.protocol import Done
-from executor.runtime.comm import connect_store
+from executor.runtime.transport.comm import connect_store
 from executor.launch.faults.injector import parse_event, parse_stall
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.launch.report.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
 from executor.compute.reference import compare, train_reference
-from executor.runtime.rendezvous import Mailbox, StorePlanSource, publish_plan
+from executor.runtime.transport.rendezvous import Mailbox, StorePlanSource, publish_plan
 from planner.solvers.backends import solve
 from planner.job import JobSpec
 
@@ -226,7 +226,7 @@ def test_gate_reads_plan_hold_and_commit_in_one_round_trip_and_sees_a_halt():
     """The per-iteration gate: one multi_get of counters that exist from the start (a
     missing key would make it wait for the store timeout), a newer plan fetched only when
     there is one, and a halt seen at the next iteration (it arms a hold)."""
-    from executor.runtime.rendezvous import set_counter
+    from executor.runtime.transport.rendezvous import set_counter
     from executor.sources.plan_source import TrainingHalted
     store = connect_store("127.0.0.1", 0, timeout_s=5, is_master=True)
     job = JobSpec.uniform(2, 2, M)

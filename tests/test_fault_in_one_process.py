@@ -16,8 +16,8 @@ from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.launcher import Coordinator
 from executor.protocol import incarnation_key
 from executor.runtime.agent import Agent
-from executor.runtime.comm import connect_store
-from executor.runtime.rendezvous import StorePlanSource
+from executor.runtime.transport.comm import connect_store
+from executor.runtime.transport.rendezvous import StorePlanSource
 from executor.runtime.worker_config import WorkerConfig
 from executor.timeouts import Timeouts
 from planner.job import JobSpec

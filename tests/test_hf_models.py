@@ -21,7 +21,7 @@ from executor.inputs.launch_spec import Faults, LaunchSpec  # noqa: E402
 from executor.models.families import architecture  # noqa: E402
 from executor.models.hf import hf_config  # noqa: E402
 from executor.models.modules import seeded_build  # noqa: E402
-from executor.runtime.tied import Tie, ties_of  # noqa: E402
+from executor.runtime.steps.tied import Tie, ties_of  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
 
 pytestmark = pytest.mark.hard_timeout(150)

@@ -9,7 +9,7 @@ from planner.lowering import COMPUTE, FWD, Op, Step, lower
 from planner.plan import Plan
 from planner.solvers.backends import solve
 from planner.job import JobSpec
-from executor.runtime.interpreter import FAULT, with_fault_point
+from executor.runtime.steps.interpreter import FAULT, with_fault_point
 from tests.strategies import small_jobs
 
 

@@ -149,7 +149,7 @@ def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_pa
     its workers join as new incarnations with no state, loading it from live peers. The
     test holds iteration 2 (the coordinator's store key `hold`, as a due rejoin would) until
     both are back, so the whole story happens mid-run every time. Exact."""
-    from executor.runtime.rendezvous import set_counter
+    from executor.runtime.transport.rendezvous import set_counter
 
     srv = ProcServer(tmp_path / "service.db", *SERVE).start()
     agents, runner, coord = [], None, None

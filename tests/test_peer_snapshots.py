@@ -22,11 +22,11 @@ from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
 from executor.compute.reference import checksum, train_reference
 from executor.inputs.worker_settings import WorkerSettings
-from executor.runtime.comm import connect_store
+from executor.runtime.transport.comm import connect_store
 from executor.runtime.peer_snapshots import (PeerSnapshots, SnapshotError, common_iteration,
                                              fetch, held_by, inventory, where_held)
 from executor.protocol import Done
-from executor.runtime.rendezvous import Mailbox, publish_plan
+from executor.runtime.transport.rendezvous import Mailbox, publish_plan
 from planner.control.snapshot_holders import plan_holders
 from planner.job import JobSpec
 from planner.solvers.backends import solve
@@ -142,7 +142,7 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
 # ---- across processes ----------------------------------------------------------------------
 HOLDER = """
 import sys, time
-from executor.runtime.comm import connect_store
+from executor.runtime.transport.comm import connect_store
 from executor.runtime.peer_snapshots import PeerSnapshots
 store = connect_store("127.0.0.1", int(sys.argv[1]), timeout_s=10)
 snaps = PeerSnapshots(store, sys.argv[2], 1, 2, timeout_s=10)

@@ -9,7 +9,7 @@ from torch import nn
 
 from executor.compute.config import TrainingSettings
 from executor.optim.clip import NormBoard, coefficient, global_norm, scale_, stage_sq_norm
-from executor.runtime.stepper import StageStepper
+from executor.runtime.steps.stepper import StageStepper
 
 CFG = TrainingSettings()  # the stepper reads the schedule and the clip
 
@@ -167,8 +167,8 @@ def test_settle_never_waits_for_a_norm_that_cannot_come():
     """A stage that failed before publishing its norm: settle() leaves as soon as a newer
     plan is out (agent hook, or the launcher's plan counter), else after its limit; all
     as CommError, which the agent turns into an abort and a rollback."""
-    from executor.runtime.comm import CommError
-    from executor.runtime.waiting import DEADLINE, NEWER_PLAN
+    from executor.runtime.transport.comm import CommError
+    from executor.runtime.transport.waiting import DEADLINE, NEWER_PLAN
     cfg = dataclasses.replace(CFG, clip=0.5)
     for how in ("hook", "counter", "limit"):
         store = dist.HashStore()

@@ -1,5 +1,5 @@
 """Weights tied across stages (issue 22 item 1): an embedding on stage 0 that is also the
-head on the last stage, each stage holding a copy (executor/runtime/tied.py), and a plain
+head on the last stage, each stage holding a copy (executor/runtime/steps/tied.py), and a plain
 nn.Module factory split by module names (executor/models/modules.py).
 
 The reference with the weight truly shared (one stage) and the split reference (copies,
@@ -21,7 +21,7 @@ from executor.inputs.workload_name import check_workload, load_workload
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.models.modules import module_workload
-from executor.runtime.tied import Tie, ties_of
+from executor.runtime.steps.tied import Tie, ties_of
 from planner.job import JobSpec
 from planner.solvers.backends import solve
 from planner.solvers.timeline import Mode
@@ -144,7 +144,7 @@ def test_processes_albert_split_backward_kill_on_stage_1(tmp_path):
 
 def test_exchange_keys_are_deleted_once_every_worker_is_past_them():
     from executor.compute.local import LocalRunner
-    from executor.runtime.tied import TiedExchange
+    from executor.runtime.steps.tied import TiedExchange
     runner = LocalRunner(CFG, solve(JobSpec.uniform(2, 2, 2), [], solver="greedy"), workload())
     for it in range(3):
         runner.iteration(it)
@@ -156,7 +156,7 @@ def test_exchange_keys_are_deleted_once_every_worker_is_past_them():
 
 
 def test_a_gradient_view_travels_without_its_flat_buffer():
-    from executor.runtime.tied import _pack, _unpack
+    from executor.runtime.steps.tied import _pack, _unpack
     flat = torch.arange(100_000, dtype=torch.float32)  # the stage's all-reduced gradients
     blob = _pack({0: flat[10:20]})
     assert len(blob) < 4_000 and torch.equal(_unpack(blob)[0], flat[10:20])

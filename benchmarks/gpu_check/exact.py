@@ -91,7 +91,7 @@ def recycle(*args: str, timeout: float = 300) -> str:
 
 
 def transport(device: str, workers: int) -> str:
-    """What executor/runtime/comm.py's World picks for `workers` local workers."""
+    """What executor/runtime/transport/comm.py's World picks for `workers` local workers."""
     if device != "cuda":
         return "gloo (CPU tensors)"
     gpus = torch.cuda.device_count()

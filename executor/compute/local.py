@@ -3,7 +3,7 @@
 Every live worker gets its own StageCompute, its own copy of the stage's parameters and its
 own optimizer (replicas start identical and stay identical). Each worker runs its plan
 lowered to steps (planner/lowering.py), through the same handlers as the distributed agent
-(executor/runtime/interpreter.py); across workers the next step chosen is the ready one
+(executor/runtime/steps/interpreter.py); across workers the next step chosen is the ready one
 whose plan action starts earliest, where ready means a RECV's message was sent (F(s, g)
 needs the activation of (s-1, g), I/B(s, g) the gradient of (s+1, g)) and an ALLREDUCE's
 peers all reached theirs. A plan whose order cannot be met deadlocks and raises.
@@ -34,9 +34,9 @@ from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.reference import Summary, checksum, snapshot
 from executor.compute.stage import StageCompute
-from executor.runtime.interpreter import StageSteps
-from executor.runtime.stepper import StageStepper
-from executor.runtime.tied import ties_of
+from executor.runtime.steps.interpreter import StageSteps
+from executor.runtime.steps.stepper import StageStepper
+from executor.runtime.steps.tied import ties_of
 from planner.lowering import WORK, Op, Step, lower
 from planner.solvers.backends import solve
 from planner.plan import Plan
@@ -92,7 +92,7 @@ class LocalRunner:
         self.workers: dict[Key, _Worker] = {}
         for w in plan.workers:
             self.workers[w.key] = self._new_worker(w.stage)
-        # Tied weights (runtime/tied.py): an owner's OPT waits for its mirrors' gradients,
+        # Tied weights (runtime/steps/tied.py): an owner's OPT waits for its mirrors' gradients,
         # which in one thread means after the mirror stages' OPT.
         self.mirrors_of: dict[int, set[int]] = {}
         for w in self.workers.values():
@@ -137,7 +137,7 @@ class LocalRunner:
     # ---- one iteration --------------------------------------------------------------
     def iteration(self, it: int, abort_midway: bool = False) -> float:
         """Run every worker's lowered steps (planner/lowering.py) through the interpreter's
-        handlers (executor/runtime/interpreter.py), messages through an in-memory channel:
+        handlers (executor/runtime/steps/interpreter.py), messages through an in-memory channel:
         next is the ready step whose plan action starts earliest, where ready means a
         RECV's message has been sent and an ALLREDUCE's peers have all reached theirs."""
         plan, S = self.plan, self.S

@@ -8,7 +8,7 @@ equal one optimizer over the whole model), at the learning rate of iteration i
 bf16: each stage's forward (and the loss) runs under autocast, as StageCompute does, so
 the stage boundaries see the same dtypes. `device`: where it computes (the micro-batches
 are made on the CPU and moved, as the workers do; `recycle train --reference --device cuda`).
-Weights tied across stages (runtime/tied.py) are separate copies here too, as on the
+Weights tied across stages (runtime/steps/tied.py) are separate copies here too, as on the
 workers: before the step the owner's gradient becomes g_owner + g_mirror (stage order),
 the mirror's copy is not stepped, and after the step it takes the owner's value. The layers run their native ops here (no
 deferred W), so this also checks the I/W split of every distributed or local run against
@@ -28,7 +28,7 @@ from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import autocast, boundary_cast
 from executor.optim.clip import coefficient, global_norm, scale_, stage_sq_norm
 from executor.optim.schedule import IterationLR
-from executor.runtime.tied import check_tie_table, copy_from_owners, sum_into_owners, ties_of
+from executor.runtime.steps.tied import check_tie_table, copy_from_owners, sum_into_owners, ties_of
 
 
 @dataclass

@@ -41,7 +41,7 @@ from executor.launch.report.snapshot_figures import SnapshotFigures
 from executor.launch.coordinator.steps import Steps
 from executor.launch.coordinator.trace_faults import TraceFaults
 from executor.protocol import wkey
-from executor.runtime.rendezvous import set_counter
+from executor.runtime.transport.rendezvous import set_counter
 from executor.timeouts import Timeouts
 from planner.control.elastic import LOCAL_HORIZON
 from planner.control.membership import Membership

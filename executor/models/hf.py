@@ -10,7 +10,7 @@ norm and the LM head, the decoder blocks are split like the built-in models' (Mo
 .boundaries; `--split balanced` balances them on profiled per-layer costs). Each stage
 builds the whole model under a private RNG seeded by cfg.seed and keeps its part, so every
 replica, split and the reference start identical. A tied embedding and head (GPT-2, small
-Llamas with tie_word_embeddings) on different stages is a tie (executor/runtime/tied.py).
+Llamas with tie_word_embeddings) on different stages is a tie (executor/runtime/steps/tied.py).
 
 Between stages the hidden states travel, plus, for rotary models (Llama and kin), the
 position ids (int64: no gradient): each stage computes its rotary embeddings from them.
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from executor.compute import data
 from executor.compute.model import ModelConfig, Workload, layer_range
 from executor.models.modules import seeded_build
-from executor.runtime.tied import declare, find_ties
+from executor.runtime.steps.tied import declare, find_ties
 
 PREFIX = "hf:"
 

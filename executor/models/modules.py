@@ -17,7 +17,7 @@ names are the full model's.
 Initialisation: every stage builds the whole model under a private RNG seeded by cfg.seed
 and keeps its pieces, so every replica, every split and the reference start from the same
 parameters. A parameter the model shares between pieces of different stages (an
-embedding reused as the output head) becomes a tie (executor/runtime/tied.py): each stage
+embedding reused as the output head) becomes a tie (executor/runtime/steps/tied.py): each stage
 holds a copy, and the copies get one summed gradient and stay equal.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from executor.compute import data
 from executor.compute.model import ModelConfig, Workload, layer_range, lm_loss
-from executor.runtime.tied import declare, find_ties
+from executor.runtime.steps.tied import declare, find_ties
 
 Split = Union[Sequence[str], Sequence[Sequence[str]]]
 

@@ -11,7 +11,7 @@ max_norm / (norm + 1e-6), applied (torch._foreach_mul_) only when below 1.
 Why not clip_grad_norm_ itself: its norm is one process's parameters, ours is the whole
 model's, summed over stages that live in other processes; and under the staggered
 optimizer a stage may step before the other stages' norms are known, so the coefficient
-must be a number the stepper can apply later to gradients it kept (runtime/stepper.py).
+must be a number the stepper can apply later to gradients it kept (runtime/steps/stepper.py).
 Every peer of a stage publishes the same value (its gradients are identical after the
 all-reduce, and the same code runs on the same device type and thread count).
 
@@ -20,7 +20,7 @@ own all-reduce is done (staggered optimizer). Waiting for every stage's sum befo
 would be a cross-stage barrier. `NormBoard` is where the sums meet: each stage's workers
 publish theirs in the run's c10d store under (plan version, iteration, stage) (identical
 on every peer: it is taken after the all-reduce) and read the others' when they are there
-(no wait) or when the step must be final (runtime/stepper.py). Keys carry the plan version
+(no wait) or when the step must be final (runtime/steps/stepper.py). Keys carry the plan version
 because a rolled-back iteration re-runs under a new version with other gradients.
 """
 from __future__ import annotations
@@ -32,7 +32,7 @@ import torch
 from torch import Tensor
 
 from executor.protocol import clip_norm_key
-from executor.runtime.waiting import wait_until
+from executor.runtime.transport.waiting import wait_until
 
 EPS = 1e-6  # clip_grad_norm_'s
 
@@ -88,7 +88,7 @@ class NormBoard:
         return self._read(keys) if self.store.check(keys) else None
 
     def wait(self, version: int, it: int, limit_s: float, newer=None) -> list[float]:
-        """Every stage's sum, waiting up to limit_s (executor/runtime/waiting.py: a newer
+        """Every stage's sum, waiting up to limit_s (executor/runtime/transport/waiting.py: a newer
         plan ends the wait, this iteration will be rolled back anyway). Polls with check():
         store.wait would return at once but logs a C++ warning at every timeout."""
         keys = self._keys(version, it)

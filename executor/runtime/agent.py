@@ -11,7 +11,7 @@
 
 Failure handling (docs/design.md section 6):
   - a plan that does not admit this process: wait to be admitted, or stop (role.py);
-  - any CommError (a peer died, hung or left; a wait ended: runtime/waiting.py) aborts
+  - any CommError (a peer died, hung or left; a wait ended: runtime/transport/waiting.py) aborts
     the iteration in flight: compute state and partial gradients are dropped, the world is
     closed (so peers blocked on us fail fast too) and the worker takes the newest plan;
     only if there is none yet is the suspect reported;
@@ -29,16 +29,16 @@ from typing import Optional
 
 from executor.compute.reference import checksum
 from executor.protocol import Bye, Done, Fatal, NoCopyLeft
-from executor.runtime.comm import World
-from executor.runtime.iteration import IterationRuntime
-from executor.runtime.model_error import ModelError, own_log
+from executor.runtime.transport.comm import World
+from executor.runtime.steps.iteration import IterationRuntime
+from executor.runtime.steps.model_error import ModelError, own_log
 from executor.runtime.peer_snapshots import PeerSnapshots
 from executor.runtime.plan_fence import PlanFence
 from executor.runtime.role import Role, next_role
-from executor.runtime.stage_runtime import StageRuntime
+from executor.runtime.steps.stage_runtime import StageRuntime
 from executor.runtime.stage_state.sync import NoCopy, sync_state
-from executor.runtime.waiting import CommError
-from executor.runtime.wire import ActivationSpecError
+from executor.runtime.transport.waiting import CommError
+from executor.runtime.transport.wire import ActivationSpecError
 from executor.runtime.worker_config import WorkerConfig
 from executor.runtime.worker_state import WorkerState
 from executor.sources.plan_source import TrainingHalted

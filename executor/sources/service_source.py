@@ -24,7 +24,7 @@ import torch.distributed as dist
 from executor import protocol as P
 from executor.sources.http_source import HttpPlanSource
 from executor.sources.plan_source import TrainingHalted
-from executor.runtime.rendezvous import StorePlanSource, Worker
+from executor.runtime.transport.rendezvous import StorePlanSource, Worker
 from planner.plan import Plan
 
 log = logging.getLogger("recycle.executor")

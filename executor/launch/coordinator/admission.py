@@ -14,7 +14,7 @@ from executor.launch.faults.rejoins import Rejoin, RejoinBook
 from executor.launch.report.run_record import RunRecord
 from executor.launch.coordinator.steps import Steps
 from executor.protocol import wkey
-from executor.runtime.rendezvous import read_int, set_counter
+from executor.runtime.transport.rendezvous import read_int, set_counter
 from planner.control.timing import Patience, admission, pause_verdict
 from planner.plan import Plan, home_id
 

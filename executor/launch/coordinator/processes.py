@@ -12,9 +12,9 @@ from typing import Callable, Iterable, Optional
 from rich.console import Console
 
 from executor.inputs.worker_settings import WorkerSettings
-from executor.runtime.comm import host_store
+from executor.runtime.transport.comm import host_store
 from executor.protocol import CONFIG, heartbeat_key, wkey
-from executor.runtime.rendezvous import Mailbox
+from executor.runtime.transport.rendezvous import Mailbox
 from executor.worker import child as worker_child
 from planner.control.timing import Patience, dead_at
 

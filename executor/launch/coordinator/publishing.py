@@ -6,7 +6,7 @@ import time
 from typing import Callable, Optional
 
 from executor.launch.report.run_record import RunRecord
-from executor.runtime.rendezvous import publish_plan
+from executor.runtime.transport.rendezvous import publish_plan
 from planner.control.decision_plan import plan_for
 from planner.control.membership import Halt, Membership, Pause, Publish
 from planner.job import JobSpec

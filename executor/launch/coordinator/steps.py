@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterable
 
 from executor import protocol as P
-from executor.runtime.rendezvous import set_counter
+from executor.runtime.transport.rendezvous import set_counter
 
 Worker = tuple[int, int]
 

@@ -29,8 +29,8 @@ import torch
 import torch.distributed as dist
 
 from executor import protocol as P
-from executor.runtime.waiting import CommError, WaitEnded, wait_until
-from executor.runtime.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
+from executor.runtime.transport.waiting import CommError, WaitEnded, wait_until
+from executor.runtime.transport.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
 from executor.timeouts import Timeouts
 from planner.errors import UserError
 

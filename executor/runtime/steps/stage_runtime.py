@@ -9,8 +9,8 @@ from typing import Callable
 from executor.checkpoint import load_stage
 from executor.checkpoint.part_writer import PartWriter
 from executor.compute.stage import StageCompute
-from executor.runtime.batches import Batches
-from executor.runtime.stepper import StageStepper
+from executor.runtime.steps.batches import Batches
+from executor.runtime.steps.stepper import StageStepper
 from executor.runtime.worker_config import WorkerConfig
 
 

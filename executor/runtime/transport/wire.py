@@ -6,7 +6,7 @@ of its floating-point tensors, in order; a single Tensor when the activation is 
 Tensor (the shared interface with executor/compute/stage.py).
 
 The spec (shapes and dtypes) is agreed once per plan version and stage boundary
-(World.activation_spec, runtime/comm.py), so every hop is one message of raw bytes with no
+(World.activation_spec, runtime/transport/comm.py), so every hop is one message of raw bytes with no
 header: a single tensor is sent as it is; several are packed into one uint8 buffer, each
 at an offset aligned to 16 bytes, and unpacked on the receiver as views of that buffer
 (no copy). A stage whose output no longer matches the agreed spec raises

@@ -2,7 +2,7 @@
 (planner/speeds.py), and the injected slowness of `--slow R:S@ITER:FACTOR`.
 
 On CPU the number is the main thread's CPU time from an iteration's start to its
-optimizer step, less the copy for rollback taken while idle (runtime/stepper.py), per
+optimizer step, less the copy for rollback taken while idle (runtime/steps/stepper.py), per
 micro-batch: wall time would count the time other processes held the core (on a shared
 machine every worker looked slow by turns); waiting costs no CPU time; per-iteration work
 stays out (divided by fewer micro-batches it made a worker the plan had unloaded look

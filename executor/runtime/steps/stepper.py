@@ -19,7 +19,7 @@ So each stage publishes its squared norm for (plan version, iteration) and then:
     step with the coefficient known up front: the snapshot restore is exact.
 Counters (`stats`) say how often each case happened and what the redos cost.
 
-Weights tied across stages (runtime/tied.py): the owner adds the mirrors' gradients before
+Weights tied across stages (runtime/steps/tied.py): the owner adds the mirrors' gradients before
 its norm and step and publishes the new value once its step is final; a mirror leaves the
 weight out of its step and copies that value in at settle(), which is when its step
 becomes final.
@@ -42,8 +42,8 @@ from executor.optim.clip import NormBoard, coefficient, global_norm, scale_, sta
 from executor.optim.schedule import IterationLR
 from executor.optim.snapshot import StageSnapshots
 from executor import protocol as P
-from executor.runtime.tied import TiedExchange
-from executor.runtime.waiting import wait_until
+from executor.runtime.steps.tied import TiedExchange
+from executor.runtime.transport.waiting import wait_until
 from executor.timeouts import Timeouts
 
 _PLAN_COUNTER = P.PLAN_VERSION  # rendezvous.publish_plan's: newest version + 1

@@ -11,13 +11,13 @@ from typing import Optional
 
 from executor.compute.reference import checksum
 from executor.protocol import Done, Mid
-from executor.runtime.compute_clock import ComputeClock
-from executor.runtime.grad_sum import allreduce_grads
-from executor.runtime.interpreter import FAULT, StageSteps, run_steps, with_fault_point
-from executor.runtime.model_error import ModelError
-from executor.runtime.waiting import CommError
-from executor.runtime.wire import ActivationSpecError
-from executor.runtime.world_transport import COMM_DIRECTION, WorldTransport
+from executor.runtime.steps.compute_clock import ComputeClock
+from executor.runtime.steps.grad_sum import allreduce_grads
+from executor.runtime.steps.interpreter import FAULT, StageSteps, run_steps, with_fault_point
+from executor.runtime.steps.model_error import ModelError
+from executor.runtime.transport.waiting import CommError
+from executor.runtime.transport.wire import ActivationSpecError
+from executor.runtime.transport.world_transport import COMM_DIRECTION, WorldTransport
 from executor.sources.plan_source import TrainingHalted
 from planner.lowering import Op, lower
 from planner.plan import Plan, WorkerPlan

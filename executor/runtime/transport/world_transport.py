@@ -1,8 +1,8 @@
 """RECV and SEND steps (planner/lowering.py) over a plan version's World (comm.py)."""
 from __future__ import annotations
 
-from executor.runtime import comm
-from executor.runtime.comm import World
+from executor.runtime.transport import comm
+from executor.runtime.transport.comm import World
 from planner.lowering import BWD, FWD, Step
 
 COMM_DIRECTION = {FWD: comm.FWD, BWD: comm.BWD}  # a step's direction as the World's tag
