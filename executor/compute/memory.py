@@ -24,14 +24,22 @@ class SavedLedger:
     @contextmanager
     def recording(self) -> Iterator["SavedLedger"]:
         def pack(t: Tensor) -> Tensor:
-            st = t.untyped_storage()
-            key = st.data_ptr()
-            if key not in self._skip and key not in self._refs:
-                self._refs[key] = (StorageWeakRef(st), st.nbytes())
+            self.note(t)
             return t
 
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
             yield self
+
+    def note(self, t: Tensor) -> None:
+        """Count t's storage as held by the micro-batch (activation checkpointing notes the
+        inputs it keeps and the tensors it recomputes: recompute.py)."""
+        st = t.untyped_storage()
+        key = st.data_ptr()
+        if key in self._skip:
+            return
+        old = self._refs.get(key)
+        if old is None or old[0].expired():  # (a freed storage's address may come back)
+            self._refs[key] = (StorageWeakRef(st), st.nbytes())
 
     def alive_bytes(self) -> int:
         return sum(n for ref, n in self._refs.values() if not ref.expired())

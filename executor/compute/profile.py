@@ -133,7 +133,8 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
             x = _call(wl.build_stage(cfg, s, stages).to(dev), x)
     module = wl.build_stage(cfg, stage, stages).to(dev)
     first, last = stage == 0, stage == stages - 1
-    comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn)
+    comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn, stage=stage,
+                        seed=cfg.seed, checkpointing=training.activation_checkpointing)
     opt = wl.make_optimizer(training, module.parameters())
     params = {id(p) for p in module.parameters()}
     grad = None

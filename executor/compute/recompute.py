@@ -1,0 +1,149 @@
+"""Activation checkpointing that recomputes a layer once per micro-batch, whatever splits
+its backward.
+
+`--activation-checkpointing none|full|selective[:N]` (torchtitan's meaning: full
+recomputes every block's forward in backward, selective:N every N-th block, 1-based:
+blocks N, 2N, ...; the embedding and the head are never recomputed). A recomputed layer
+keeps only its inputs from F; its saved tensors are made again when backward first needs
+one of them.
+
+Why not torch.utils.checkpoint: its recomputation is keyed by the autograd graph task, so
+under the I/W split the layer's forward would run in I and again in W (two backward
+calls, two tasks). Here each tensor the layer saves is packed as a `_Slot` that the
+autograd node holds; the first unpack of any of them (in I, or in W for the first stage,
+whose I does nothing, or in a fused B) re-runs the layer's forward once and fills every
+slot still alive. A slot lives exactly as long as the node that saved it: the nodes W
+still needs keep their recomputed tensors until W (no second recomputation), the others
+are freed with their nodes. The recomputation draws what the forward drew: it seeds the
+layer from the same key (executor/compute/draws.py) and runs under the same autocast.
+"""
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+
+@dataclass(frozen=True)
+class Policy:
+    every: int = 0  # recompute blocks N, 2N, ... (1: all of them); 0: none
+
+    @property
+    def on(self) -> bool:
+        return self.every > 0
+
+    def recomputes(self, block: int) -> bool:
+        """block: 0-based number among the layers that may be recomputed."""
+        return self.every > 0 and (block + 1) % self.every == 0
+
+    @classmethod
+    def parse(cls, text: str) -> "Policy":
+        """none, full, selective (every 2nd block) or selective:N; ValueError otherwise."""
+        name, _, n = text.partition(":")
+        if name == "none" and not n:
+            return cls(0)
+        if name == "full" and not n:
+            return cls(1)
+        if name == "selective":
+            if not n:
+                return cls(2)
+            if n.isdigit() and int(n) >= 1:
+                return cls(int(n))
+        raise ValueError(f"--activation-checkpointing must be none, full, selective or "
+                         f"selective:N (N >= 1: every N-th block), not {text!r}")
+
+    def __str__(self) -> str:
+        return {0: "none", 1: "full"}.get(self.every, f"selective:{self.every}")
+
+
+class _Slot:
+    """What the autograd node holds for one saved tensor: filled when recomputed."""
+    __slots__ = ("frame", "tensor", "__weakref__")
+
+    def __init__(self, frame: "_Frame"):
+        self.frame, self.tensor = frame, None
+
+
+class _Frame:
+    """One layer's forward on one micro-batch: how to run it again."""
+
+    def __init__(self, p, index: int, fn: Callable, args: tuple):
+        self.fn, self.args, self.index = fn, args, index
+        self.draws, self.key, self.seeded = p.draws, p.key, p.seeded
+        self.ledger = p.ledger
+        dev = p.draws.device.type
+        self.autocast = (dev, torch.is_autocast_enabled(dev), torch.get_autocast_dtype(dev))
+        self.slots: list = []  # weak references, in the order the forward saved
+        self.done = False
+        self.recomputations = 0
+
+    def pack(self, t: Tensor) -> _Slot:
+        slot = _Slot(self)
+        self.slots.append(weakref.ref(slot))
+        return slot
+
+    def unpack(self, slot: _Slot) -> Tensor:
+        if slot.tensor is None:
+            if self.done:
+                raise RuntimeError(f"layer {self.index}: a saved tensor was needed after its "
+                                   f"recomputation was let go")
+            self.recompute()
+        return slot.tensor
+
+    def recompute(self) -> None:
+        from executor.compute import units  # (units imports this module)
+        got: list[Tensor] = []
+
+        def pack(t: Tensor):
+            got.append(t.detach() if t.requires_grad else t)
+            return None
+
+        args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor)
+                     else a for a in self.args)
+        again = units.Pass(self.draws, self.key, self.seeded, Policy(0), None, recomputing=True)
+        saved = self.draws.save() if self.seeded else None
+        dev, enabled, dtype = self.autocast
+        try:
+            with torch.enable_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled), \
+                    torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), \
+                    units.running(again):
+                if self.seeded:
+                    self.draws.seed(self.key, self.index)
+                self.fn(*args)
+        finally:
+            if saved is not None:
+                self.draws.restore(saved)
+        if len(got) != len(self.slots):
+            raise RuntimeError(f"layer {self.index}: its recomputed forward saved {len(got)} "
+                               f"tensors, the forward {len(self.slots)} (a forward that "
+                               f"does not repeat cannot be recomputed)")
+        for ref, t in zip(self.slots, got):
+            slot = ref()
+            if slot is not None and slot.tensor is None:
+                slot.tensor = t
+                if self.ledger is not None:
+                    self.ledger.note(t)
+        self.done, self.args = True, None  # the inputs are no longer needed
+        self.recomputations += 1
+        _COUNT[0] += 1
+
+
+_COUNT = [0]  # recomputations in this process (tests and benchmarks read it)
+
+
+def recomputations() -> int:
+    return _COUNT[0]
+
+
+def checkpoint(p, index: int, fn: Callable, args: tuple):
+    """fn(*args) keeping only args for backward: what it saves is recomputed on demand."""
+    frame = _Frame(p, index, fn, args)
+    if p.ledger is not None:
+        for a in args:
+            if isinstance(a, Tensor):
+                p.ledger.note(a)
+    with torch.autograd.graph.saved_tensors_hooks(frame.pack, frame.unpack):
+        return fn(*args)
