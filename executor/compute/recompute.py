@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, ContextManager
 
 import torch
 from torch import Tensor
@@ -70,8 +70,9 @@ class _Slot:
 class _Frame:
     """One layer's forward on one micro-batch: how to run it again."""
 
-    def __init__(self, p, index: int, fn: Callable, args: tuple):
-        self.fn, self.args, self.index = fn, args, index
+    def __init__(self, p, index: int, fn: Callable, args: tuple,
+                 again: Callable[[], ContextManager]):
+        self.fn, self.args, self.index, self.again = fn, args, index, again
         self.draws, self.key, self.seeded = p.draws, p.key, p.seeded
         self.ledger = p.ledger
         dev = p.draws.device.type
@@ -94,7 +95,6 @@ class _Frame:
         return slot.tensor
 
     def recompute(self) -> None:
-        from executor.compute import units  # (units imports this module)
         got: list[Tensor] = []
 
         def pack(t: Tensor):
@@ -103,13 +103,12 @@ class _Frame:
 
         args = tuple(a.detach().requires_grad_(a.requires_grad) if isinstance(a, Tensor)
                      else a for a in self.args)
-        again = units.Pass(self.draws, self.key, self.seeded, Policy(0), None, recomputing=True)
         saved = self.draws.save() if self.seeded else None
         dev, enabled, dtype = self.autocast
         try:
             with torch.enable_grad(), torch.autocast(dev, dtype=dtype, enabled=enabled), \
                     torch.autograd.graph.saved_tensors_hooks(pack, lambda _: None), \
-                    units.running(again):
+                    self.again():
                 if self.seeded:
                     self.draws.seed(self.key, self.index)
                 self.fn(*args)
@@ -138,9 +137,10 @@ def recomputations() -> int:
     return _COUNT[0]
 
 
-def checkpoint(p, index: int, fn: Callable, args: tuple):
-    """fn(*args) keeping only args for backward: what it saves is recomputed on demand."""
-    frame = _Frame(p, index, fn, args)
+def checkpoint(p, index: int, fn: Callable, args: tuple, again: Callable[[], ContextManager]):
+    """fn(*args) keeping only args for backward: what it saves is recomputed on demand.
+    p: the stage's pass (units.Pass); again(): the context its recomputation runs in."""
+    frame = _Frame(p, index, fn, args, again)
     if p.ledger is not None:
         for a in args:
             if isinstance(a, Tensor):

@@ -20,6 +20,7 @@ forward inside `StageUnits.forward(iteration, g)`, so both draw alike.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from contextlib import contextmanager
@@ -72,7 +73,8 @@ def layer(index: int, fn: Callable, *args, block: Optional[int] = None):
     if p.seeded:
         p.draws.seed(p.key, index)
     if block is not None and not p.recomputing and p.policy.recomputes(block):
-        return recompute.checkpoint(p, index, fn, args)
+        again = dataclasses.replace(p, recomputing=True, ledger=None)
+        return recompute.checkpoint(p, index, fn, args, lambda: running(again))
     return fn(*args)
 
 
