@@ -69,9 +69,13 @@ def hf_config(name: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     src, _, query = name[len(PREFIX):].partition("?")
     try:
-        overrides = {k: _value(v) for k, v in parse_qsl(query, strict_parsing=bool(query))}
+        pairs = parse_qsl(query, strict_parsing=bool(query))
     except ValueError:
         raise ValueError(f"--model {name}: overrides must read key=value&key=value") from None
+    overrides = {k: _value(v) for k, v in pairs}
+    twice = sorted({k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1})
+    if twice:
+        raise ValueError(f"--model {name}: {', '.join(twice)} given more than once")
     path = os.path.join(src, "config.json") if os.path.isdir(src) else src
     if src.endswith(".json") or os.path.isdir(src):
         try:
@@ -89,13 +93,23 @@ def hf_config(name: str):
     else:
         raise ValueError(f"--model {name}: {src!r} is neither a config.json nor a "
                          f"transformers model type (e.g. gpt2, llama)")
-    default = cls.from_dict(d)
+    default = _construct(name, cls, d)
     for key in overrides:  # a config class takes unknown keys silently
         if not hasattr(default, key):
             raise ValueError(f"--model {name}: {cls.__name__} has no field {key!r}")
     # Overrides go in at construction: fields derived there (Llama's head_dim from
     # hidden_size and the heads) follow them.
-    return cls.from_dict({**d, **overrides})
+    return _construct(name, cls, {**d, **overrides})
+
+
+def _construct(name: str, cls, fields: dict):
+    """cls.from_dict(fields), whatever it refuses as one line (transformers validates
+    fields and architectures with its own error types, messages over several lines)."""
+    try:
+        return cls.from_dict(fields)
+    except Exception as exc:  # the config class's checks: any of them is bad input
+        why = " ".join(str(exc).split())
+        raise ValueError(f"--model {name}: {cls.__name__} refuses it: {why}") from None
 
 
 def _positions(c) -> int:
