@@ -12,19 +12,29 @@ under the I/W split the layer's forward would run in I and again in W (two backw
 calls, two tasks). Here each tensor the layer saves is packed as a `_Slot` that the
 autograd node holds; the first unpack of any of them (in I, or in W for the first stage,
 whose I does nothing, or in a fused B) re-runs the layer's forward once and fills every
-slot still alive. A slot lives exactly as long as the node that saved it: the nodes W
-still needs keep their recomputed tensors until W (no second recomputation), the others
-are freed with their nodes. The recomputation draws what the forward drew: it seeds the
-layer from the same key (executor/compute/draws.py) and runs under the same autocast.
+slot still alive. The recomputation draws what the forward drew: it seeds the layer from
+the same key (executor/compute/draws.py) and runs under the same autocast.
+
+After I, `trim` lets go of the recomputed tensors W will not read: W runs only the nodes
+where the parameters' subgraphs meet the trunk and the parameters' side below them
+(split_backward.PendingW.w_nodes), so the slots those nodes unpack are kept until W and
+the rest (attention scores, activations of the trunk alone) are freed at once. Autograd
+keeps the whole graph below the captured gradients alive until W, so without this a
+recomputed layer would hold everything it saved from I to W. Should W ever read a slot
+let go (a node W runs that the analysis missed), the layer is recomputed again, once,
+and a warning says so: slower, never wrong.
 """
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass
 from typing import Callable, ContextManager
 
 import torch
 from torch import Tensor
+
+log = logging.getLogger("recycle.compute")
 
 
 @dataclass(frozen=True)
@@ -42,13 +52,13 @@ class Policy:
     @classmethod
     def parse(cls, text: str) -> "Policy":
         """none, full, selective (every 2nd block) or selective:N; ValueError otherwise."""
-        name, _, n = text.partition(":")
-        if name == "none" and not n:
+        name, sep, n = text.partition(":")
+        if name == "none" and not sep:
             return cls(0)
-        if name == "full" and not n:
+        if name == "full" and not sep:
             return cls(1)
         if name == "selective":
-            if not n:
+            if not sep:
                 return cls(2)
             if n.isdigit() and int(n) >= 1:
                 return cls(int(n))
@@ -61,10 +71,10 @@ class Policy:
 
 class _Slot:
     """What the autograd node holds for one saved tensor: filled when recomputed."""
-    __slots__ = ("frame", "tensor", "__weakref__")
+    __slots__ = ("frame", "tensor", "trimmed", "__weakref__")
 
     def __init__(self, frame: "_Frame"):
-        self.frame, self.tensor = frame, None
+        self.frame, self.tensor, self.trimmed = frame, None, False
 
 
 class _Frame:
@@ -87,10 +97,12 @@ class _Frame:
         return slot
 
     def unpack(self, slot: _Slot) -> Tensor:
+        if _marking is not None:  # trim asks which slots W reads: none is recomputed for it
+            _marking.add(id(slot))
+            return slot.tensor if slot.tensor is not None else _EMPTY
         if slot.tensor is None:
-            if self.done:
-                raise RuntimeError(f"layer {self.index}: a saved tensor was needed after its "
-                                   f"recomputation was let go")
+            if slot.trimmed:
+                _warn_again(self.index)
             self.recompute()
         return slot.tensor
 
@@ -122,25 +134,72 @@ class _Frame:
         for ref, t in zip(self.slots, got):
             slot = ref()
             if slot is not None and slot.tensor is None:
-                slot.tensor = t
+                slot.tensor, slot.trimmed = t, False
                 if self.ledger is not None:
                     self.ledger.note(t)
-        self.done, self.args = True, None  # the inputs are no longer needed
+        self.done = True  # (the inputs stay while a slot does: a recomputation after trim)
         self.recomputations += 1
         _COUNT[0] += 1
 
 
 _COUNT = [0]  # recomputations in this process (tests and benchmarks read it)
+_EMPTY = torch.empty(0)
+_marking = None  # while trim marks: the ids of the slots W's nodes read
+_warned: set = set()
 
 
 def recomputations() -> int:
     return _COUNT[0]
 
 
+def _warn_again(index: int) -> None:
+    if index not in _warned:
+        _warned.add(index)
+        log.warning("layer %d recomputed again in W: W read a tensor let go after I", index)
+
+
+_SAVED: dict = {}  # node type -> its saved-tensor attributes
+
+
+def _touch(node) -> None:
+    """Unpack everything `node` saved (what it reads when it runs)."""
+    names = _SAVED.get(type(node))
+    if names is None:
+        names = _SAVED[type(node)] = [a for a in dir(node) if a.startswith("_saved_")
+                                      and not a.endswith(("_sym_sizes", "_sym_strides"))]
+        if hasattr(node, "saved_tensors"):  # a custom autograd.Function's
+            names.append("saved_tensors")
+    for a in names:
+        try:
+            getattr(node, a)
+        except Exception:  # a field that is not a tensor, or was released: nothing to keep
+            pass
+
+
+def trim(frames: list, w_nodes: list) -> None:
+    """After I: keep only the recomputed tensors the nodes W runs will read."""
+    global _marking
+    done = [f for f in frames if f.done]
+    if not done:
+        return
+    _marking = marked = set()
+    try:
+        for node in w_nodes:
+            _touch(node)
+    finally:
+        _marking = None
+    for f in done:
+        for ref in f.slots:
+            slot = ref()
+            if slot is not None and slot.tensor is not None and id(slot) not in marked:
+                slot.tensor, slot.trimmed = None, True
+
+
 def checkpoint(p, index: int, fn: Callable, args: tuple, again: Callable[[], ContextManager]):
     """fn(*args) keeping only args for backward: what it saves is recomputed on demand.
     p: the stage's pass (units.Pass); again(): the context its recomputation runs in."""
     frame = _Frame(p, index, fn, args, again)
+    p.frames.append(frame)
     if p.ledger is not None:
         for a in args:
             if isinstance(a, Tensor):

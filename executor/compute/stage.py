@@ -35,7 +35,7 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from executor.compute import split_backward
+from executor.compute import recompute, split_backward
 from executor.compute.memory import SavedLedger
 from executor.compute.model import lm_loss
 from executor.compute.units import StageUnits
@@ -72,6 +72,7 @@ class _AfterF:
     floats: int  # floating tensors in the output: the gradient message's length
     bare: bool  # the input activation was one Tensor (its gradient message is one Tensor)
     ledger: Optional[SavedLedger] = field(default=None)
+    frames: list = field(default_factory=list)  # its recomputed layers (recompute.py)
 
 
 class StageCompute:
@@ -106,6 +107,7 @@ class StageCompute:
         # draws keyed by (seed, iteration, g, layer); layers recomputed in backward
         self.units = StageUnits(module, stage, seed, self.device, checkpointing)
         self.iteration = 0
+        self.peak_in_i = 0  # track_memory, checkpointing: bytes held at the end of the last I
 
     def begin(self, iteration: int) -> None:
         """The iteration whose micro-batches the next forwards compute (their draws' key)."""
@@ -140,7 +142,7 @@ class StageCompute:
         seeding = split_backward.seeding_trunk(xs) if ids else nullcontext([])
         with torch.enable_grad(), autocast(self.precision, self.device), seeding as seeds, \
                 (ledger.recording() if ledger else nullcontext()), \
-                self.units.forward(self.iteration, g, ledger):
+                self.units.forward(self.iteration, g, ledger) as unit_pass:
             out = self.module(*xs) if not bare else self.module(xs[0])
             if self.is_last:
                 if targets is None:
@@ -157,7 +159,7 @@ class StageCompute:
                     tuple(t.detach() for t in outs)
         seeds = list(seeds) + (leaves if self.is_first else [])
         self._after_f[g] = _AfterF([] if self.is_first else leaves, seeds, roots, floats, bare,
-                                   ledger)
+                                   ledger, unit_pass.frames)
         return result
 
     def backward_input(self, g: int, grad=None):
@@ -173,6 +175,11 @@ class StageCompute:
             return None
         gx, pending, stray = split_backward.backward_input(roots, grads, st.leaves, st.seeds,
                                                            self._plans)
+        if st.frames:  # recomputed in I: keep only what W reads
+            if st.ledger is not None:  # the micro-batch's peak: all recomputed, all captured
+                self.peak_in_i = st.ledger.alive_bytes() + pending.grad_bytes()
+            recompute.trim(st.frames, pending.w_nodes)
+        pending.w_nodes = []
         self._report(stray)
         self._after_i[g] = (pending, st.ledger)
         return self._input_message(st, gx)

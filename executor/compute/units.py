@@ -47,6 +47,8 @@ class Pass:
     ledger: object = None  # executor/compute/memory.SavedLedger when memory is tracked
     recomputing: bool = False
     layers: int = 0  # layer() calls seen (0: the model has no units)
+    frames: list = dataclasses.field(default_factory=list)  # its recomputed layers
+
 
 
 def active() -> Optional[Pass]:
@@ -73,7 +75,7 @@ def layer(index: int, fn: Callable, *args, block: Optional[int] = None):
     if p.seeded:
         p.draws.seed(p.key, index)
     if block is not None and not p.recomputing and p.policy.recomputes(block):
-        again = dataclasses.replace(p, recomputing=True, ledger=None)
+        again = dataclasses.replace(p, recomputing=True, ledger=None, frames=[])
         return recompute.checkpoint(p, index, fn, args, lambda: running(again))
     return fn(*args)
 
