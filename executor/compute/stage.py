@@ -107,7 +107,6 @@ class StageCompute:
         # draws keyed by (seed, iteration, g, layer); layers recomputed in backward
         self.units = StageUnits(module, stage, seed, self.device, checkpointing)
         self.iteration = 0
-        self.peak_in_i = 0  # track_memory, checkpointing: bytes held at the end of the last I
 
     def begin(self, iteration: int) -> None:
         """The iteration whose micro-batches the next forwards compute (their draws' key)."""
@@ -176,8 +175,6 @@ class StageCompute:
         gx, pending, stray = split_backward.backward_input(roots, grads, st.leaves, st.seeds,
                                                            self._plans)
         if st.frames:  # recomputed in I: keep only what W reads
-            if st.ledger is not None:  # the micro-batch's peak: all recomputed, all captured
-                self.peak_in_i = st.ledger.alive_bytes() + pending.grad_bytes()
             recompute.trim(st.frames, pending.w_nodes)
         pending.w_nodes = []
         self._report(stray)
