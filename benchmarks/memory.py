@@ -331,7 +331,27 @@ TorchDispatchMode charging each op's new storages to the worker running it), the
 over the third iteration. "act." is the activation side (everything the iteration
 allocated, less the parameter gradients alive at the peak), "peak" adds the state
 (parameters, gradients, AdamW moments: predicted 16 B a parameter, measured tensor by
-tensor).
+tensor). Every row is within 15%, most within 3%: the first stage's worst (+6.5%,
+llama:debug under checkpointing) over-predicts, the safe side.
+
+What the activation figure is made of (executor/compute/profile.py, measure_stage): the
+larger of what F saves and what is kept from I to W (under checkpointing: the recomputed
+layers' inputs, and after recompute.trim what W reads), plus once per worker the most one
+micro-batch takes above that while it computes (`workspace_bytes`). Without that term the
+first stage under checkpointing, which recomputes and back-propagates everything in its W,
+was predicted 27-30% low (GPT); it is now in the capacity `recycle profile` writes.
+
+Not in either column, so not in the planner's capacity: on the CPU the stepper's rollback
+slots (a copy of the parameters and AdamW moments per iteration not yet committed, usually
+one or two, 12 B a parameter each; on CUDA they are pinned host memory, no GPU memory:
+executor/optim/snapshot.py), peer-memory snapshots (host memory, under their own budget
+`--snapshot-memory`), the receive buffers posted ahead (two messages) and the process
+itself. A plan that would not fit is refused with its reason before it runs: `recycle
+profile --memory-budget B` when B cannot hold a stage's state, one micro-batch and its
+workspace (one line naming the three, tests/test_memory_model.py), and a job spec whose
+capacity cannot hold one micro-batch (planner/job.py); within a capacity every back-end
+bounds the micro-batches in flight by capacity // activation (planner validate, constraint
+6), re-routed plans included.
 """
 
 SIDE = """## Activation checkpointing: what it buys and costs
