@@ -8,7 +8,7 @@ draws it again identically. "Unit" is a layer's index in the whole model
 
 The generators keyed are torch's default ones a forward draws from: the CPU's, and on a
 GPU that device's. They are saved before a stage's forward and restored after it (a
-fork, as torch.random.fork_rng, without its 80 us: about 2 us here), so keyed forwards
+fork, as torch.random.fork_rng, without its 80 us: 1-2 us on the generators), so keyed forwards
 never move the process's own random state.
 
 Which stages are keyed: those that look random (a dropout module with p > 0 in training
