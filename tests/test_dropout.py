@@ -152,6 +152,19 @@ def test_a_module_with_its_own_generator_is_named(caplog):
     assert len(lines) == 1 and "0.gen" in lines[0], lines
 
 
+@pytest.mark.parametrize("command", [["train", "--reference", "--iterations", "1"],
+                                     ["profile", "--repeats", "1", "-o", "/dev/null"]])
+def test_the_command_names_unkeyable_randomness_before_it_trains(command):
+    from typer.testing import CliRunner
+
+    from recycle.cli import app
+    r = CliRunner().invoke(app, [*command, "--model",
+                                 "tests.activation_workloads:own_generator?split=0,1,2"])
+    assert r.exit_code == 0, r.output
+    named = [ln for ln in r.stderr.splitlines() if ln.startswith("warning: --model")]
+    assert len(named) == 1 and "cannot key" in named[0] and "stage 0 1.gen" in named[0], r.output
+
+
 def test_hf_keeps_the_configured_dropout():
     pytest.importorskip("transformers")
     from executor.compute.draws import random_parts

@@ -100,7 +100,8 @@ def unkeyable_note(names: list[str]) -> Optional[str]:
 class Draws:
     """The keying of one stage: its generators and whether its forwards are keyed."""
 
-    def __init__(self, module: nn.Module, device: torch.device, where: str = "stage"):
+    def __init__(self, module: nn.Module, device: torch.device, where: str = "stage",
+                 name_unkeyable: bool = True):
         self.device = device
         self.gens = generators(device)
         self.where = where
@@ -109,7 +110,7 @@ class Draws:
         self.probing = not self.keyed
         self._fresh: list = []  # the generators' states right after the last seeding
         self._moved = False
-        note = unkeyable_note(unkeyable(module))
+        note = unkeyable_note(unkeyable(module)) if name_unkeyable else None
         if note:
             log.warning("%s: %s", where, note)
 

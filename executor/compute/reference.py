@@ -124,8 +124,9 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
     dev = torch.device(device)
     # built on the CPU, then moved: the same initial weights on every device
     modules = [wl.build_stage(cfg, s, stages).to(dev) for s in range(stages)]
-    units = [StageUnits(m, s, cfg.seed, dev, training.activation_checkpointing)
-             for s, m in enumerate(modules)]
+    # (randomness it cannot key is named by the command, workload_name.check_workload)
+    units = [StageUnits(m, s, cfg.seed, dev, training.activation_checkpointing,
+                        name_unkeyable=False) for s, m in enumerate(modules)]
     ties = sorted({t for m in modules for t in ties_of(m)}, key=lambda t: t.holders)
     check_tie_table(ties, modules)
     opts = [wl.make_optimizer(training, m.parameters()) for m in modules]

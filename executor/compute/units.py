@@ -89,9 +89,9 @@ class StageUnits:
     """What one stage's forwards run in: its draws and its checkpointing policy."""
 
     def __init__(self, module: nn.Module, stage: int, seed: int, device: torch.device,
-                 checkpointing: str = "none"):
+                 checkpointing: str = "none", name_unkeyable: bool = True):
         self.stage, self.seed = stage, seed
-        self.draws = Draws(module, device, where=f"stage {stage}")
+        self.draws = Draws(module, device, f"stage {stage}", name_unkeyable)
         self.policy = recompute.Policy.parse(checkpointing)
         self._warned = False
 

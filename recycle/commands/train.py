@@ -195,7 +195,10 @@ def train_cmd(
             # the checkpoint's stage split (the job's per-layer costs need not be at hand)
             cfg = dataclasses.replace(cfg, boundaries=tuple(resumed.model.get("boundaries", ())))
         from executor.inputs.workload_name import check_workload  # after the cheap checks
-        workload = check_workload(model, cfg, spec.stages)  # loads, and builds alike twice
+        notes: list = []
+        workload = check_workload(model, cfg, spec.stages, notes)  # loads, builds alike twice
+        for note in notes:  # randomness the runtime cannot key: named, not ignored
+            console.print(f"warning: {note}", markup=False, soft_wrap=True)
         if data:
             from executor.data.token_file import check_data, with_data
             check_data(data, cfg.vocab, cfg.micro_batch_size, cfg.seq_len,
@@ -294,7 +297,10 @@ def profile_cmd(
         from executor.models.balance import check_split
         check_split(split)
         from executor.inputs.workload_name import check_workload
-        workload = check_workload(model, cfg, stages)
+        notes: list = []
+        workload = check_workload(model, cfg, stages, notes)
+        for note in notes:
+            typer.echo(f"warning: {note}", err=True)
         from executor.models.footprint import check_fits  # this machine holds a stage
         check_fits(model, workload, cfg, stages, replicas=1, device=device, mode="profile")
         rows: list = []
