@@ -80,6 +80,9 @@ class JobSpec(_Strict):
     # that changes stage loads state_bytes[s] at that bandwidth.
     state_bytes: Optional[list[Annotated[int, Field(strict=True, ge=0, le=2**50)]]] = None
     bandwidth: Optional[Annotated[float, Field(gt=0, le=1e18)]] = None
+    # Optional: the activation checkpointing `memory` was measured under (`recycle profile
+    # --activation-checkpointing full`); a run that recomputes less needs more than it says.
+    activation_checkpointing: Optional[Annotated[str, Field(max_length=32)]] = None
 
     @model_serializer(mode="wrap")
     def _omit_no_state(self, handler):
@@ -87,7 +90,7 @@ class JobSpec(_Strict):
         # spec_hash (the plan cache's key) and stored JSON are unchanged.
         out = handler(self)
         if isinstance(out, dict):
-            for name in ("state_bytes", "bandwidth"):
+            for name in ("state_bytes", "bandwidth", "activation_checkpointing"):
                 if name in out and out[name] is None:
                     del out[name]
         return out

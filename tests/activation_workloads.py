@@ -114,3 +114,20 @@ def tuple_() -> Workload:
 
 def changes() -> Workload:
     return _two(ChangingFirst, OddLast)
+
+
+class _OwnGenerator(torch.nn.Module):
+    """Draws from a generator of its own: randomness the runtime cannot key."""
+
+    def __init__(self):
+        super().__init__()
+        self.gen = torch.Generator().manual_seed(1)
+
+    def forward(self, x):
+        return x + 0.01 * torch.rand(x.shape, generator=self.gen)
+
+
+def own_generator(cfg):
+    """`--model tests.activation_workloads:own_generator?split=0,1,2` (test_dropout.py)."""
+    return torch.nn.Sequential(torch.nn.Embedding(cfg.vocab, cfg.d_model), _OwnGenerator(),
+                               torch.nn.Linear(cfg.d_model, cfg.vocab))

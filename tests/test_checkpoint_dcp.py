@@ -204,6 +204,8 @@ def test_a_manifest_from_before_the_split_still_loads_and_resumes(periodic, tmp_
     job = JobSpec.uniform(2, 2, M)
     ck = str(old / "iter000001")
     read_checkpoint(ck, job, CFG, TrainingSettings(lr=1e-2), 4)  # the lr: resumable
+    # activation checkpointing changes memory and time, not the numbers: resumable too
+    read_checkpoint(ck, job, CFG, TrainingSettings(activation_checkpointing="full"), 4)
     with pytest.raises(ValueError, match="weight_decay=0.01, this run asks 0.1"):
         read_checkpoint(ck, job, CFG, TrainingSettings(weight_decay=0.1), 4)
     assert resumed_defaults(man)["lr"] == TrainingSettings().lr

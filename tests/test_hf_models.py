@@ -51,8 +51,9 @@ def test_stages_chained_give_transformers_logits(name, tied, boundaries):
     cfg = cfg_of(name, boundaries=boundaries)
     wl = check_workload(name, cfg, 2)  # two builds: identical parameters
     x, _ = wl.microbatch(cfg, 0, 0)
-    stages = [wl.build_stage(cfg, s, 2) for s in range(2)]
-    full = seeded_build(cfg, lambda: AutoModelForCausalLM.from_config(hf_config(name)))
+    # eval: GPT-2's dropout (0.1, kept) draws nothing, so the two forwards compare
+    stages = [wl.build_stage(cfg, s, 2).eval() for s in range(2)]
+    full = seeded_build(cfg, lambda: AutoModelForCausalLM.from_config(hf_config(name))).eval()
     assert torch.equal(_chain(stages, x), full(x).logits)
     assert ties_of(stages[0]) == ([Tie(((0, "embed.weight"), (1, "head.weight")))] if tied else [])
     if "llama" in name:  # hidden states and position ids cross the boundary
@@ -66,8 +67,8 @@ def test_config_json_and_bad_names(tmp_path):
     assert architecture(f"hf:{tmp_path}", d_model=None, n_layers=None, n_heads=None,
                         seq_len=None, vocab=None)["n_layers"] == 2
     assert hf_config(f"hf:{tmp_path}/config.json?n_layer=3").n_layer == 3
-    assert hf_config(GPT2).resid_pdrop == 0.0  # dropout off unless asked
-    assert hf_config(GPT2 + "&resid_pdrop=0.1").resid_pdrop == 0.1
+    assert hf_config(GPT2).resid_pdrop == 0.1  # the config's dropout, keyed (test_dropout.py)
+    assert hf_config(GPT2 + "&resid_pdrop=0.0").resid_pdrop == 0.0
     assert hf_config(LLAMA).head_dim == 8  # derived at construction from the overrides
     for bad, why in [("hf:nosuchmodel", "neither a config.json nor a transformers model type"),
                      ("hf:gpt2?n_wings=2", "has no field 'n_wings'"),

@@ -5,8 +5,8 @@ training settings that shape the optimizer's state or the data (weight decay, be
 token file) must match, else exit 2 with the field named. The training settings applied
 afresh at every step are the exception (RESUMABLE): the learning rate and its schedule
 (the rate is a pure function of the iteration, set before each step), the schedule's
-horizon total_iters (a longer run), clipping and precision. A resume may change them; the
-CLI says which differ.
+horizon total_iters (a longer run), clipping, precision and activation checkpointing. A
+resume may change them; the CLI says which differ.
 
 The manifest keeps the model (ModelConfig and the --model name) and the TrainingSettings
 apart, as two dicts. Checkpoints written before they were split (format v2) hold one flat
@@ -26,7 +26,7 @@ FLAT_FORMAT = "recycle.ckpt/v2"  # one dict of model and training fields togethe
 MANIFEST = "recycle.json"
 # Training settings that may differ on resume (honoured); any other difference is refused.
 RESUMABLE = {"lr", "total_iters", "lr_schedule", "warmup_iters", "min_lr_ratio", "clip",
-             "precision"}
+             "precision", "activation_checkpointing"}  # (the last: memory and time only)
 FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "weight_decay": "weight decay",
          "betas": "Adam betas", "workload": "--model"}
 

@@ -58,6 +58,9 @@ class TrainingSettings:
     min_lr_ratio: float = 0.1  # cosine floor, as a fraction of lr
     clip: float = 0.0  # clip gradients to this global norm over the whole model (0: off)
     data: str = ""  # token file (`recycle data prepare`); empty: the workload's own data
+    # none, full or selective[:N]: layers whose forward is recomputed in backward
+    # (executor/compute/recompute.py); changes memory and time, never the numbers
+    activation_checkpointing: str = "none"
 
     def to_dict(self) -> dict:
         d = asdict(self)

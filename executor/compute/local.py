@@ -102,7 +102,9 @@ class LocalRunner:
     def _new_worker(self, stage: int) -> _Worker:
         module = self.wl.build_stage(self.cfg, stage, self.S)
         compute = StageCompute(module, stage == 0, stage == self.S - 1, 1.0 / self.n,
-                               loss_fn=self.wl.loss_fn, precision=self.training.precision)
+                               loss_fn=self.wl.loss_fn, precision=self.training.precision,
+                               stage=stage, seed=self.cfg.seed,
+                               checkpointing=self.training.activation_checkpointing)
         opt = self.wl.make_optimizer(self.training, module.parameters())
         stepper = StageStepper(module, opt, self.training, stage, self.S, self.store,
                                log=lambda msg: None)
@@ -149,6 +151,7 @@ class LocalRunner:
         batches = {g: self.wl.microbatch(self.cfg, it, g) for g in range(self.n)}
         tables = {}
         for key, w in self.workers.items():
+            w.compute.begin(it)
             table = StageSteps(w.compute, key[1], S, batches.__getitem__, channel).table()
             table[Op.OPT] = lambda st, w=w: self._step(w, it)
             tables[key] = table

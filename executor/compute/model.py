@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from executor.compute import data
 from executor.compute.config import ModelConfig, TrainingSettings
 from executor.compute.layers import Embedding, LayerNorm, Linear, normal_
+from executor.compute.units import layer
 
 
 def layer_range(n_layers: int, stage: int, stages: int,
@@ -84,6 +85,7 @@ class GPTStage(nn.Module):
     def __init__(self, cfg: ModelConfig, stage: int, stages: int):
         super().__init__()
         self.stage, self.stages = stage, stages
+        self.n_layers = cfg.n_layers
         lo, hi = layer_range(cfg.n_layers, stage, stages, cfg.boundaries)
         self.embed = None
         if stage == 0:
@@ -101,12 +103,13 @@ class GPTStage(nn.Module):
             nn.init.zeros_(self.head.bias)
 
     def forward(self, x: Tensor) -> Tensor:
+        # layers numbered in the whole model (units.py): 0 the embedding, 1..L the blocks
         if self.embed is not None:
-            x = self.embed(x)
-        for block in self.blocks.values():
-            x = block(x)
+            x = layer(0, self.embed, x)
+        for i, block in self.blocks.items():
+            x = layer(int(i) + 1, block, x, block=int(i))
         if self.head is not None:
-            x = self.head(self.ln_f(x))
+            x = layer(self.n_layers + 1, lambda h: self.head(self.ln_f(h)), x)
         return x
 
 

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
+from executor.compute.memory import PeakBytes
 from executor.compute.stage import StageCompute
 from planner.job import Cost, JobSpec, Memory, P2P
 
@@ -133,7 +134,8 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
             x = _call(wl.build_stage(cfg, s, stages).to(dev), x)
     module = wl.build_stage(cfg, stage, stages).to(dev)
     first, last = stage == 0, stage == stages - 1
-    comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn)
+    comp = StageCompute(module, first, last, 1.0, loss_fn=wl.loss_fn, stage=stage,
+                        seed=cfg.seed, checkpointing=training.activation_checkpointing)
     opt = wl.make_optimizer(training, module.parameters())
     params = {id(p) for p in module.parameters()}
     grad = None
@@ -146,13 +148,18 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
                  for o in (out if isinstance(out, tuple) else (out,)) if o.is_floating_point()]
         grad = grads[0] if isinstance(out, Tensor) else tuple(grads)
     t = {k: [] for k in ("F", "I", "W", "B", "native_backward", "OPT")}
-    act = store = 0
+    act = store = held_f = peak = 0
     for r in range(repeats + 1):
         keep = r > 0  # the first round warms up kernels and allocators
         comp.track_memory = not keep  # memory on the warm-up round: no hooks in timed ones
+        tracker = PeakBytes() if not keep else None  # every byte F, I and W allocate
+        if tracker is not None:
+            tracker.__enter__()
         with _Timer(dev) as tm:
             comp.forward(0, x, targets)
         t["F"].append(tm)
+        if not keep:
+            held_f = comp.held_bytes(0)  # what it keeps from F to I (checkpointing: inputs)
         with _Timer(dev) as tm:
             comp.backward_input(0, grad)
         t["I"].append(tm)
@@ -161,6 +168,9 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
         with _Timer(dev) as tm:
             comp.backward_weight(0)
         t["W"].append(tm)
+        if tracker is not None:
+            tracker.__exit__(None, None, None)
+            peak = tracker.peak_without(p.grad for p in module.parameters())
         with _Timer(dev) as tm:
             opt.step()
         t["OPT"].append(tm)
@@ -191,7 +201,17 @@ def measure_stage(cfg: ModelConfig, stage: int, stages: int, *, device: str = "c
     res = {k: statistics.median(v) for k, v in t.items()}
     res["spread"] = {k: round(spread(v), 3) for k, v in t.items()}
     res["rounds"] = repeats
-    res.update(activation_bytes=max(act, store), saved_bytes=act, store_bytes=store,
+    # What a micro-batch holds from F's start to W's end, the planner's charge: the larger
+    # of what F saves and what is kept from I to W. Under activation checkpointing F keeps
+    # only the recomputed layers' inputs, and recompute.trim leaves W only what it reads.
+    # While it computes, a micro-batch takes more: gradients in flight, temporaries, and
+    # under checkpointing its layers recomputed in I. `workspace_bytes`, the most it took
+    # above its charge (tensor bytes tracked op by op, its parameter gradients left out:
+    # they are state), is kept free on every worker: one micro-batch computes at a time.
+    ckpt = comp.units.policy.on
+    charge = max(held_f, store) if ckpt else max(act, store)
+    res.update(activation_bytes=charge, saved_bytes=act, store_bytes=store,
+               held_after_f=held_f, workspace_bytes=max(0, peak - charge),
                output_bytes=0 if last else sum(g.numel() * g.element_size()
                                                for g in _floats(grad)),
                param_bytes=sum(p.numel() * p.element_size() for p in module.parameters()))
@@ -207,7 +227,9 @@ def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
     """A JobSpec with measured durations (us) and memory (bytes). memory_budget: bytes per
     worker (default: the GPU's memory on CUDA, this machine's memory / (replicas x stages)
     on CPU); capacity is the budget less parameters, gradients and AdamW's two moments
-    (4x parameter bytes). threads: torch threads while measuring (default: the workers'
+    (4x parameter bytes) and the room one micro-batch takes while it computes, above what
+    it holds (measure_stage's workspace_bytes: its recomputation under checkpointing,
+    gradients in flight and temporaries). threads: torch threads while measuring (default: the workers'
     RECYCLE_THREADS, 1). `details`, if given, receives each stage's measure_stage dict."""
     us = lambda v: max(1, int(round(v)))
     if threads is None:
@@ -235,16 +257,21 @@ def profile(cfg: ModelConfig, stages: int, replicas: int, microbatches: int,
     memory = None
     if memory_budget is not None:
         act = [max(1, r["activation_bytes"]) for r in rows]
-        cap = [int(memory_budget - 4 * r["param_bytes"]) for r in rows]
+        cap = [int(memory_budget - 4 * r["param_bytes"] - r["workspace_bytes"]) for r in rows]
         for s, (a, c) in enumerate(zip(act, cap)):
             if c < a:
+                room = f" + {rows[s]['workspace_bytes']} to compute it" \
+                    if rows[s]["workspace_bytes"] else ""
                 raise ValueError(f"memory_budget {memory_budget} B cannot hold stage {s}'s "
-                                 f"state plus one micro-batch ({4 * rows[s]['param_bytes']} + {a} B)")
+                                 f"state plus one micro-batch ({4 * rows[s]['param_bytes']} + "
+                                 f"{a} B{room})")
         memory = Memory(activation=act, capacity=cap)
     return JobSpec(replicas=replicas, stages=stages, microbatches=microbatches,
                    cost=Cost(F=[us(r["F"]) for r in rows], I=[us(r["I"]) for r in rows],
                              W=[us(r["W"]) for r in rows], OPT=[us(v) for v in opt]),
-                   p2p=p2p, memory=memory)
+                   p2p=p2p, memory=memory,
+                   activation_checkpointing=training.activation_checkpointing
+                   if training.activation_checkpointing != "none" else None)
 
 
 # ---- per-layer costs and `--split balanced` (executor/models/balance.py) ----------------

@@ -12,7 +12,8 @@ Weights tied across stages (runtime/steps/tied.py) are separate copies here too,
 workers: before the step the owner's gradient becomes g_owner + g_mirror (stage order),
 the mirror's copy is not stepped, and after the step it takes the owner's value. The layers run their native ops here (no
 deferred W), so this also checks the I/W split of every distributed or local run against
-ordinary autograd.
+ordinary autograd. Each stage's forward runs in its StageUnits (units.py), as on the
+workers: the same keyed draws (dropout), the same layers recomputed.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from torch import Tensor, nn
 from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
 from executor.compute.stage import autocast, boundary_cast
+from executor.compute.units import StageUnits
 from executor.optim.clip import coefficient, global_norm, scale_, stage_sq_norm
 from executor.optim.schedule import IterationLR
 from executor.runtime.steps.tied import check_tie_table, copy_from_owners, sum_into_owners, ties_of
@@ -122,6 +124,9 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
     dev = torch.device(device)
     # built on the CPU, then moved: the same initial weights on every device
     modules = [wl.build_stage(cfg, s, stages).to(dev) for s in range(stages)]
+    # (randomness it cannot key is named by the command, workload_name.check_workload)
+    units = [StageUnits(m, s, cfg.seed, dev, training.activation_checkpointing,
+                        name_unkeyable=False) for s, m in enumerate(modules)]
     ties = sorted({t for m in modules for t in ties_of(m)}, key=lambda t: t.holders)
     check_tie_table(ties, modules)
     opts = [wl.make_optimizer(training, m.parameters()) for m in modules]
@@ -137,7 +142,7 @@ def train_reference(cfg: ModelConfig, replicas: int, microbatches: int, iteratio
             targets = targets.to(dev) if isinstance(targets, Tensor) else targets
             for s, m in enumerate(modules):
                 first = x[0] if isinstance(x, tuple) else x
-                with autocast(training.precision, first.device):
+                with autocast(training.precision, first.device), units[s].forward(it, g):
                     x = m(*x) if isinstance(x, tuple) else m(x)
                     if s == stages - 1:
                         x = wl.loss_fn(x, targets)

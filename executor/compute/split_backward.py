@@ -71,6 +71,9 @@ class PendingW:
     `whole`: (roots, gradients) of a backward left entirely to W (the first stage)."""
     groups: list[Group]
     whole: Optional[tuple] = None
+    # the nodes W runs (the groups' trunk nodes and their parameters' side of the graph):
+    # what activation checkpointing keeps recomputed tensors for (recompute.trim)
+    w_nodes: list = field(default_factory=list)
 
     def grad_bytes(self) -> int:
         extra = [g for g in self.whole[1] if g is not None] if self.whole else []
@@ -140,6 +143,7 @@ class _Plan:
     groups: list[tuple]  # per W call: nodes, their outs, params, accs, kids
     stray: list[int]
     direct: list = field(default_factory=list)  # per group: direct_w's recipe, False, None
+    w_nodes: list[int] = field(default_factory=list)  # every node a W call may run
 
 
 def _below(key: tuple, starts) -> set:
@@ -194,9 +198,11 @@ def _analyse(key: tuple, n_roots: int, root_outs: list, starts: list[int], n_par
         stray.extend(bad)
         for p in bad:
             del side[p]
+    w_nodes = sorted(set().union(*(closure | set(meets) for closure, meets in side.values())))
     return _Plan([(nodes, [sorted(outputs[n]) for n in nodes], ps,
                    [accs[("param", i)] for i in ps], kids)
-                  for nodes, ps, kids in _merge_siblings(plans, key)], sorted(stray))
+                  for nodes, ps, kids in _merge_siblings(plans, key)], sorted(stray),
+                 w_nodes=w_nodes)
 
 
 def _group(meets: dict[int, set]) -> list[tuple]:
@@ -277,12 +283,12 @@ class GraphPlans:
         self.analyses = 0  # how often the graph had to be analysed (tests, benchmarks)
 
     def plan_groups(self, roots: list[Tensor], trunk: list[Tensor]
-                    ) -> tuple[list[Group], list[Tensor]]:
+                    ) -> tuple[list[Group], list[Tensor], list[Node]]:
         """Group the parameters by the trunk nodes they join it at (torch's
         get_param_groups, with its reverse_closure). trunk: the tensors the trunk starts
         from (stage input leaves, first-stage seeds). Returns (groups, stray): stray
         parameters reach a root without meeting the trunk (torch leaves them without
-        gradient); parameters unused by this graph are in neither."""
+        gradient); parameters unused by this graph are in neither; and the nodes W runs."""
         tags = dict(self._tags)
         tags.update((id(t), ("trunk", j)) for j, t in enumerate(trunk) if t.grad_fn is None)
         root_nodes = [t.grad_fn for t in roots if t.grad_fn is not None]
@@ -307,7 +313,7 @@ class GraphPlans:
                         [None if ks is None else [(order[c], nr, i) for c, nr, i in ks]
                          for ks in kids], direct=(plan.direct, j))
                   for j, (nodes, outs, ps, accs, kids) in enumerate(plan.groups)]
-        return groups, [self.params[i] for i in plan.stray]
+        return groups, [self.params[i] for i in plan.stray], [order[n] for n in plan.w_nodes]
 
 
 def accumulate(p: Tensor, g: Optional[Tensor], owned: bool = False) -> None:
@@ -335,7 +341,7 @@ def backward_input(roots: list[Tensor], grads: list[Optional[Tensor]], inputs: l
     their gradients are accumulated here)."""
     if not roots:  # nothing this stage sent needed a gradient
         return [None] * len(inputs), PendingW([]), []
-    groups, stray = plans.plan_groups(roots, list(inputs) + list(seeds))
+    groups, stray, w_nodes = plans.plan_groups(roots, list(inputs) + list(seeds))
     edges = [GradientEdge(n, i) for grp in groups for n, outs in zip(grp.nodes, grp.outs)
              for i in outs]
     wanted = list(inputs) + list(stray) + edges
@@ -349,7 +355,7 @@ def backward_input(roots: list[Tensor], grads: list[Optional[Tensor]], inputs: l
     it = iter(got[k + len(stray):])
     for grp in groups:
         grp.grads = [tuple(next(it) for _ in outs) for outs in grp.outs]
-    return list(got[:k]), PendingW(groups), stray
+    return list(got[:k]), PendingW(groups, w_nodes=w_nodes), stray
 
 
 def _grad(roots: list, grads: list, inputs: list) -> tuple:

@@ -16,6 +16,11 @@ sends are bf16, so their gradients come back in bf16 too.
 Deferred W works on any autograd graph (executor/compute/split_backward.py); a parameter
 it cannot defer gets its gradient in I and is reported once, by name.
 
+Randomness and recomputation: every forward runs inside its stage's `StageUnits.forward
+(iteration, g)` (executor/compute/units.py), so its draws are keyed by (seed, iteration,
+g, layer) and the layers activation checkpointing picks are recomputed in backward
+(once, in I; executor/compute/recompute.py). `begin(iteration)` says which iteration runs.
+
 Loss scaling: the last stage back-propagates loss * loss_scale with loss_scale =
 1/(D*M), so the SUM of gradients over all D*M micro-batches (all-reduced across live
 peers) is the global-batch mean gradient, wherever each micro-batch was routed.
@@ -30,9 +35,10 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from executor.compute import split_backward
+from executor.compute import recompute, split_backward
 from executor.compute.memory import SavedLedger
 from executor.compute.model import lm_loss
+from executor.compute.units import StageUnits
 
 log = logging.getLogger("recycle.compute")
 Activation = Union[Tensor, tuple]
@@ -66,12 +72,14 @@ class _AfterF:
     floats: int  # floating tensors in the output: the gradient message's length
     bare: bool  # the input activation was one Tensor (its gradient message is one Tensor)
     ledger: Optional[SavedLedger] = field(default=None)
+    frames: list = field(default_factory=list)  # its recomputed layers (recompute.py)
 
 
 class StageCompute:
     def __init__(self, module: nn.Module, is_first: bool, is_last: bool, loss_scale: float,
                  loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss, precision: str = "fp32",
-                 track_memory: bool = False):
+                 track_memory: bool = False, *, stage: int = 0, seed: int = 0,
+                 checkpointing: str = "none"):
         self.module = module
         self.precision = precision  # bf16: forward under autocast, fp32 master weights
         self.is_first, self.is_last = is_first, is_last
@@ -96,6 +104,13 @@ class StageCompute:
         self._after_f: dict[int, _AfterF] = {}
         self._after_i: dict[int, tuple[split_backward.PendingW, Optional[SavedLedger]]] = {}
         self._losses: dict[int, Tensor] = {}  # g -> unscaled loss (kept as a tensor: no sync)
+        # draws keyed by (seed, iteration, g, layer); layers recomputed in backward
+        self.units = StageUnits(module, stage, seed, self.device, checkpointing)
+        self.iteration = 0
+
+    def begin(self, iteration: int) -> None:
+        """The iteration whose micro-batches the next forwards compute (their draws' key)."""
+        self.iteration = iteration
 
     @property
     def device(self) -> torch.device:
@@ -125,7 +140,8 @@ class StageCompute:
             not t.is_floating_point() for t in xs)
         seeding = split_backward.seeding_trunk(xs) if ids else nullcontext([])
         with torch.enable_grad(), autocast(self.precision, self.device), seeding as seeds, \
-                (ledger.recording() if ledger else nullcontext()):
+                (ledger.recording() if ledger else nullcontext()), \
+                self.units.forward(self.iteration, g, ledger) as unit_pass:
             out = self.module(*xs) if not bare else self.module(xs[0])
             if self.is_last:
                 if targets is None:
@@ -142,7 +158,7 @@ class StageCompute:
                     tuple(t.detach() for t in outs)
         seeds = list(seeds) + (leaves if self.is_first else [])
         self._after_f[g] = _AfterF([] if self.is_first else leaves, seeds, roots, floats, bare,
-                                   ledger)
+                                   ledger, unit_pass.frames)
         return result
 
     def backward_input(self, g: int, grad=None):
@@ -158,6 +174,9 @@ class StageCompute:
             return None
         gx, pending, stray = split_backward.backward_input(roots, grads, st.leaves, st.seeds,
                                                            self._plans)
+        if st.frames:  # recomputed in I: keep only what W reads
+            recompute.trim(st.frames, pending.w_nodes)
+        pending.w_nodes = []
         self._report(stray)
         self._after_i[g] = (pending, st.ledger)
         return self._input_message(st, gx)

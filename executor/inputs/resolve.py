@@ -28,6 +28,7 @@ class Resolved:
     workload: Any  # the --model's Workload, loaded (and built alike twice) here
     watch: Any = None  # a ServiceWatch when the run follows --service
     notes: tuple = ()  # lines to print before the run (a resumed checkpoint's changes)
+    warnings: tuple = ()  # randomness the runtime cannot key (compute/draws.py), named
 
 
 def model_config(m, *, lr: float) -> ModelConfig:
@@ -110,6 +111,9 @@ def resolve(run: RunConfig, *, resumed=None, token: Optional[str] = None) -> Res
         from executor.data.token_file import data_vocab
         cfg = dataclasses.replace(cfg, vocab=data_vocab(data, run.model.vocab))
     job, watch = job_of(run, resumed, token)
+    from executor.inputs.train_options import checkpointing_of  # the flag, else the --job's
+    training = dataclasses.replace(training, activation_checkpointing=checkpointing_of(
+        run.model.activation_checkpointing, job))
     faults = faults_of(run, job)
     ck, comm, plan, out = run.checkpoint, run.comm, run.plan, run.output
     # the run as one value, checked here once (before the model is loaded: cheap first)
@@ -128,7 +132,8 @@ def resolve(run: RunConfig, *, resumed=None, token: Optional[str] = None) -> Res
         # the checkpoint's stage split (the job's per-layer costs need not be at hand)
         cfg = dataclasses.replace(cfg, boundaries=tuple(resumed.model.get("boundaries", ())))
     from executor.inputs.workload_name import check_workload  # after the cheap checks
-    workload = check_workload(run.model.model, cfg, job.stages)  # loads, builds alike twice
+    warnings: list = []
+    workload = check_workload(run.model.model, cfg, job.stages, warnings)  # loads, builds twice
     if data:
         from executor.data.token_file import check_data, with_data
         check_data(data, cfg.vocab, cfg.micro_batch_size, cfg.seq_len,
@@ -151,4 +156,4 @@ def resolve(run: RunConfig, *, resumed=None, token: Optional[str] = None) -> Res
         schedule=dataclasses.replace(run.schedule, min_lr_ratio=training.min_lr_ratio
                                      if run.schedule.lr_schedule == "cosine" else None))
     launch = dataclasses.replace(launch, cfg=cfg, run_config=tree)
-    return Resolved(launch, workload, watch, notes)
+    return Resolved(launch, workload, watch, notes, tuple(warnings))

@@ -41,6 +41,7 @@ class ModelSection:
     seed: int = 0
     split: Optional[str] = None
     precision: str = "fp32"
+    activation_checkpointing: Optional[str] = None  # none, full, selective[:N] (default: the --job's)
 
 
 @dataclass(frozen=True)

@@ -80,12 +80,30 @@ def check_training(*, precision: str, lr_schedule: str, warmup: int,
     return 0.1 if min_lr_ratio is None else float(min_lr_ratio)
 
 
+def checkpointing_of(flag: Optional[str], spec) -> str:
+    """--activation-checkpointing as the run trains it: the flag, else the --job's (what its
+    memory figures were measured under), else none. One line for a bad value, and for a
+    flag other than the job's: its activation figures would not be this run's."""
+    from executor.compute.recompute import Policy
+    mine = Policy.parse(flag) if flag is not None else None
+    job = getattr(spec, "activation_checkpointing", None)
+    theirs = Policy.parse(job) if job else None
+    if mine is None:
+        return str(theirs or Policy())
+    if theirs is not None and theirs != mine:
+        raise UserError(f"--activation-checkpointing {mine}: the --job was profiled with "
+                        f"{theirs}, so its activation memory is not this run's; profile "
+                        f"again with {mine}, or leave the flag out")
+    return str(mine)
+
+
 # Training settings a resume may change: each is applied per step from the config, so
 # the continued run honours it from its first iteration on (checkpoint/manifest.py).
 TRAINING_FLAGS = {"lr": "--lr", "total_iters": "--iterations (the schedule's horizon)",
                   "lr_schedule": "--lr-schedule", "warmup_iters": "--warmup",
                   "min_lr_ratio": "--min-lr-ratio", "clip": "--clip",
-                  "precision": "--precision"}
+                  "precision": "--precision",
+                  "activation_checkpointing": "--activation-checkpointing"}
 
 
 def resume_changes(saved: dict, training) -> list[str]:
@@ -105,7 +123,8 @@ RESUMED = {"model": "workload", "d_model": "d_model", "layers": "n_layers",
            "heads": "n_heads", "seq_len": "seq_len", "vocab": "vocab",
            "micro_batch_size": "micro_batch_size", "seed": "seed", "lr": "lr",
            "precision": "precision", "lr_schedule": "lr_schedule", "warmup": "warmup_iters",
-           "clip": "clip", "data": "data"}
+           "clip": "clip", "data": "data",
+           "activation_checkpointing": "activation_checkpointing"}
 
 
 def resumed_defaults(man) -> dict:

@@ -18,9 +18,11 @@ import hashlib
 import importlib
 import os
 import sys
+from typing import Optional
 
 import torch
 
+from executor.compute import draws
 from executor.compute.model import ModelConfig, Workload
 from executor.models.families import choices, split_name
 
@@ -96,9 +98,12 @@ def param_hash(module) -> str:
     return h.hexdigest()
 
 
-def check_workload(name: str, cfg: ModelConfig, stages: int) -> Workload:
+def check_workload(name: str, cfg: ModelConfig, stages: int,
+                   notes: Optional[list] = None) -> Workload:
     """Load NAME twice and build every stage from each: the parameters must be identical,
     since every replica (and a rejoining worker, and the reference) builds its own.
+    `notes` receives the line naming randomness the runtime cannot key, if any
+    (executor/compute/draws.py: a module's own torch.Generator).
     Built-in families are deterministic by construction (tests/test_llama.py and
     test_executor_compute.py hold them to it): building llama:8b twice on the CPU would
     take 64 GB before a GPU profile even starts."""
@@ -106,14 +111,20 @@ def check_workload(name: str, cfg: ModelConfig, stages: int) -> Workload:
     if split_name(name) is not None:
         return first
     second = load_workload(name)
+    unkeyable: list[str] = []
     for s in range(stages):
         try:
-            a, b = (param_hash(wl.build_stage(cfg, s, stages)) for wl in (first, second))
+            built = first.build_stage(cfg, s, stages)
+            a, b = param_hash(built), param_hash(second.build_stage(cfg, s, stages))
         except Exception as exc:
             raise ValueError(f"--model {name}: build_stage(cfg, {s}, {stages}) raised "
                              f"{type(exc).__name__}: {exc}") from None
+        unkeyable += [f"stage {s} {n}" for n in draws.unkeyable(built)]
         if a != b:
             raise ValueError(f"--model {name}: two builds of stage {s} have different "
                              f"parameters; seed the initialisation so every replica builds "
                              f"the same")
+    note = draws.unkeyable_note(unkeyable)
+    if note and notes is not None:
+        notes.append(f"--model {name}: {note}")
     return first

@@ -15,13 +15,16 @@ Llamas with tie_word_embeddings) on different stages is a tie (executor/runtime/
 Between stages the hidden states travel, plus, for rotary models (Llama and kin), the
 position ids (int64: no gradient): each stage computes its rotary embeddings from them.
 Attention is causal through the model's own SDPA path (no padding mask: every sequence
-is full length). Dropout probabilities are set to 0 unless given: a random mask would
-differ between replicas and the reference.
+is full length). Dropout is the config's (GPT-2's 0.1 by default): every draw is keyed by
+(seed, iteration, micro-batch, layer) (executor/compute/draws.py), so a mask is the same on
+whichever worker runs it and in the reference. Layers are numbered as the built-ins':
+0 the embeddings (and GPT-2's embedding dropout), 1..L the blocks, L+1 the norm and head.
 
 transformers is an optional extra (`pip install recycle[hf]`).
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 from urllib.parse import parse_qsl
@@ -31,6 +34,7 @@ from torch import Tensor, nn
 
 from executor.compute import data
 from executor.compute.model import ModelConfig, Workload, layer_range
+from executor.compute.units import layer
 from executor.models.modules import seeded_build
 from executor.runtime.steps.tied import declare, find_ties
 
@@ -65,9 +69,13 @@ def hf_config(name: str):
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
     src, _, query = name[len(PREFIX):].partition("?")
     try:
-        overrides = {k: _value(v) for k, v in parse_qsl(query, strict_parsing=bool(query))}
+        pairs = parse_qsl(query, strict_parsing=bool(query))
     except ValueError:
         raise ValueError(f"--model {name}: overrides must read key=value&key=value") from None
+    overrides = {k: _value(v) for k, v in pairs}
+    twice = sorted({k for k, _ in pairs if sum(1 for j, _ in pairs if j == k) > 1})
+    if twice:
+        raise ValueError(f"--model {name}: {', '.join(twice)} given more than once")
     path = os.path.join(src, "config.json") if os.path.isdir(src) else src
     if src.endswith(".json") or os.path.isdir(src):
         try:
@@ -85,18 +93,23 @@ def hf_config(name: str):
     else:
         raise ValueError(f"--model {name}: {src!r} is neither a config.json nor a "
                          f"transformers model type (e.g. gpt2, llama)")
-    default = cls.from_dict(d)
+    default = _construct(name, cls, d)
     for key in overrides:  # a config class takes unknown keys silently
         if not hasattr(default, key):
             raise ValueError(f"--model {name}: {cls.__name__} has no field {key!r}")
     # Overrides go in at construction: fields derived there (Llama's head_dim from
     # hidden_size and the heads) follow them.
-    config = cls.from_dict({**d, **overrides})
-    for key in list(vars(config)):  # no dropout: replicas and the reference must agree
-        if (("dropout" in key or "pdrop" in key) and key not in overrides
-                and isinstance(getattr(config, key), float)):
-            setattr(config, key, 0.0)
-    return config
+    return _construct(name, cls, {**d, **overrides})
+
+
+def _construct(name: str, cls, fields: dict):
+    """cls.from_dict(fields), whatever it refuses as one line (transformers validates
+    fields and architectures with its own error types, messages over several lines)."""
+    try:
+        return cls.from_dict(fields)
+    except Exception as exc:  # the config class's checks: any of them is bad input
+        why = " ".join(str(exc).split())
+        raise ValueError(f"--model {name}: {cls.__name__} refuses it: {why}") from None
 
 
 def _positions(c) -> int:
@@ -120,6 +133,7 @@ def _parts(full: nn.Module) -> dict:
         raise ValueError(f"{type(full).__name__}: no decoder blocks (h/layers), final norm "
                          f"(ln_f/norm) or LM head found; not a supported causal LM layout")
     return dict(embed=full.get_input_embeddings(), pos=getattr(base, "wpe", None),
+                drop=getattr(base, "drop", None),  # GPT-2's dropout after the embeddings
                 blocks=blocks, norm=norm, head=full.get_output_embeddings(),
                 rotary=getattr(base, "rotary_emb", None))
 
@@ -132,32 +146,43 @@ class HFStage(nn.Module):
         super().__init__()
         self.embed = parts["embed"] if first else None
         self.pos = parts["pos"] if first else None
+        self.drop = parts["drop"] if first else None
         self.blocks = nn.ModuleDict({str(i): parts["blocks"][i] for i in range(lo, hi)})
         self.norm = parts["norm"] if last else None
         self.head = parts["head"] if last else None
         self.rotary = parts["rotary"]  # buffers only (inverse frequencies): every stage
         self.last = last
+        self.n_layers = len(parts["blocks"])
+
+    def _embed(self, x: Tensor, position_ids: Tensor) -> Tensor:
+        h = self.embed(x)
+        if self.pos is not None:
+            h = h + self.pos(position_ids)
+        return self.drop(h) if self.drop is not None else h
 
     def forward(self, x: Tensor, position_ids: Tensor = None):
+        # layers numbered in the whole model (units.py): 0 the embeddings, 1..L the blocks
         if self.embed is not None:  # token ids
             b, T = x.shape
             position_ids = torch.arange(T, device=x.device).repeat(b, 1)
-            h = self.embed(x)
-            if self.pos is not None:
-                h = h + self.pos(position_ids)
+            h = layer(0, self._embed, x, position_ids)
         else:
             h = x
         kw = {}
         if self.rotary is not None:
             kw = dict(position_ids=position_ids,
                       position_embeddings=self.rotary(h, position_ids))
-        for block in self.blocks.values():
-            h = block(h, **kw)  # no attention mask: SDPA's causal path
-            if isinstance(h, tuple):
-                h = h[0]
+        for i, block in self.blocks.items():
+            # no attention mask: SDPA's causal path
+            h = layer(int(i) + 1, functools.partial(_block, block, **kw), h, block=int(i))
         if self.last:
-            return self.head(self.norm(h))
+            return layer(self.n_layers + 1, lambda t: self.head(self.norm(t)), h)
         return (h, position_ids) if self.rotary is not None else h
+
+
+def _block(block: nn.Module, h: Tensor, **kw) -> Tensor:
+    out = block(h, **kw)
+    return out[0] if isinstance(out, tuple) else out
 
 
 def build(config, cfg: ModelConfig, stage: int, stages: int) -> nn.Module:

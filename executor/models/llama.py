@@ -23,6 +23,7 @@ from torch.nn.utils import skip_init
 
 from executor.compute import data
 from executor.compute.model import ModelConfig, Workload, layer_range
+from executor.compute.units import layer
 
 ROPE_THETA = 500_000.0
 NORM_EPS = 1e-5
@@ -150,6 +151,7 @@ class LlamaStage(nn.Module):
     def __init__(self, cfg: ModelConfig, stage: int, stages: int):
         super().__init__()
         check_shape(cfg)
+        self.n_layers = cfg.n_layers
         lo, hi = layer_range(cfg.n_layers, stage, stages, cfg.boundaries)
         self.tok_embeddings = None
         if stage == 0:
@@ -168,15 +170,16 @@ class LlamaStage(nn.Module):
         self.register_buffer("rope_sin", sin, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
+        # layers numbered in the whole model (units.py): 0 the embedding, 1..L the blocks
         if self.tok_embeddings is not None:
-            x = self.tok_embeddings(x)
+            x = layer(0, self.tok_embeddings, x)
         cos, sin = self.rope_cos, self.rope_sin
         if x.shape[1] > cos.shape[0]:  # a longer sequence than cfg.seq_len: extend
             cos, sin = rotary(x.shape[1], cos.shape[1], device=x.device)
-        for block in self.layers.values():
-            x = block(x, cos, sin)
+        for i, block in self.layers.items():
+            x = layer(int(i) + 1, block, x, cos, sin, block=int(i))
         if self.output is not None:
-            x = self.output(self.norm(x))
+            x = layer(self.n_layers + 1, lambda h: self.output(self.norm(h)), x)
         return x
 
 

@@ -30,6 +30,7 @@ from torch import Tensor, nn
 
 from executor.compute import data
 from executor.compute.model import ModelConfig, Workload, layer_range, lm_loss
+from executor.compute.units import layer
 from executor.runtime.steps.tied import declare, find_ties
 
 Split = Union[Sequence[str], Sequence[Sequence[str]]]
@@ -54,15 +55,16 @@ def call_factory(factory: Callable, cfg: ModelConfig) -> nn.Module:
     return model
 
 
-def stage_pieces(split: Split, stage: int, stages: int) -> list[str]:
+def stage_pieces(split: Split, stage: int, stages: int) -> tuple[int, list[str]]:
+    """(the place of the stage's first piece in the whole split, its pieces)."""
     if split and not isinstance(split[0], str):
         if len(split) != stages:
             raise ValueError(f"the split lists {len(split)} stages, the run has {stages}")
-        return list(split[stage])
+        return sum(len(p) for p in split[:stage]), list(split[stage])
     if len(split) < stages:
         raise ValueError(f"{len(split)} pieces cannot fill {stages} stages")
     lo, hi = layer_range(len(split), stage, stages)
-    return list(split[lo:hi])
+    return lo, list(split[lo:hi])
 
 
 def _attach(root: nn.Module, dotted: str, piece: nn.Module) -> None:
@@ -79,11 +81,14 @@ def _attach(root: nn.Module, dotted: str, piece: nn.Module) -> None:
 
 
 class PiecesStage(nn.Module):
-    """One stage: its pieces, applied in order."""
+    """One stage: its pieces, applied in order. Each piece is a layer of the whole model
+    (units.py), numbered by its place in the split: its draws are keyed by that number, and
+    activation checkpointing may recompute any piece."""
 
-    def __init__(self, full: nn.Module, names: Sequence[str]):
+    def __init__(self, full: nn.Module, names: Sequence[str], first: int = 0):
         super().__init__()
         self.piece_names = list(names)
+        self.first = first
         self._order = []
         for name in names:
             try:
@@ -95,8 +100,9 @@ class PiecesStage(nn.Module):
 
     def forward(self, *x):
         out = x if len(x) > 1 else x[0]
-        for piece in self._order:
-            out = piece(*out) if isinstance(out, tuple) else piece(out)
+        for k, piece in enumerate(self._order, self.first):
+            out = layer(k, piece, *out, block=k) if isinstance(out, tuple) else \
+                layer(k, piece, out, block=k)
         return out
 
 
@@ -106,7 +112,10 @@ def _names(module: nn.Module) -> dict[int, str]:
 
 def build_pieces(full: nn.Module, split: Split, stage: int, stages: int) -> nn.Module:
     """Stage `stage` of `full`, with the run's tie table (from all stages of this build)."""
-    mods = [PiecesStage(full, stage_pieces(split, s, stages)) for s in range(stages)]
+    mods = []
+    for s in range(stages):
+        first, names = stage_pieces(split, s, stages)
+        mods.append(PiecesStage(full, names, first))
     held = {pid for m in mods for pid in _names(m)}
     left = [n for n, p in full.named_parameters() if id(p) not in held]
     if left:  # the forward would skip them: a split that does not name every piece

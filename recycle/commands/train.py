@@ -43,6 +43,9 @@ def _configured(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
 
 
 _ARCH = "default: the --model flavour's, else {}"
+AC_HELP = ("none, full (every block's forward is recomputed in backward, keeping only its "
+           "input), or selective[:N] (every N-th block; N=2 by default): less activation "
+           "memory for more compute, the same numbers (recomputed once, in I)")
 # The model options of `train` and `profile` (one definition for both commands).
 MODEL_OPTION = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)")
 D_MODEL_OPTION = typer.Option(None, "--d-model", help=_ARCH.format(32))
@@ -96,6 +99,7 @@ def train_cmd(
     micro_batch_size: int = typer.Option(4), vocab: Optional[int] = VOCAB_OPTION,
     seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
     precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (autocast; fp32 master weights and gradients)"),
+    activation_checkpointing: Optional[str] = typer.Option(None, "--activation-checkpointing", help=AC_HELP + " [default: the --job's, else none]"),
     lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine decay to --min-lr-ratio x --lr after --warmup"),
     warmup: int = typer.Option(0, "--warmup", help="iterations of linear learning-rate warm-up"),
     min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="cosine floor as a fraction of --lr [default: 0.1]"),
@@ -119,6 +123,8 @@ def train_cmd(
         params["min_lr_ratio"] = None  # the checkpoint's cosine floor; another schedule now
     with user_errors("train options"):
         run = resolve(RunConfig.from_flags(params), resumed=resumed, token=token)
+    for warning in run.warnings:  # randomness the runtime cannot key: named, not ignored
+        console.print(f"warning: {warning}", markup=False, soft_wrap=True)
     for note in run.notes:
         console.print(note)
     launch = run.launch
@@ -176,6 +182,7 @@ def profile_cmd(
     heads: Optional[int] = HEADS_OPTION, seq_len: Optional[int] = SEQ_LEN_OPTION,
     micro_batch_size: int = typer.Option(4), vocab: Optional[int] = VOCAB_OPTION,
     seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
+    activation_checkpointing: str = typer.Option("none", "--activation-checkpointing", help=AC_HELP + "; the job records it, and `train --job` trains with it"),
 ):
     """Measure F/I/W/OPT and activation memory of each stage and write a job spec for
     `recycle plan` / `train --job`."""
@@ -193,6 +200,8 @@ def profile_cmd(
             raise ValueError(f"--repeats must be at least 1, not {repeats}")
         if threads is not None and threads < 1:
             raise ValueError(f"--threads must be at least 1, not {threads}")
+        from executor.inputs.train_options import checkpointing_of
+        checkpointing = checkpointing_of(activation_checkpointing, None)
         from executor.inputs.resolve import model_config
         from executor.inputs.run_config import ModelSection
         cfg = model_config(ModelSection(model=model, d_model=d_model, layers=layers,
@@ -201,7 +210,10 @@ def profile_cmd(
         from executor.models.balance import check_split
         check_split(split)
         from executor.inputs.workload_name import check_workload
-        workload = check_workload(model, cfg, stages)
+        notes: list = []
+        workload = check_workload(model, cfg, stages, notes)
+        for note in notes:
+            typer.echo(f"warning: {note}", err=True)
         from executor.models.footprint import check_fits  # this machine holds a stage
         check_fits(model, workload, cfg, stages, replicas=1, device=device, mode="profile")
         rows: list = []
@@ -209,7 +221,8 @@ def profile_cmd(
         if split == "balanced":  # per-layer costs first; cfg gets their boundaries
             from executor.compute.profile import profile_balanced as measure
         spec = measure(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
-                       training=TrainingSettings(lr=lr),  # the optimizer OPT times
+                       # the optimizer OPT times; the recomputation F/I/W and memory have
+                       training=TrainingSettings(lr=lr, activation_checkpointing=checkpointing),
                        workload=workload,
                        memory_budget=memory_budget, threads=threads, details=rows)
         with open(out, "w") as fh:

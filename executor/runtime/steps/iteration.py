@@ -44,6 +44,7 @@ class IterationRuntime:
         if a.snaps is not None:
             a.snaps.follow(plan)  # who holds which stage's snapshot under this plan
         stage.stepper.settle()  # the previous step is final before its parameters are used
+        stage.compute.begin(it)  # the key of this iteration's draws
         stage.batches.begin(it, [x.microbatch for x in wp.actions if x.op == "F"]
                             if it + 1 < a.conf.iterations else None)
         self.clock.begin(it)

@@ -23,7 +23,9 @@ class StageRuntime:
         self.params = list(self.module.parameters())  # walking the module tree costs 0.1 ms
         self.compute = StageCompute(self.module, stage == 0, stage == S - 1,
                                     1.0 / conf.job.num_microbatches, wl.loss_fn,
-                                    precision=conf.training.precision)
+                                    precision=conf.training.precision, stage=stage,
+                                    seed=cfg.seed,
+                                    checkpointing=conf.training.activation_checkpointing)
         self.stepper = StageStepper(self.module, self.opt, conf.training, stage, S, store,
                                     log=log)
         self.parts = PartWriter(conf.checkpoint_dir, conf.checkpoint_every, conf.iterations, stage, log)
