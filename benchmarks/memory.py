@@ -45,7 +45,7 @@ from executor.compute.memory import alive_storages, existed
 from executor.compute.profile import profile
 from executor.inputs.workload_name import load_workload
 from executor.models.families import architecture
-from executor.runtime.interpreter import StageSteps
+from executor.runtime.steps.interpreter import StageSteps
 from planner.plan import Plan
 from planner.solvers.backends import solve
 
