@@ -4,7 +4,7 @@
 
 Per model, size and stage (S=2: stage 0 = first, stage 1 = last), per micro-batch:
   fused    StageCompute.backward_full: one plain autograd backward (B);
-  generic  StageCompute's I and W (executor/compute/split_backward.py);
+  generic  StageCompute's I and W (executor/compute/backward/split_backward.py);
   custom   the custom deferred layers this replaced (executor/compute/wgrad.py, loaded from
            git commit e9536fd): GPT only, the plain-nn model cannot use them (under them
            its W was empty and I did everything).

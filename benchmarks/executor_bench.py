@@ -1,7 +1,7 @@
 """`python -m benchmarks.bench_executor`: ReCycle's runtime against torch.distributed.pipelining.
 
 One run, one model, one machine:
-  1. profile the model (executor.compute.profile) for an S-stage split; the p2p delay is the
+  1. profile the model (executor.compute.measure.profile) for an S-stage split; the p2p delay is the
      one-way gloo latency measured by the Schedule1F1B ranks (ping-pong on loopback);
   2. torch baselines on S processes: Schedule1F1B, and the zero-bubble schedules that
      need 2 stages per rank (ZBV, interleaved ZB) on the same model split in 2S chunks;
@@ -34,7 +34,7 @@ from executor.launch.launcher import Coordinator
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
 from executor.inputs.workload_name import DEFAULT_MODEL, check_workload
-from executor.compute.profile import profile
+from executor.compute.measure.profile import profile
 from planner.solvers.backends import solve
 from planner.job import JobSpec
 from planner.control.membership import Membership

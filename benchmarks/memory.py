@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
 import statistics
 import time
 from typing import Optional
@@ -38,11 +37,11 @@ from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from executor.compute import local as local_mod
+from executor.compute.one_process import local as local_mod
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.compute.local import LocalRunner
-from executor.compute.memory import alive_storages, existed
-from executor.compute.profile import profile
+from executor.compute.one_process.local import LocalRunner
+from executor.compute.measure.memory import alive_storages, existed
+from executor.compute.measure.profile import profile
 from executor.inputs.workload_name import load_workload
 from executor.models.families import architecture
 from executor.runtime.steps.interpreter import StageSteps
@@ -334,7 +333,7 @@ allocated, less the parameter gradients alive at the peak), "peak" adds the stat
 tensor). Every row is within 15%, most within 3%: the first stage's worst (+6.5%,
 llama:debug under checkpointing) over-predicts, the safe side.
 
-What the activation figure is made of (executor/compute/profile.py, measure_stage): the
+What the activation figure is made of (executor/compute/measure/profile.py, measure_stage): the
 larger of what F saves and what is kept from I to W (under checkpointing: the recomputed
 layers' inputs, and after recompute.trim what W reads), plus once per worker the most one
 micro-batch takes above that while it computes (`workspace_bytes`). Without that term the

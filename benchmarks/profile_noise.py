@@ -27,7 +27,7 @@ sys.path.insert(0, ROOT)
 import torch  # noqa: E402
 
 from executor.compute.model import ModelConfig  # noqa: E402
-from executor.compute.profile import profile  # noqa: E402
+from executor.compute.measure.profile import profile  # noqa: E402
 
 KEYS = ("F", "I", "W", "OPT")
 

@@ -9,8 +9,8 @@ Per model and stage (the executor benchmark's shapes, benchmarks/executor_bench.
 bench_config), per micro-batch, the thread's CPU time on one torch thread of:
   fused B  StageCompute.backward_full under a fused plan (one autograd backward; what
            torch's Schedule1F1B runs);
-  ours     StageCompute.backward_input then backward_weight (executor/compute/split_backward.py;
-           W of Linear and norm groups without the engine, executor/compute/direct_w.py;
+  ours     StageCompute.backward_input then backward_weight (executor/compute/backward/split_backward.py;
+           W of Linear and norm groups without the engine, executor/compute/backward/direct_w.py;
            on the first stage I empty and W one plain backward);
   wt-d     our split as it was before this branch (base wt-d): every W group through the
            autograd engine, and the first stage split like the others;

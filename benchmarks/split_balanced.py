@@ -1,6 +1,6 @@
 """`--split balanced` against the default split by layer count, side by side in one run.
 
-For one model and grid: profile every layer alone (executor/compute/profile.py
+For one model and grid: profile every layer alone (executor/compute/measure/profile.py
 profile_layers), profile the stages of both splits, plan both (planned period from the
 measured stage costs), then train both on real worker processes, interleaved over
 --rounds rounds, and keep each split's best steady-state time per iteration (ms, from
@@ -28,7 +28,7 @@ import torch
 from rich.console import Console
 
 from executor.compute.model import ModelConfig, layer_range
-from executor.compute.profile import profile, profile_layers
+from executor.compute.measure.profile import profile, profile_layers
 from executor.inputs.workload_name import check_workload
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import LaunchSpec

@@ -163,7 +163,7 @@ def redo_rows(sizes, rounds: int) -> list[dict]:
 def runtime_clip(iterations: int) -> dict:
     """A real run: 4 worker processes, clipping on; counts from the workers' logs."""
     from rich.console import Console
-    from executor.compute.reference import compare, train_reference
+    from executor.compute.one_process.reference import compare, train_reference
     from executor.launch.launcher import train
     from executor.inputs.launch_spec import LaunchSpec
     from planner.job import JobSpec
@@ -194,8 +194,8 @@ def runtime_clip(iterations: int) -> dict:
 
 
 def bf16_rows(seeds: int) -> list[dict]:
-    from executor.compute.local import run_plan_locally
-    from executor.compute.reference import train_reference
+    from executor.compute.one_process.local import run_plan_locally
+    from executor.compute.one_process.reference import train_reference
     from executor.inputs.workload_name import load_workload
     from planner.job import JobSpec
     from planner.solvers.backends import solve

@@ -32,7 +32,7 @@ from rich.console import Console
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
-from executor.compute.profile import profile
+from executor.compute.measure.profile import profile
 from planner.solvers.backends import solve
 from planner.solvers.greedy import greedy_plan
 from planner.routing import speed_routes

@@ -21,7 +21,7 @@ def _number(x) -> bool:
 
 def load_summary(path: str):
     """The summary in `path`; ValueError/OSError (one line) when it is not one."""
-    from executor.compute.reference import Summary
+    from executor.compute.one_process.reference import Summary
     with open(path, "rb") as fh:
         raw = fh.read()
     try:
@@ -44,7 +44,7 @@ def compare_cmd(
 ):
     """Losses and per-stage parameter checksums of two training runs side by side; exit 0
     if they agree within --tol, 1 if not."""
-    from executor.compute.reference import compare
+    from executor.compute.one_process.reference import compare
     with user_errors("compare input"):
         if not (math.isfinite(tol) and tol >= 0):
             raise ValueError(f"--tol must be a finite number >= 0, not {tol:g}")

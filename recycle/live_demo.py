@@ -102,7 +102,7 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
     from executor.launch.report.run_record import failed_by_iteration
     from executor.inputs.launch_spec import Faults, LaunchSpec
     from executor.compute.config import ModelConfig, TrainingSettings
-    from executor.compute.reference import compare, train_reference
+    from executor.compute.one_process.reference import compare, train_reference
     from executor.data.prepare import prepare, stdlib_dir
     from executor.data.token_file import with_data
     from executor.inputs.workload_name import load_workload

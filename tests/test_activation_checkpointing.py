@@ -14,11 +14,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from examples import dropout_lm
-from executor.compute import recompute
+from executor.compute.backward import recompute
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.compute.local import run_plan_locally
-from executor.compute.recompute import Policy
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.local import run_plan_locally
+from executor.compute.backward.recompute import Policy
+from executor.compute.one_process.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.inputs.train_options import checkpointing_of

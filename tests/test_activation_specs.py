@@ -14,7 +14,7 @@ import torch
 from rich.console import Console
 
 from executor.compute.model import ModelConfig
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train

@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.one_process.reference import Summary, compare, train_reference
 from executor.data.prepare import stdlib_dir
 from executor.data.token_file import open_tokens, with_data
 from executor.models.families import FAMILIES, architecture

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from executor.compute.model import DEFAULT_WORKLOAD as WL
 from executor.compute.config import TrainingSettings
-from executor.compute.reference import checksum, compare, train_reference
+from executor.compute.one_process.reference import checksum, compare, train_reference
 from executor.inputs.launch_spec import Faults
 from planner.job import JobSpec
 from test_executor_runtime import CFG, M, TOL, assert_exact, logs, reference, run

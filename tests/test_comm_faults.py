@@ -153,7 +153,7 @@ def test_cuda_training_with_a_kill_matches_the_reference(tmp_path):
     result still equals the CPU reference (CUDA kernels round differently: 1e-4)."""
     from executor.inputs.launch_spec import Faults
     from test_executor_runtime import CFG, M, logs, run
-    from executor.compute.reference import compare, train_reference
+    from executor.compute.one_process.reference import compare, train_reference
     res = run(tmp_path, 2, 2, 3, faults=Faults(kills=[(1, 1, 1)]), device="cuda")
     assert res.summary is not None, f"{res.halted}\n{res.output}\n{logs(tmp_path)}"
     assert not compare(res.summary, train_reference(CFG, 2, M, 3, 2), 1e-4)

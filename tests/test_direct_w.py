@@ -1,4 +1,4 @@
-"""W without the engine for Linear and norm groups (executor/compute/direct_w.py): used
+"""W without the engine for Linear and norm groups (executor/compute/backward/direct_w.py): used
 only where the first micro-batch of a graph structure proved it bit-identical to the
 engine, and then bit-identical on later micro-batches too."""
 from __future__ import annotations

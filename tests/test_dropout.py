@@ -19,8 +19,8 @@ from torch import nn
 
 from examples import dropout_lm
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.compute.local import run_plan_locally
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.local import run_plan_locally
+from executor.compute.one_process.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.compute.units import StageUnits
 from executor.inputs.launch_spec import Faults, LaunchSpec

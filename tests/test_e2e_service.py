@@ -23,7 +23,7 @@ from executor.launch.launcher import Coordinator
 from executor.launch.report.run_record import failed_by_iteration
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.compute.model import ModelConfig
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.reference import compare, train_reference
 from executor.sources.service_source import ServiceWatch
 from executor.runtime.peer_snapshots.cadence import AUTO
 from planner.job import JobSpec

@@ -9,11 +9,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils.flop_counter import FlopCounterMode
 
 from executor.compute.data import microbatch
-from executor.compute.local import run_plan_locally
+from executor.compute.one_process.local import run_plan_locally
 from executor.compute.model import (ModelConfig, Workload, build_full, build_stage, layer_range,
                             lm_loss)
-from executor.compute.profile import profile
-from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.measure.profile import profile
+from executor.compute.one_process.reference import Summary, compare, train_reference
 from executor.compute.stage import StageCompute
 from planner.solvers.backends import solve
 from planner.job import JobSpec

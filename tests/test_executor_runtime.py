@@ -1,7 +1,7 @@
 """The multi-process runtime against the one-process reference (docs/design.md section 7).
 
 Real worker processes, real gloo worlds, real SIGKILLs: every run must give the losses and
-final parameter checksums of executor.compute.reference.train_reference on the same global
+final parameter checksums of executor.compute.one_process.reference.train_reference on the same global
 batches, within 1e-5, whatever failed on the way.
 """
 import glob
@@ -26,7 +26,7 @@ from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
 from executor.launch.report.run_record import failed_by_iteration
 from executor.compute.model import ModelConfig
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.reference import compare, train_reference
 from executor.runtime.transport.rendezvous import Mailbox, StorePlanSource, publish_plan
 from planner.solvers.backends import solve
 from planner.job import JobSpec

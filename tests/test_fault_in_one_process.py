@@ -11,7 +11,7 @@ import threading
 from rich.console import Console
 
 from executor.compute.model import ModelConfig
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.reference import compare, train_reference
 from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.launcher import Coordinator
 from executor.protocol import incarnation_key

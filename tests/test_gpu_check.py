@@ -73,7 +73,7 @@ def test_without_a_gpu_the_full_check_asks_for_the_dry_run(capsys):
 def test_reference_on_cuda_matches_the_cpu():
     from benchmarks.gpu_check.exact import DEVICE_TOL, small_config
     from executor.compute.config import TrainingSettings
-    from executor.compute.reference import Summary, compare, train_reference
+    from executor.compute.one_process.reference import Summary, compare, train_reference
     from executor.inputs.workload_name import load_workload
     cfg, wl = small_config("llama:debug"), load_workload("llama:debug")
     tr = TrainingSettings(total_iters=3)

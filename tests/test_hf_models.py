@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 pytest.importorskip("transformers")
 
 from executor.compute.model import ModelConfig  # noqa: E402
-from executor.compute.reference import compare, train_reference  # noqa: E402
+from executor.compute.one_process.reference import compare, train_reference  # noqa: E402
 from executor.inputs.workload_name import check_workload, load_workload  # noqa: E402
 from executor.launch.launcher import train  # noqa: E402
 from executor.inputs.launch_spec import Faults, LaunchSpec  # noqa: E402
@@ -107,7 +107,7 @@ def test_sigkill_and_rejoin_2x2_equal_reference(tmp_path, name, dead):
 def test_per_layer_profile_of_a_rotary_model_for_split_balanced():
     """`recycle profile --split balanced` feeds each layer the previous one's output: a
     Llama stage's output is (hidden, position ids), whose gradient message is one tensor."""
-    from executor.compute.profile import profile_layers
+    from executor.compute.measure.profile import profile_layers
     from executor.models.balance import balanced_boundaries
     cfg = cfg_of(LLAMA)
     costs = profile_layers(cfg, repeats=1, workload=load_workload(LLAMA))
@@ -119,7 +119,7 @@ def test_per_layer_profile_of_a_rotary_model_for_split_balanced():
 def test_in_process_runner_with_a_failure_equals_reference(stages):
     """One stage: the embedding and the head are one parameter used twice (deferred W of a
     reused weight); three stages: a tie between stage 0 and stage 2 over a middle stage."""
-    from executor.compute.local import run_plan_locally
+    from executor.compute.one_process.local import run_plan_locally
     from planner.job import JobSpec
     from planner.solvers.backends import solve
     cfg = cfg_of(GPT2)

@@ -10,8 +10,8 @@ import torch.nn.functional as F
 from typer.testing import CliRunner
 
 from executor.compute.model import ModelConfig
-from executor.compute.profile import measure_stage
-from executor.compute.reference import Summary, compare
+from executor.compute.measure.profile import measure_stage
+from executor.compute.one_process.reference import Summary, compare
 from executor.models.flavours import LLAMA
 from executor.models.llama import (Attention, apply_rotary, build_full, build_stage,
                                    rotary, workload)
@@ -153,7 +153,7 @@ def test_a_flavour_accepts_its_own_values_and_a_shorter_context(tmp_path):
 
 
 def test_a_model_this_machine_cannot_hold_is_refused_before_any_worker_starts(tmp_path):
-    from executor.compute.profile import machine_memory
+    from executor.compute.measure.profile import machine_memory
     from executor.models.footprint import check_fits
     if machine_memory() > 200 * 2**30:
         pytest.skip("this machine could hold llama:8b's state 1.6 times over")

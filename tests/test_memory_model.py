@@ -12,9 +12,9 @@ from typer.testing import CliRunner
 
 from benchmarks.memory import FAILED, M, S, D, measured, predicted
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.compute.memory import PeakBytes
+from executor.compute.measure.memory import PeakBytes
 from executor.compute.model import DEFAULT_WORKLOAD
-from executor.compute.profile import measure_stage, profile
+from executor.compute.measure.profile import measure_stage, profile
 from planner.solvers.backends import solve
 from recycle.cli import app
 

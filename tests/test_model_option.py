@@ -6,7 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from executor.compute.model import ModelConfig
-from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.one_process.reference import Summary, compare, train_reference
 from executor.inputs.workload_name import load_workload
 from planner.job import JobSpec
 from recycle.cli import app

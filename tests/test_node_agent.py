@@ -22,7 +22,7 @@ from rich.console import Console
 from api_support import ROOT, ProcServer, admin_headers, free_port
 from executor.launch.launcher import Coordinator
 from executor.inputs.launch_spec import Faults, LaunchSpec
-from executor.compute.reference import compare
+from executor.compute.one_process.reference import compare
 from executor.sources.service_source import ServiceWatch
 from test_e2e_service import CFG, D, M, S, reference, register
 

@@ -20,7 +20,7 @@ import torch
 
 from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
-from executor.compute.reference import checksum, train_reference
+from executor.compute.one_process.reference import checksum, train_reference
 from executor.inputs.worker_settings import WorkerSettings
 from executor.runtime.transport.comm import connect_store
 from executor.runtime.peer_snapshots import (PeerSnapshots, SnapshotError, common_iteration,

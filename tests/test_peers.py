@@ -8,7 +8,7 @@ pytest.importorskip("torchft")
 
 from benchmarks.peers.runs import Setup, figures, recycle_run, torchft_run  # noqa: E402
 from executor.compute.config import ModelConfig, TrainingSettings, split_flat  # noqa: E402
-from executor.compute.reference import train_reference  # noqa: E402
+from executor.compute.one_process.reference import train_reference  # noqa: E402
 from executor.data.prepare import prepare, stdlib_dir  # noqa: E402
 from executor.data.token_file import with_data  # noqa: E402
 from executor.compute.model import DEFAULT_WORKLOAD  # noqa: E402

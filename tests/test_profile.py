@@ -1,4 +1,4 @@
-"""`recycle profile` (executor/compute/profile.py): measured on the workers' thread count, each
+"""`recycle profile` (executor/compute/measure/profile.py): measured on the workers' thread count, each
 figure a median with its spread, activation memory on CPU too, bad devices refused."""
 import json
 
@@ -7,7 +7,7 @@ import torch
 from typer.testing import CliRunner
 
 from executor.compute.model import ModelConfig, Workload, lm_loss
-from executor.compute.profile import profile
+from executor.compute.measure.profile import profile
 from planner.job import JobSpec
 
 CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=2, micro_batch_size=2)

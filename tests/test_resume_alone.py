@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from executor.compute.reference import Summary, compare
+from executor.compute.one_process.reference import Summary, compare
 from planner.job import JobSpec
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

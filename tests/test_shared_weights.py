@@ -164,7 +164,7 @@ def test_shared_weights_are_deferred_and_w_reruns_nothing_of_i(case, deferred, c
     comp.split_first = True  # the tied model is a first stage: split it all the same
     # micro-batch 1 first: the first W of a graph structure also runs its Linear and norm
     # groups through the engine, to check that the direct products give the same bits
-    # (executor/compute/direct_w.py); the FLOPs below are a later micro-batch's
+    # (executor/compute/backward/direct_w.py); the FLOPs below are a later micro-batch's
     with caplog.at_level(logging.WARNING, logger="recycle.compute"):
         comp.forward(1, *_data(first, last, 1)[:2])
         comp.backward_input(1, _data(first, last, 1)[2])
@@ -225,7 +225,7 @@ def test_shared_weight_under_bf16_autocast():
 def test_models_without_shared_weights_keep_one_plain_call_per_group(family, monkeypatch):
     """The common case is untouched: no group of the GPT or Llama stages needs a first
     hop, and W makes one engine call per group."""
-    from executor.compute import split_backward
+    from executor.compute.backward import split_backward
     from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
     from executor.models import llama
     from executor.models.flavours import LLAMA

@@ -1,4 +1,4 @@
-"""Deferred W for any autograd graph (executor/compute/split_backward.py via StageCompute):
+"""Deferred W for any autograd graph (executor/compute/backward/split_backward.py via StageCompute):
 gradients equal plain autograd's, I carries no weight-gradient product and W nothing else,
 tuple / any-dtype activations, parameters that cannot be deferred, memory held I -> W."""
 import copy

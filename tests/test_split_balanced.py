@@ -10,7 +10,7 @@ import torch
 from typer.testing import CliRunner
 
 from executor.compute.model import ModelConfig, build_full, build_stage, layer_range
-from executor.compute.reference import Summary, compare
+from executor.compute.one_process.reference import Summary, compare
 from executor.models import llama
 from executor.models.balance import balanced_boundaries, stage_costs
 from planner.job import JobSpec

@@ -200,7 +200,7 @@ def test_slow_worker_through_the_service(tmp_path):
     detector its window): the service's detector re-plans."""
     from test_e2e_service import CFG as SCFG, NO_SPEEDS, SERVE, ProcServer, history
     from executor.launch.launcher import Coordinator
-    from executor.compute.reference import compare, train_reference
+    from executor.compute.one_process.reference import compare, train_reference
     from executor.sources.service_source import ServiceWatch
     import httpx
     from api_support import admin_headers

@@ -11,7 +11,7 @@ from rich.console import Console
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import LaunchSpec
 from executor.compute.model import ModelConfig
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.reference import compare, train_reference
 from planner.job import JobSpec
 from planner.plan import Mode
 

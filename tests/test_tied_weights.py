@@ -14,9 +14,9 @@ import torch
 from rich.console import Console
 
 from examples.tied_lm import AlbertLM, TiedLM, pieces, workload
-from executor.compute.local import run_plan_locally
+from executor.compute.one_process.local import run_plan_locally
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.compute.reference import compare, train_reference
+from executor.compute.one_process.reference import compare, train_reference
 from executor.inputs.workload_name import check_workload, load_workload
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
@@ -143,7 +143,7 @@ def test_processes_albert_split_backward_kill_on_stage_1(tmp_path):
 
 
 def test_exchange_keys_are_deleted_once_every_worker_is_past_them():
-    from executor.compute.local import LocalRunner
+    from executor.compute.one_process.local import LocalRunner
     from executor.runtime.steps.tied import TiedExchange
     runner = LocalRunner(CFG, solve(JobSpec.uniform(2, 2, 2), [], solver="greedy"), workload())
     for it in range(3):

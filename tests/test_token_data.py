@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 
 from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
-from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.one_process.reference import Summary, compare, train_reference
 from executor.data.prepare import stdlib_dir
 from executor.data.token_file import microbatch_from, open_tokens, with_data
 from recycle.cli import app

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from executor.compute.model import ModelConfig
-from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.one_process.reference import Summary, compare, train_reference
 
 pytestmark = pytest.mark.hard_timeout(170)
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -113,7 +113,7 @@ def test_recycle_train_replays_two_hours_of_the_p3_trace_exactly(tmp_path):
     the run's losses and parameters are the failure-free run's."""
     import json
 
-    from executor.compute.reference import Summary, compare
+    from executor.compute.one_process.reference import Summary, compare
     from tests.test_executor_runtime import TOL
     from tests.test_run_ends import train
 

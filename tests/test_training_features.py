@@ -16,9 +16,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from executor.compute.local import LocalRunner, run_plan_locally
+from executor.compute.one_process.local import LocalRunner, run_plan_locally
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.one_process.reference import Summary, compare, train_reference
 from executor.inputs.workload_name import load_workload
 from executor.models.families import architecture
 from executor.optim.clip import coefficient

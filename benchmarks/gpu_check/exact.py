@@ -1,6 +1,6 @@
 """Sections a and b: is training on CUDA right?
 
-a. The one-process reference (executor/compute/reference.py) of the small model on the
+a. The one-process reference (executor/compute/one_process/reference.py) of the small model on the
    GPU against the same on the CPU, fp32 and bf16. Different kernels sum in different
    orders, so this is a tolerance, on the losses; the parameters' largest difference is
    reported beside it (AdamW turns rounding in a near-zero gradient into a step of up to
@@ -26,7 +26,7 @@ import torch
 
 from executor.compute.config import TrainingSettings
 from executor.compute.model import ModelConfig
-from executor.compute.reference import Summary, compare, train_reference
+from executor.compute.one_process.reference import Summary, compare, train_reference
 from executor.inputs.workload_name import load_workload
 from executor.models.families import architecture
 

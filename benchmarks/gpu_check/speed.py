@@ -26,7 +26,7 @@ from benchmarks.gpu_check.exact import recycle
 from benchmarks.gpu_check.machine import peak_tflops
 from executor.compute.config import TrainingSettings
 from executor.compute.model import ModelConfig
-from executor.compute.profile import measure_stage
+from executor.compute.measure.profile import measure_stage
 from executor.compute.stage import StageCompute, autocast, boundary_cast
 from executor.inputs.workload_name import load_workload
 from executor.models.families import architecture

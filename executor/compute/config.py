@@ -47,7 +47,7 @@ class ModelConfig:
 @dataclass(frozen=True)
 class TrainingSettings:
     """Optimizer, schedule, clipping, precision and data of a run (executor/runtime/
-    stepper.py, executor/compute/reference.py, executor/optim/)."""
+    stepper.py, executor/compute/one_process/reference.py, executor/optim/)."""
     lr: float = 3e-3
     weight_decay: float = 0.01
     betas: tuple[float, float] = (0.9, 0.95)
@@ -59,7 +59,7 @@ class TrainingSettings:
     clip: float = 0.0  # clip gradients to this global norm over the whole model (0: off)
     data: str = ""  # token file (`recycle data prepare`); empty: the workload's own data
     # none, full or selective[:N]: layers whose forward is recomputed in backward
-    # (executor/compute/recompute.py); changes memory and time, never the numbers
+    # (executor/compute/backward/recompute.py); changes memory and time, never the numbers
     activation_checkpointing: str = "none"
 
     def to_dict(self) -> dict:

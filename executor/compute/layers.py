@@ -1,5 +1,5 @@
 """The built-in GPT's layers: plain torch.nn layers (their weight gradients are deferred to
-W like any module's, by executor/compute/split_backward.py) and seeded initialisation."""
+W like any module's, by executor/compute/backward/split_backward.py) and seeded initialisation."""
 from __future__ import annotations
 
 import torch

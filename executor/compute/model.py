@@ -146,7 +146,7 @@ class Workload:
     micro-batch; microbatch(cfg, iteration, g) -> (first-stage input, targets) must depend
     only on its arguments; make_optimizer(training, params) builds a stage's optimizer from
     the run's TrainingSettings (lr, betas, weight decay; the schedule sets the rate later). Any module's weight gradients are deferred to `W`
-    (executor/compute/split_backward.py); activations may be a Tensor or a tuple of them."""
+    (executor/compute/backward/split_backward.py); activations may be a Tensor or a tuple of them."""
     build_stage: StageFactory = build_stage
     loss_fn: Callable[[Tensor, Tensor], Tensor] = lm_loss
     microbatch: Callable[[ModelConfig, int, int], tuple[Tensor, Tensor]] = data.microbatch

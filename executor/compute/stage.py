@@ -13,13 +13,13 @@ in order, or a single Tensor when the activation is one floating Tensor; non-flo
 tensors (ids, masks) get none. Under precision="bf16" the floating activations a stage
 sends are bf16, so their gradients come back in bf16 too.
 
-Deferred W works on any autograd graph (executor/compute/split_backward.py); a parameter
+Deferred W works on any autograd graph (executor/compute/backward/split_backward.py); a parameter
 it cannot defer gets its gradient in I and is reported once, by name.
 
 Randomness and recomputation: every forward runs inside its stage's `StageUnits.forward
 (iteration, g)` (executor/compute/units.py), so its draws are keyed by (seed, iteration,
 g, layer) and the layers activation checkpointing picks are recomputed in backward
-(once, in I; executor/compute/recompute.py). `begin(iteration)` says which iteration runs.
+(once, in I; executor/compute/backward/recompute.py). `begin(iteration)` says which iteration runs.
 
 Loss scaling: the last stage back-propagates loss * loss_scale with loss_scale =
 1/(D*M), so the SUM of gradients over all D*M micro-batches (all-reduced across live
@@ -35,8 +35,8 @@ from typing import Callable, Optional, Union
 import torch
 from torch import Tensor, nn
 
-from executor.compute import recompute, split_backward
-from executor.compute.memory import SavedLedger
+from executor.compute.backward import recompute, split_backward
+from executor.compute.measure.memory import SavedLedger
 from executor.compute.model import lm_loss
 from executor.compute.units import StageUnits
 

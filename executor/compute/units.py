@@ -9,7 +9,7 @@ There the runtime:
 - seeds the draws of the layer (executor/compute/draws.py) when the stage is keyed;
 - recomputes the layer's forward in backward instead of keeping what it saved, when
   activation checkpointing chooses it (`block`: its number among the layers that may be
-  recomputed; executor/compute/recompute.py).
+  recomputed; executor/compute/backward/recompute.py).
 
 Outside a stage's forward (a module called directly: tests, a profile's warm-up) `layer`
 is `fn(*args)`. A Workload whose forward never calls it is keyed as one unit per stage
@@ -30,7 +30,7 @@ from typing import Callable, Iterator, Optional
 import torch
 from torch import nn
 
-from executor.compute import recompute
+from executor.compute.backward import recompute
 from executor.compute.draws import Draws, Key
 
 log = logging.getLogger("recycle.compute")

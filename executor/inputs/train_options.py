@@ -84,7 +84,7 @@ def checkpointing_of(flag: Optional[str], spec) -> str:
     """--activation-checkpointing as the run trains it: the flag, else the --job's (what its
     memory figures were measured under), else none. One line for a bad value, and for a
     flag other than the job's: its activation figures would not be this run's."""
-    from executor.compute.recompute import Policy
+    from executor.compute.backward.recompute import Policy
     mine = Policy.parse(flag) if flag is not None else None
     job = getattr(spec, "activation_checkpointing", None)
     theirs = Policy.parse(job) if job else None

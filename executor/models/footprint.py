@@ -41,7 +41,7 @@ def check_fits(model: str, workload, cfg, stages: int, *, replicas: int, device:
     in one process, always on the CPU) or "profile" (one stage at a time). Workers and
     profiles on a GPU are not checked here (the device's memory is the profile's
     capacity)."""
-    from executor.compute.profile import machine_memory
+    from executor.compute.measure.profile import machine_memory
     if mode != "reference" and not on_cpu(device):
         return
     counts = stage_params(workload, cfg, stages)

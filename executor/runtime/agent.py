@@ -27,7 +27,7 @@ import threading
 import time
 from typing import Optional
 
-from executor.compute.reference import checksum
+from executor.compute.one_process.reference import checksum
 from executor.protocol import Bye, Done, Fatal, NoCopyLeft
 from executor.runtime.transport.comm import World
 from executor.runtime.steps.iteration import IterationRuntime

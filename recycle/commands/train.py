@@ -131,7 +131,7 @@ def train_cmd(
     if reference:
         import torch
 
-        from executor.compute.reference import train_reference
+        from executor.compute.one_process.reference import train_reference
         # the workers' thread count (executor/worker.py): matmuls sum in another order on
         # more threads, and Adam turns that rounding into lr-sized steps where a gradient
         # is near 0 (a GPT with vocab 8192 drifted 0.004 from its own workers on 2 cores)
@@ -189,7 +189,7 @@ def profile_cmd(
     import json
 
     from executor.compute.config import TrainingSettings
-    from executor.compute.profile import profile
+    from executor.compute.measure.profile import profile
     from executor.runtime.transport.comm import check_device
 
     with user_errors("profile options"):
@@ -219,7 +219,7 @@ def profile_cmd(
         rows: list = []
         measure = profile
         if split == "balanced":  # per-layer costs first; cfg gets their boundaries
-            from executor.compute.profile import profile_balanced as measure
+            from executor.compute.measure.profile import profile_balanced as measure
         spec = measure(cfg, stages, replicas, microbatches, device=device, repeats=repeats,
                        # the optimizer OPT times; the recomputation F/I/W and memory have
                        training=TrainingSettings(lr=lr, activation_checkpointing=checkpointing),

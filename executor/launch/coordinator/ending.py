@@ -11,7 +11,7 @@ from typing import Optional
 from rich.console import Console
 
 from executor.checkpoint import CheckpointStore, read_checkpoint
-from executor.compute.reference import Summary
+from executor.compute.one_process.reference import Summary
 from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.report.losses import LossBook
 from executor.launch.coordinator.processes import Processes

@@ -9,7 +9,7 @@ import socket
 import time
 from typing import Optional
 
-from executor.compute.reference import checksum
+from executor.compute.one_process.reference import checksum
 from executor.protocol import Done, Mid
 from executor.runtime.steps.compute_clock import ComputeClock
 from executor.runtime.steps.grad_sum import allreduce_grads

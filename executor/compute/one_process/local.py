@@ -32,7 +32,7 @@ from torch import nn
 
 from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
-from executor.compute.reference import Summary, checksum, snapshot
+from executor.compute.one_process.reference import Summary, checksum, snapshot
 from executor.compute.stage import StageCompute
 from executor.runtime.steps.interpreter import StageSteps
 from executor.runtime.steps.stepper import StageStepper

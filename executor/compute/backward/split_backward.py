@@ -43,7 +43,7 @@ from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, Node
 from torch.distributed.pipelining._backward import reverse_closure
 
-from executor.compute import direct_w
+from executor.compute.backward import direct_w
 
 
 @dataclass

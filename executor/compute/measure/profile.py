@@ -30,7 +30,7 @@ from torch import Tensor
 
 from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig, Workload
-from executor.compute.memory import PeakBytes
+from executor.compute.measure.memory import PeakBytes
 from executor.compute.stage import StageCompute
 from planner.job import Cost, JobSpec, Memory, P2P
 
