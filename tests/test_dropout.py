@@ -205,3 +205,15 @@ def test_hf_gpt2_bf16_workers_with_a_kill_equal_the_bf16_reference(tmp_path):
     got, out = _run(tmp_path, HF_GPT2, cfg, Faults(kills=[(0, 0, 1)], rejoins=[(0, 0, 2)]),
                     training=bf16)
     assert not compare(got, ref, BF16_TOL), compare(got, ref, BF16_TOL) + [out]
+
+
+@pytest.mark.hard_timeout(150)
+def test_a_stage_lost_whole_moves_a_worker_and_its_replay_draws_the_same_masks(tmp_path):
+    """Both workers of stage 1 die: a stage-0 worker moves there, loads the stage from
+    peer memory and the run rolls back to that snapshot; the iterations trained again, on
+    another worker and another stage, draw the masks the reference drew."""
+    name, cfg = MODELS[0]
+    ref = train_reference(cfg, 2, 2, 4, 2, workload=load_workload(name))
+    got, out = _run(tmp_path, name, cfg, Faults(kills=[(0, 1, 1), (1, 1, 2)]))
+    assert "moves from stage 0 to stage 1" in out, out
+    assert not compare(got, ref, TOL), compare(got, ref, TOL) + [out]
