@@ -182,8 +182,9 @@ def test_a_bad_value_is_one_line_exit_2(command, value):
 
 @pytest.mark.hard_timeout(150)
 @pytest.mark.parametrize("name,checkpointing", [(dropout_lm.name(3), "full"),
+                                                ("llama:debug", "full"),
                                                 ("llama:debug", "selective:2")],
-                         ids=["dropout-gpt-full", "llama-selective"])
+                         ids=["dropout-gpt-full", "llama-full", "llama-selective"])
 def test_workers_through_a_kill_and_rejoin_equal_the_reference_without(tmp_path, name,
                                                                        checkpointing):
     cfg = cfg_of(name)
