@@ -102,39 +102,76 @@ def transport(device: str, workers: int) -> str:
             f"(World.nccl: torch.cuda.device_count() >= local workers)")
 
 
-def workers(st: dict) -> dict:
+def _against_reference(st: dict, model: str, precision: str, extra: list) -> dict:
+    """`recycle train` of `model` on the grid with the kill and rejoin, against `--reference`
+    on the device (`extra`: flags for the workers' run only); the table row's figures."""
     D, S, M = (str(v) for v in st["grid"])
-    n, dev, model = str(st["worker_iterations"]), st["device"], st["small_model"]
-    lines = [f"`recycle train --model {model} -d {D} -s {S} -m {M} --iterations {n} "
-             f"--device {dev} --kill {st['kill']} --rejoin {st['rejoin']}` against `recycle "
-             f"train --reference --device {dev}`.", "",
-             f"Transport: {transport(dev, int(D) * int(S))}.", "",
-             "| precision | run s | recovery s (kill, rejoin) | worker devices | max diff "
-             "| tolerance | result |", "| --- | ---: | --- | --- | ---: | ---: | --- |"]
+    with tempfile.TemporaryDirectory(prefix="gpu_check_b_") as tmp:
+        common = ["--model", model, "-d", D, "-s", S, "-m", M, "--iterations",
+                  str(st["worker_iterations"]), "--precision", precision, "--device",
+                  st["device"]]
+        recycle("train", "--reference", *common, "--summary", f"{tmp}/ref.json")
+        t0 = time.perf_counter()
+        recycle("train", *common, *extra, "--kill", st["kill"], "--rejoin", st["rejoin"],
+                "--timeout", "10", "--run-dir", f"{tmp}/run", "--summary", f"{tmp}/run.json")
+        secs = time.perf_counter() - t0
+        ref, got = Summary.load(f"{tmp}/ref.json"), Summary.load(f"{tmp}/run.json")
+        with open(f"{tmp}/run.json") as fh:
+            recovery = json.load(fh).get("recovery") or []
+        logs = "".join(p.read_text() for p in Path(tmp, "run").glob("worker-*.log"))
+    tol = RUN_TOL[precision]
+    bad = compare(got, ref, tol)
+    diff = max([abs(x - y) for x, y in zip(got.losses + got.param_checksums,
+                                           ref.losses + ref.param_checksums)] or [0.0])
+    return {"secs": secs, "bad": bad, "diff": diff, "tol": tol,
+            "devices": sorted(set(re.findall(r"started \(incarnation \d+\) on (\S+)", logs))),
+            "recovery": ", ".join(f"{r['kind']} {r['seconds']:.2f}" for r in recovery)
+            or "none recorded"}
+
+
+def _row(label: str, r: dict) -> str:
+    return (f"| {label} | {r['secs']:.1f} | {r['recovery']} | {', '.join(r['devices']) or '?'} "
+            f"| {r['diff']:.2e} | {r['tol']:g} | "
+            f"{'PASS' if not r['bad'] else 'FAIL: ' + r['bad'][0]} |")
+
+
+HEAD = ["| {} | run s | recovery s (kill, rejoin) | worker devices | max diff | tolerance "
+        "| result |", "| --- | ---: | --- | --- | ---: | ---: | --- |"]
+DIFF_NOTE = ["", "max diff: the largest absolute difference over the losses and the "
+             "per-stage parameter checksums (compare's tolerance is relative above 1)."]
+
+
+def workers(st: dict) -> dict:
+    D, S, M = st["grid"]
+    dev, model = st["device"], st["small_model"]
+    lines = [f"`recycle train --model {model} -d {D} -s {S} -m {M} --iterations "
+             f"{st['worker_iterations']} --device {dev} --kill {st['kill']} --rejoin "
+             f"{st['rejoin']}` against `recycle train --reference --device {dev}`.", "",
+             f"Transport: {transport(dev, D * S)}.", "", HEAD[0].format("precision"), HEAD[1]]
     numbers, ok = {}, True
     for precision in st["worker_precisions"]:
-        with tempfile.TemporaryDirectory(prefix="gpu_check_b_") as tmp:
-            common = ["--model", model, "-d", D, "-s", S, "-m", M, "--iterations", n,
-                      "--precision", precision, "--device", dev]
-            recycle("train", "--reference", *common, "--summary", f"{tmp}/ref.json")
-            t0 = time.perf_counter()
-            recycle("train", *common, "--kill", st["kill"], "--rejoin", st["rejoin"],
-                    "--timeout", "10", "--run-dir", f"{tmp}/run", "--summary", f"{tmp}/run.json")
-            secs = time.perf_counter() - t0
-            ref, got = Summary.load(f"{tmp}/ref.json"), Summary.load(f"{tmp}/run.json")
-            with open(f"{tmp}/run.json") as fh:
-                recovery = json.load(fh).get("recovery") or []
-            logs = "".join(p.read_text() for p in Path(tmp, "run").glob("worker-*.log"))
-        devices = sorted(set(re.findall(r"started \(incarnation \d+\) on (\S+)", logs)))
-        tol = RUN_TOL[precision]
-        bad = compare(got, ref, tol)
-        ok &= not bad
-        diff = max([abs(x - y) for x, y in zip(got.losses + got.param_checksums,
-                                               ref.losses + ref.param_checksums)] or [0.0])
-        rec = ", ".join(f"{r['kind']} {r['seconds']:.2f}" for r in recovery) or "none recorded"
-        lines.append(f"| {precision} | {secs:.1f} | {rec} | {', '.join(devices) or '?'} | "
-                     f"{diff:.2e} | {tol:g} | {'PASS' if not bad else 'FAIL: ' + bad[0]} |")
-        numbers[f"{precision}_diff"], numbers[f"{precision}_run_s"] = diff, secs
-    lines += ["", "max diff: the largest absolute difference over the losses and the "
-              "per-stage parameter checksums (compare's tolerance is relative above 1)."]
-    return {"lines": lines, "numbers": numbers, "ok": ok}
+        r = _against_reference(st, model, precision, [])
+        ok &= not r["bad"]
+        lines.append(_row(precision, r))
+        numbers[f"{precision}_diff"], numbers[f"{precision}_run_s"] = r["diff"], r["secs"]
+    return {"lines": lines + DIFF_NOTE, "numbers": numbers, "ok": ok}
+
+
+def randomness(st: dict) -> dict:
+    """Keyed randomness on the device: a dropout model's masks come from the device's
+    generators re-seeded per (seed, iteration, micro-batch, layer), and activation
+    checkpointing recomputes a layer under the same key; the workers (with checkpointing)
+    against the reference (without) through the kill and rejoin."""
+    D, S, M = st["grid"]
+    model, dev = st["dropout_model"], st["device"]
+    lines = [f"`recycle train --model {model} -d {D} -s {S} -m {M} --device {dev} "
+             f"--activation-checkpointing C --kill {st['kill']} --rejoin {st['rejoin']}` "
+             f"against `recycle train --reference --device {dev}` (no checkpointing): dropout "
+             "0.1 in every block.", "", HEAD[0].format("checkpointing"), HEAD[1]]
+    numbers, ok = {}, True
+    for policy in st["checkpointing"]:
+        r = _against_reference(st, model, "fp32", ["--activation-checkpointing", policy])
+        ok &= not r["bad"]
+        lines.append(_row(policy, r))
+        numbers[f"{policy}_diff"] = r["diff"]
+    return {"lines": lines + DIFF_NOTE, "numbers": numbers, "ok": ok}

@@ -18,6 +18,8 @@ SECTIONS = {
                   "exact:reference"),
     "workers": ("b", "Workers on the device: a 2x2 grid, a SIGKILL and a rejoin",
                 "exact:workers"),
+    "randomness": ("b", "Dropout and activation checkpointing on the device, through a "
+                   "SIGKILL and a rejoin", "exact:randomness"),
     "profile": ("c", "`recycle profile` of the big model on the device", "speed:profile"),
     "rates": ("c", "Tokens/s and MFU: the whole model and each stage (bf16)", "speed:rates"),
     "split": ("d", "The I/W split's cost over fused B on the device", "speed:split"),
