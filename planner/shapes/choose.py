@@ -1,0 +1,284 @@
+"""Choosing the shape for the live workers (docs/design.md section 12).
+
+Each shape of the job's family (planner/shapes/shape.py) is worth what it trains before
+the next event, as a role choice is (planner/control/halt_risk.py): its expected
+iterations over the horizon, `(horizon - stall) / period` when nothing is at risk. Every
+shape runs the same global batch, so iterations compare across shapes.
+  - the current shape: the best role choice on it (choose_roles: the live workers keep
+    their slots, or move between its stages);
+  - another shape: its best filled slots for n workers (`fresh`: the least period over
+    the counts of n workers, the slots packed into whole replicas), with the stall of the
+    state the live workers must fetch to take them (planner/shapes/transition.py).
+The shape changes only when another one is worth more than the current one (by `margin`
+when the periods are bounds rather than plans), so the time it saves over the horizon
+must exceed the stall it costs. A shape is skipped unseen when even its proven least
+period (elastic_bound: no assignment of n workers beats it) with no stall cannot beat the
+best so far, which is what keeps the choice to milliseconds at thousands of workers.
+
+`period(shape, failed)` gives a filled-slot set's period (the planner's); without it the
+count bound stands in (no planning), as for roles.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Callable, Mapping, Optional
+
+from planner.control.count_bounds import NoRolesError, best_counts, count_bound, elastic_bound
+from planner.control.halt_risk import expected_work, one_copy_stages
+from planner.control.roles import _roles, choose_roles
+from planner.job import JobSpec
+from planner.plan import Move, Role
+from planner.shapes.shape import Shape, family, fitted, replicas_for, shaped_job
+from planner.shapes.transition import missing, transport
+from planner.shapes.units import Units, units_of_job
+
+Slot = tuple[int, int]
+Period = Callable[[Shape, list[Slot]], int]
+
+
+@dataclass(frozen=True)
+class ShapeOption:
+    """One shape weighed: its stage count, period, stall and worth (iterations)."""
+    stages: int
+    period: int
+    stall: int
+    value: float
+    current: bool
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    shape: Shape
+    slots: dict  # slot of shape.job -> the live worker that fills it
+    moves: list[Move]  # workers that load state they do not hold (bytes: what they lack)
+    failed: list[Slot]  # the empty slots: the failed set the schedule is planned for
+    counts: list[int]
+    period: int
+    stall: int  # time units the loads stall the job
+    changed: bool  # another shape than the current one
+    reason: str  # why, when changed
+    options: list[ShapeOption] = field(default_factory=list)
+
+    @cached_property
+    def roles(self) -> list[Role]:
+        return _roles(self.slots)
+
+
+class ShapeChooser:
+    """The family of one job and what its shapes are worth; memoises each shape's best
+    filled slots per live count (they depend on nothing else)."""
+
+    def __init__(self, job: JobSpec, units: Optional[Units] = None,
+                 period: Optional[Period] = None, snapshots: bool = False,
+                 margin: float = 0.0):
+        self.job, self.units = job, units or units_of_job(job)
+        self.family = family(job, self.units)
+        self.period, self.snapshots, self.margin = period, snapshots, margin
+        self._fresh: dict[tuple, Optional[tuple]] = {}
+        self._jobs = {s.bounds: s.job for s in self.family if not s.fixed}
+        self._cands: dict[int, list[Shape]] = {}
+        prefix = [0.0]
+        for u in self.units.units:
+            prefix.append(prefix[-1] + u.state_bytes)
+        self._state = prefix
+
+    @property
+    def fixed(self) -> Shape:
+        return self.family[0]
+
+    # ---- the shapes for n live workers ---------------------------------------------
+    def candidates(self, n: int) -> list[Shape]:
+        """The family, and for each stage count S' the cuts fitted (shape.fitted) to n
+        workers: S' does not divide n, so r stages get one worker more, the first r or the
+        last r (early stages wait longer for their first gradient, late ones less)."""
+        if n not in self._cands:
+            out, fixed = list(self.family), tuple(self.units.fixed)
+            seen = {(s.bounds, s.fixed) for s in out}
+            top = min(self.job.stages, len(self.units.units))
+            for S in range(top, max(1, self.units.min_stages) - 1, -1):
+                R = replicas_for(self.job, S)
+                m = min(n, R * S)
+                if m < S:
+                    continue
+                q, r = divmod(m, S)
+                pats = {tuple(q + (k < r) for k in range(S)), tuple(q + (k >= S - r) for k in range(S))}
+                for counts in sorted(pats):
+                    if max(counts) > R:
+                        continue
+                    b = fitted(self.job, self.units, counts)
+                    if b is None:
+                        continue
+                    is_fixed = b == fixed
+                    job = self.job if is_fixed else self._job(b)
+                    if job is None or (b, is_fixed, counts) in seen:
+                        continue
+                    seen.add((b, is_fixed, counts))
+                    out.append(Shape(b, job, is_fixed, counts))
+            if len(self._cands) > 4096:
+                self._cands.clear()
+            self._cands[n] = out
+        return self._cands[n]
+
+    def _job(self, bounds) -> Optional[JobSpec]:
+        """One job per cut, shared by every shape with that cut (periods are memoised on it)."""
+        if bounds not in self._jobs:
+            self._jobs[bounds] = shaped_job(self.job, self.units, bounds)
+        return self._jobs[bounds]
+
+    # ---- a shape's best use of n workers, no cost counted ---------------------------
+    def fresh(self, shape: Shape, n: int) -> Optional[tuple[list[int], list[Slot], int]]:
+        """(counts, empty slots, period) of the least period n workers reach on `shape`
+        when they may fill any slots: the counts with the least count bound (and, with
+        planned periods, those balancing the stages' work alone), packed into whole
+        replicas. None if n workers cannot fill every stage."""
+        key = (shape.bounds, shape.fixed, shape.counts, n)
+        if key not in self._fresh:
+            self._fresh[key] = self._fresh_of(shape, n)
+        return self._fresh[key]
+
+    def _fresh_of(self, shape: Shape, n: int):
+        job, S = shape.job, shape.stages
+        if n < S:
+            return None
+        n = min(n, job.replicas * S)
+        best, tried = None, set()
+        options = [best_counts(job, n, chains)
+                   for chains in ([None, [0] * S] if self.period else [None])]
+        if shape.counts is not None and sum(shape.counts) == n:
+            options.insert(0, list(shape.counts))
+        for counts in options:
+            if tuple(counts) in tried:
+                continue
+            tried.add(tuple(counts))
+            failed = [(d, s) for d in range(job.replicas) for s in range(S) if d >= counts[s]]
+            p = self.period(shape, failed) if self.period else count_bound(job, counts)
+            if best is None or p < best[2]:
+                best = (counts, failed, p)
+        return best
+
+    def best(self, n: int) -> Optional[tuple[Shape, int]]:
+        """The least period of any shape on n workers, no transition counted: the limit."""
+        out = None
+        for shape in self.candidates(n):
+            got = self.fresh(shape, n)
+            if got is not None and (out is None or got[2] < out[1]):
+                out = (shape, got[2])
+        return out
+
+    # ---- the choice ---------------------------------------------------------------
+    def choose(self, current: Shape, live: Mapping[str, Optional[Slot]],
+               horizon: float, current_period: Optional[Callable[[list[Slot]], int]] = None
+               ) -> ShapeChoice:
+        """The shape (and slots) for `live` workers (id -> slot of `current`, None for a
+        fresh worker) worth most over `horizon` time units (module doc).
+        `current_period`: the current shape's periods, if they differ from `period`'s
+        (the simulator's carry the workers' speeds). NoRolesError if no shape fits."""
+        n = len(live)
+        options: list[ShapeOption] = []
+        best = None  # (value, ShapeChoice)
+        if n >= current.stages:
+            cp = current_period or (None if self.period is None else
+                                    (lambda failed: self.period(current, failed)))
+            a = choose_roles(current.job, live, horizon, cp, snapshots=self.snapshots)
+            v = expected_work(horizon, a.stall, a.period,
+                              one_copy_stages(a.counts, self.snapshots), n)
+            options.append(ShapeOption(current.stages, a.period, a.stall, v, True))
+            best = (v, ShapeChoice(current, a.slots, a.moves, a.failed, a.counts, a.period,
+                                   a.stall, False, ""))
+        others = []
+        for shape in self.candidates(n):
+            if shape is current or (shape.bounds == current.bounds and shape.fixed == current.fixed):
+                continue
+            if n < shape.stages:
+                continue
+            lb = elastic_bound(shape.job, min(n, shape.job.replicas * shape.stages))
+            others.append((horizon / lb if lb > 0 else math.inf, shape))
+        others.sort(key=lambda x: -x[0])
+        for ub, shape in others:
+            # what another shape must be worth: the current one's worth and the margin, or
+            # the best other shape's
+            bar = -1.0 if best is None else \
+                best[0] * (1 + self.margin) if not best[1].changed else best[0]
+            if ub <= bar:
+                break  # sorted: no later shape can win either
+            counts, failed, p = self.fresh(shape, n)
+            slots, moves, stall = self._take(current, live, shape, counts)
+            v = expected_work(horizon, stall, p, one_copy_stages(counts, self.snapshots), n)
+            options.append(ShapeOption(shape.stages, p, stall, v, False))
+            if v > bar:
+                best = (v, ShapeChoice(shape, slots, moves, failed, counts, p, stall, True, ""))
+        if best is None:
+            raise NoRolesError(f"{n} live workers fit no shape of this job (the fewest "
+                               f"stages it can run on is {min(s.stages for s in self.family)})")
+        choice = best[1]
+        reason = ""
+        if choice.changed:
+            reason = self._reason(current, choice, options, n)
+        return ShapeChoice(choice.shape, choice.slots, choice.moves, choice.failed,
+                           choice.counts, choice.period, choice.stall, choice.changed,
+                           reason, options)
+
+    def _reason(self, current: Shape, choice: ShapeChoice, options, n: int) -> str:
+        cur = next((o for o in options if o.current), None)
+        moved = sum(m.bytes for m in choice.moves)
+        tail = (f"; {len(choice.moves)} workers load {moved / 2**30:.3g} GiB "
+                f"(stall {choice.stall})")
+        if cur is None:
+            return (f"{n} live workers cannot fill {current.stages} stages: "
+                    f"{choice.shape.stages} stages, period {choice.period}{tail}")
+        return (f"{choice.shape.stages} stages, period {choice.period} against {cur.period} "
+                f"on {current.stages}{tail}, repaid before the next event")
+
+    def _take(self, current: Shape, live: Mapping[str, Optional[Slot]], shape: Shape,
+              counts: list[int]) -> tuple[dict, list[Move], int]:
+        """The live workers into `shape`'s packed slots, each current stage's workers
+        where they fetch least (transition.py): slots, moves, stall."""
+        S0 = current.stages
+        groups: list[list[str]] = [[] for _ in range(S0 + 1)]  # the last: fresh workers
+        for w in sorted(live):
+            slot = live[w]
+            groups[S0 if slot is None else slot[1]].append(w)
+        held_ranges = current.ranges()
+        held = [held_ranges[g] for g in range(S0)] + [None]
+        want = shape.ranges()
+        # units with a live holder now: what nobody holds comes from a snapshot
+        covered = [False] * len(self.units.units)
+        for g in range(S0):
+            if groups[g]:
+                for u in range(*held[g]):
+                    covered[u] = True
+        bw = self.job.bandwidth
+        st = self._state
+
+        def load(g, k):
+            return missing(st, held[g], want[k])
+
+        def orphan(k):  # bytes of stage k's units with no live holder
+            return sum(self.units.units[u].state_bytes for u in range(*want[k]) if not covered[u])
+
+        def time(b):
+            return 0 if not bw or b <= 0 else int(math.ceil(b / bw))
+
+        K = shape.stages
+        cost = [[load(g, k) for k in range(K)] for g in range(S0 + 1)]
+        stall = [[time(cost[g][k]) if g < S0 else time(orphan(k)) for k in range(K)]
+                 for g in range(S0 + 1)]
+        flows = transport([len(x) for x in groups], counts, stall, cost)
+        slots, moves, worst = {}, [], 0
+        nxt = [0] * K
+        for g in range(S0 + 1):
+            ws = iter(groups[g])
+            for k in range(K):
+                for _ in range(flows[g][k]):
+                    w = next(ws)
+                    slots[(nxt[k], k)] = w
+                    nxt[k] += 1
+                    b = cost[g][k]
+                    if b > 0 or g == S0:
+                        src = "snapshot" if orphan(k) > 0 else "peer"
+                        moves.append(Move(worker=w, from_stage=None if g == S0 else g,
+                                          to_stage=k, bytes=int(round(b)), source=src))
+                        worst = max(worst, stall[g][k])
+        return slots, moves, worst
