@@ -237,3 +237,39 @@ def test_partition_on_a_plan_and_in_the_cache_key(tmp_path):
     assert got is not None and got.partition == part
     other = Partition(unit="layer", bounds=[0, 1, 2, len(ch.units.units)], base=part.base)
     assert cache.get(shape.job, [], partition=other) is None
+
+
+def test_recycle_plan_says_which_shape_and_plans_it_on_request(tmp_path):
+    import json
+    import os
+
+    from typer.testing import CliRunner
+
+    from planner.plan import Plan
+    from planner.validate import validate
+    from recycle.cli import app
+
+    spec = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                        "examples", "job.json")
+    run = CliRunner().invoke
+    r = run(app, ["plan", spec, "--fail", "1:2"])
+    assert r.exit_code == 0, r.output
+    first = r.output.splitlines()[0]
+    assert first.startswith("shape: 3 stages instead of 4 (job stages 0 | 1-2 | 3)")
+    assert "period 290 against 313 on 4 stages" in first
+    assert "failed: 1:2" in r.output  # the plan printed is still the job's own shape
+    assert not run(app, ["plan", spec]).output.startswith("shape:")  # no failure, no line
+    r = run(app, ["plan", spec, "--fail", "1:2", "--json"])
+    assert "partition" not in json.loads(r.output)  # JSON alone, as before
+    out = tmp_path / "p.json"
+    r = run(app, ["plan", spec, "--fail", "1:2", "--shape", "auto", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    plan = Plan.load(str(out))
+    assert plan.partition.bounds == [0, 1, 3, 4] and plan.job.stages == 3
+    assert plan.job.num_microbatches == 32 and validate(plan) == []
+    assert {r.worker for r in plan.roles} == {f"{d}.{s}" for d in range(4) for s in range(4)} - {"1.2"}
+    # a worker whose new stage holds job stages 1-2 loads the one it lacks: 0 bytes (the
+    # spec prices no state) but named, for the runtime
+    for m in plan.moves:
+        assert m.to_stage == 1 and m.from_stage in (1, 2) and m.bytes == 0
+    assert len(plan.moves) == sum(1 for r in plan.roles if r.stage == 1)

@@ -223,13 +223,14 @@ class ShapeChooser:
     def _reason(self, current: Shape, choice: ShapeChoice, options, n: int) -> str:
         cur = next((o for o in options if o.current), None)
         moved = sum(m.bytes for m in choice.moves)
-        tail = (f"; {len(choice.moves)} workers load {moved / 2**30:.3g} GiB "
-                f"(stall {choice.stall})")
+        tail = (f"; {len(choice.moves)} workers load {moved / 2**30:.3g} GiB, stall "
+                f"{choice.stall}" if moved else "; no state to load (the job gives no "
+                "state_bytes)" if self.job.state_bytes is None else "; nothing to load")
         if cur is None:
-            return (f"{n} live workers cannot fill {current.stages} stages: "
-                    f"{choice.shape.stages} stages, period {choice.period}{tail}")
-        return (f"{choice.shape.stages} stages, period {choice.period} against {cur.period} "
-                f"on {current.stages}{tail}, repaid before the next event")
+            return (f"{n} live workers cannot fill {current.stages} stages; period "
+                    f"{choice.period} on {choice.shape.stages}{tail}")
+        return (f"period {choice.period} against {cur.period} on {current.stages} stages"
+                f"{tail}, repaid before the next event")
 
     def _take(self, current: Shape, live: Mapping[str, Optional[Slot]], shape: Shape,
               counts: list[int]) -> tuple[dict, list[Move], int]:
@@ -261,10 +262,18 @@ class ShapeChooser:
         def time(b):
             return 0 if not bw or b <= 0 else int(math.ceil(b / bw))
 
+        def units_lacking(g, k):
+            c, d = want[k]
+            h = held[g]
+            return d - c if h is None else (d - c) - max(0, min(h[1], d) - max(h[0], c))
+
         K = shape.stages
-        cost = [[load(g, k) for k in range(K)] for g in range(S0 + 1)]
-        stall = [[time(cost[g][k]) if g < S0 else time(orphan(k)) for k in range(K)]
+        nbytes = [[load(g, k) for k in range(K)] for g in range(S0 + 1)]
+        stall = [[time(nbytes[g][k]) if g < S0 else time(orphan(k)) for k in range(K)]
                  for g in range(S0 + 1)]
+        # fewest bytes, then fewest units to load (what a spec without state_bytes leaves)
+        cost = [[nbytes[g][k] + 1e-3 * units_lacking(g, k) for k in range(K)]
+                for g in range(S0 + 1)]
         flows = transport([len(x) for x in groups], counts, stall, cost)
         slots, moves, worst = {}, [], 0
         nxt = [0] * K
@@ -275,9 +284,12 @@ class ShapeChooser:
                     w = next(ws)
                     slots[(nxt[k], k)] = w
                     nxt[k] += 1
-                    b = cost[g][k]
-                    if b > 0 or g == S0:
-                        src = "snapshot" if orphan(k) > 0 else "peer"
+                    b = nbytes[g][k]
+                    if units_lacking(g, k) > 0:
+                        # it lacks units of its new stage: a move, even of 0 bytes (a
+                        # spec without state_bytes prices none, the runtime still loads)
+                        src = "snapshot" if not all(covered[u] for u in range(*want[k])) \
+                            else "peer"
                         moves.append(Move(worker=w, from_stage=None if g == S0 else g,
                                           to_stage=k, bytes=int(round(b)), source=src))
                         worst = max(worst, stall[g][k])
