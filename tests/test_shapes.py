@@ -62,7 +62,9 @@ def test_minimax_is_optimal_against_brute_force(costs, data):
         return None if None in vs else max(vs)
 
     options = [w for w in map(worst, cuts(n, k)) if w is not None]
-    got = minimax(n, k, value)
+    # with a floor (a lower bound on value that grows with j) the search stops early
+    floor = (lambda s, i, j: sum(costs[i:j]) / weight[s]) if data.draw(st.booleans()) else None
+    got = minimax(n, k, value, floor)
     if not options:
         assert got is None
         return
@@ -140,7 +142,7 @@ def test_missing_bytes_and_the_transport_against_brute_force():
     assert [sum(col) for col in zip(*x)] == demand
     assert all(sum(row) <= s for row, s in zip(x, supply))
     worst = max(stall[g][k] for g in range(3) for k in range(2) if x[g][k])
-    best = None
+    best, cheapest = None, None
     for a in itertools.product(range(3), repeat=5):  # each of 5 slots from a group
         use = [a.count(g) for g in range(3)]
         if any(u > s for u, s in zip(use, supply)):
@@ -149,8 +151,12 @@ def test_missing_bytes_and_the_transport_against_brute_force():
         w = max(stall[g][k] for g, k in zip(a, ks))
         c = sum(cost[g][k] for g, k in zip(a, ks))
         best = min(best or (w, c), (w, c))
+        cheapest = min(cheapest or c, c)
     total = sum(cost[g][k] * x[g][k] for g in range(3) for k in range(2))
     assert (worst, total) == best
+    # screening (bottleneck=False): the fewest bytes, whatever the largest stall
+    y = transport(supply, demand, stall, cost, bottleneck=False)
+    assert sum(cost[g][k] * y[g][k] for g in range(3) for k in range(2)) == cheapest
 
 
 def chooser_for(bandwidth, D=2, S=6, M=4):

@@ -20,6 +20,7 @@ count bound stands in (no planning), as for roles.
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -83,43 +84,60 @@ class ShapeChooser:
         for u in self.units.units:
             prefix.append(prefix[-1] + u.state_bytes)
         self._state = prefix
+        self._work = sum(u.work for u in self.units.units)
 
     @property
     def fixed(self) -> Shape:
         return self.family[0]
 
     # ---- the shapes for n live workers ---------------------------------------------
+    def fitted_counts(self, n: int) -> list[tuple[int, ...]]:
+        """For each stage count S', the live counts a cut may be fitted to (shape.fitted):
+        S' does not divide n, so r stages get one worker more, the first r or the last r
+        (early stages wait longer for their first gradient, late ones less)."""
+        out = []
+        top = min(self.job.stages, len(self.units.units))
+        for S in range(top, max(1, self.units.min_stages) - 1, -1):
+            R = replicas_for(self.job, S)
+            m = min(n, R * S)
+            if m < S:
+                continue
+            q, r = divmod(m, S)
+            pats = {tuple(q + (k < r) for k in range(S)), tuple(q + (k >= S - r) for k in range(S))}
+            out += [c for c in sorted(pats) if max(c) <= R]
+        return out
+
+    def fitted_shape(self, counts: tuple[int, ...]) -> Optional[Shape]:
+        """The shape whose cut is fitted to `counts` (None if none fits a worker)."""
+        b = fitted(self.job, self.units, counts)
+        if b is None:
+            return None
+        is_fixed = b == tuple(self.units.fixed)
+        job = self.job if is_fixed else self._job(b)
+        return None if job is None else Shape(b, job, is_fixed, counts)
+
     def candidates(self, n: int) -> list[Shape]:
-        """The family, and for each stage count S' the cuts fitted (shape.fitted) to n
-        workers: S' does not divide n, so r stages get one worker more, the first r or the
-        last r (early stages wait longer for their first gradient, late ones less)."""
+        """The family, and the cuts fitted to n workers (fitted_counts)."""
         if n not in self._cands:
-            out, fixed = list(self.family), tuple(self.units.fixed)
+            out = list(self.family)
             seen = {(s.bounds, s.fixed) for s in out}
-            top = min(self.job.stages, len(self.units.units))
-            for S in range(top, max(1, self.units.min_stages) - 1, -1):
-                R = replicas_for(self.job, S)
-                m = min(n, R * S)
-                if m < S:
-                    continue
-                q, r = divmod(m, S)
-                pats = {tuple(q + (k < r) for k in range(S)), tuple(q + (k >= S - r) for k in range(S))}
-                for counts in sorted(pats):
-                    if max(counts) > R:
-                        continue
-                    b = fitted(self.job, self.units, counts)
-                    if b is None:
-                        continue
-                    is_fixed = b == fixed
-                    job = self.job if is_fixed else self._job(b)
-                    if job is None or (b, is_fixed, counts) in seen:
-                        continue
-                    seen.add((b, is_fixed, counts))
-                    out.append(Shape(b, job, is_fixed, counts))
+            for counts in self.fitted_counts(n):
+                shape = self.fitted_shape(counts)
+                if shape is not None and (shape.bounds, shape.fixed, counts) not in seen:
+                    seen.add((shape.bounds, shape.fixed, counts))
+                    out.append(shape)
             if len(self._cands) > 4096:
                 self._cands.clear()
             self._cands[n] = out
         return self._cands[n]
+
+    def _fitted_bound(self, counts: tuple[int, ...]) -> float:
+        """A lower bound on the period of any cut of the units for `counts`, before the cut
+        is made: stage k's workers run ceil(D*M / counts[k]) micro-batches each, so with a
+        share W_k of the work per micro-batch some stage spans at least T with
+        sum_k T / m_k >= W, the work cut as finely as one likes."""
+        DM = self.job.num_microbatches
+        return self._work / sum(1 / -(-DM // c) for c in counts)
 
     def _job(self, bounds) -> Optional[JobSpec]:
         """One job per cut, shared by every shape with that cut (periods are memoised on it)."""
@@ -187,32 +205,69 @@ class ShapeChooser:
             options.append(ShapeOption(current.stages, a.period, a.stall, v, True))
             best = (v, ShapeChoice(current, a.slots, a.moves, a.failed, a.counts, a.period,
                                    a.stall, False, ""))
-        others = []
-        for shape in self.candidates(n):
-            if shape is current or (shape.bounds == current.bounds and shape.fixed == current.fixed):
-                continue
-            if n < shape.stages:
+        # every other shape with an optimistic worth: the family's on their proven least
+        # periods (no stall), weighed first so that the bar is high when the fitted cuts'
+        # weaker bounds (_fitted_bound, before the cut is made) are tested; each part in
+        # falling worth, so the first that cannot win ends it
+        family_part, fitted_part = [], []
+        for shape in self.family:
+            if n < shape.stages or (shape.bounds == current.bounds and shape.fixed == current.fixed):
                 continue
             lb = elastic_bound(shape.job, min(n, shape.job.replicas * shape.stages))
-            others.append((horizon / lb if lb > 0 else math.inf, shape))
-        others.sort(key=lambda x: -x[0])
-        for ub, shape in others:
-            # what another shape must be worth: the current one's worth and the margin, or
-            # the best other shape's
-            bar = -1.0 if best is None else \
-                best[0] * (1 + self.margin) if not best[1].changed else best[0]
-            if ub <= bar:
-                break  # sorted: no later shape can win either
-            counts, failed, p = self.fresh(shape, n)
-            slots, moves, stall = self._take(current, live, shape, counts)
-            v = expected_work(horizon, stall, p, one_copy_stages(counts, self.snapshots), n)
-            options.append(ShapeOption(shape.stages, p, stall, v, False))
-            if v > bar:
-                best = (v, ShapeChoice(shape, slots, moves, failed, counts, p, stall, True, ""))
+            family_part.append((horizon / lb if lb > 0 else math.inf, shape))
+        for counts in self.fitted_counts(n):
+            lb = self._fitted_bound(counts)
+            fitted_part.append((horizon / lb if lb > 0 else math.inf, counts))
+        grouped = self._groups(current, live) if family_part or fitted_part else None
+        seen = set()
+        for part in (family_part, fitted_part):
+            part.sort(key=lambda x: -x[0])
+            for ub, shape in part:
+                # what another shape must be worth: the current one's worth and the margin,
+                # or the best other shape's; equal worth still competes (the tie rule)
+                bar = -1.0 if best is None else \
+                    best[0] * (1 + self.margin) if not best[1].changed else best[0]
+                low = bar * (1 - 1e-12)
+                if ub < low:
+                    break
+                if not isinstance(shape, Shape):  # a fitted cut, made now, then its bound
+                    shape = self.fitted_shape(shape)
+                    if shape is None or n < shape.stages or \
+                            (shape.bounds == current.bounds and shape.fixed == current.fixed):
+                        continue
+                    if horizon / elastic_bound(shape.job, min(n, shape.job.replicas *
+                                                              shape.stages)) < low:
+                        continue
+                key = (shape.bounds, shape.fixed, shape.counts)
+                if key in seen:
+                    continue
+                seen.add(key)
+                counts, failed, p = self.fresh(shape, n)
+                if horizon / p < low:
+                    continue  # even with no stall: its state moves need not be priced
+                stall = self._transition(*grouped, shape, counts)[-1]
+                v = expected_work(horizon, stall, p, one_copy_stages(counts, self.snapshots), n)
+                options.append(ShapeOption(shape.stages, p, stall, v, False))
+                # equal worth between other shapes: the smaller stall, then the deeper shape
+                # (less state a worker, the nearer the user's); slots and moves are made for
+                # the winner only (4,096 of each)
+                tie = best is not None and best[1].changed and abs(v - bar) <= 1e-12 * max(v, bar)
+                if (v > bar and not tie) or (tie and (-stall, shape.stages) > (
+                        -best[1].stall, best[1].shape.stages)):
+                    best = (v, ShapeChoice(shape, None, None, failed, counts, p, stall, True,
+                                           ""))
         if best is None:
             raise NoRolesError(f"{n} live workers fit no shape of this job (the fewest "
                                f"stages it can run on is {min(s.stages for s in self.family)})")
         choice = best[1]
+        if choice.changed:  # the winner's moves, now with the least largest stall
+            flows, nbytes, lacking, snap, stall = self._transition(
+                *grouped, choice.shape, choice.counts, exact=True)
+            choice = dataclasses.replace(choice, stall=stall)
+            slots, moves = self._assign(grouped[0], grouped[1], flows, nbytes, lacking, snap,
+                                        choice.shape.stages)
+            choice = ShapeChoice(choice.shape, slots, moves, choice.failed, choice.counts,
+                                 choice.period, choice.stall, True, "")
         reason = ""
         if choice.changed:
             reason = self._reason(current, choice, options, n)
@@ -232,65 +287,84 @@ class ShapeChooser:
         return (f"period {choice.period} against {cur.period} on {current.stages} stages"
                 f"{tail}, repaid before the next event")
 
-    def _take(self, current: Shape, live: Mapping[str, Optional[Slot]], shape: Shape,
-              counts: list[int]) -> tuple[dict, list[Move], int]:
-        """The live workers into `shape`'s packed slots, each current stage's workers
-        where they fetch least (transition.py): slots, moves, stall."""
+    def _groups(self, current: Shape, live: Mapping[str, Optional[Slot]]):
+        """The live workers by current stage (the last group: fresh ones), and which units
+        some live worker holds (what nobody holds comes from a snapshot)."""
         S0 = current.stages
-        groups: list[list[str]] = [[] for _ in range(S0 + 1)]  # the last: fresh workers
+        groups: list[list[str]] = [[] for _ in range(S0 + 1)]
         for w in sorted(live):
             slot = live[w]
             groups[S0 if slot is None else slot[1]].append(w)
-        held_ranges = current.ranges()
-        held = [held_ranges[g] for g in range(S0)] + [None]
-        want = shape.ranges()
-        # units with a live holder now: what nobody holds comes from a snapshot
+        held = [*current.ranges(), None]
         covered = [False] * len(self.units.units)
         for g in range(S0):
             if groups[g]:
                 for u in range(*held[g]):
                     covered[u] = True
-        bw = self.job.bandwidth
-        st = self._state
+        return groups, held, covered
 
-        def load(g, k):
-            return missing(st, held[g], want[k])
-
-        def orphan(k):  # bytes of stage k's units with no live holder
-            return sum(self.units.units[u].state_bytes for u in range(*want[k]) if not covered[u])
+    def _transition(self, groups, held, covered, shape: Shape, counts: list[int],
+                    exact: bool = False):
+        """How many workers of each current stage take each stage of `shape`
+        (transition.py): (flows, bytes[g][k], lacking units[g][k], snapshot[k], stall).
+        Candidates are screened on the flows of fewest bytes; `exact`: the least largest
+        stall (the winner's, made once)."""
+        st, bw, want, K = self._state, self.job.bandwidth, shape.ranges(), shape.stages
+        G = len(groups)
 
         def time(b):
             return 0 if not bw or b <= 0 else int(math.ceil(b / bw))
 
-        def units_lacking(g, k):
-            c, d = want[k]
-            h = held[g]
-            return d - c if h is None else (d - c) - max(0, min(h[1], d) - max(h[0], c))
-
-        K = shape.stages
-        nbytes = [[load(g, k) for k in range(K)] for g in range(S0 + 1)]
-        stall = [[time(nbytes[g][k]) if g < S0 else time(orphan(k)) for k in range(K)]
-                 for g in range(S0 + 1)]
+        orphan = [sum(self.units.units[u].state_bytes for u in range(*want[k]) if not covered[u])
+                  for k in range(K)]
+        snap = [not all(covered[u] for u in range(*want[k])) for k in range(K)]
+        nbytes = [[missing(st, held[g], want[k]) for k in range(K)] for g in range(G)]
+        lacking = [[(d - c) - (0 if held[g] is None else
+                               max(0, min(held[g][1], d) - max(held[g][0], c)))
+                    for (c, d) in want] for g in range(G)]
+        stall = [[time(nbytes[g][k]) if held[g] is not None else time(orphan[k])
+                  for k in range(K)] for g in range(G)]
         # fewest bytes, then fewest units to load (what a spec without state_bytes leaves)
-        cost = [[nbytes[g][k] + 1e-3 * units_lacking(g, k) for k in range(K)]
-                for g in range(S0 + 1)]
-        flows = transport([len(x) for x in groups], counts, stall, cost)
-        slots, moves, worst = {}, [], 0
-        nxt = [0] * K
-        for g in range(S0 + 1):
-            ws = iter(groups[g])
+        cost = [[round(nbytes[g][k]) * 4096 + lacking[g][k] for k in range(K)]
+                for g in range(G)]
+        flows = transport([len(x) for x in groups], counts, stall, cost, bottleneck=exact)
+        worst = max((stall[g][k] for g in range(G) for k in range(K)
+                     if flows[g][k] and lacking[g][k] > 0), default=0)
+        return flows, nbytes, lacking, snap, worst
+
+    def _assign(self, groups, held, flows, nbytes, lacking, snap, K: int
+                ) -> tuple[dict, list[Move]]:
+        """The chosen shape's slots (packed: stage k in replicas 0..counts[k]-1) and moves:
+        a worker that lacks units of its new stage loads them, even 0 bytes (a spec without
+        state_bytes prices none; the runtime still loads)."""
+        S0 = len(groups) - 1
+        slots, moves, nxt = {}, [], [0] * K
+        for g, ws in enumerate(groups):
+            it = iter(ws)
             for k in range(K):
                 for _ in range(flows[g][k]):
-                    w = next(ws)
+                    w = next(it)
                     slots[(nxt[k], k)] = w
                     nxt[k] += 1
-                    b = nbytes[g][k]
-                    if units_lacking(g, k) > 0:
-                        # it lacks units of its new stage: a move, even of 0 bytes (a
-                        # spec without state_bytes prices none, the runtime still loads)
-                        src = "snapshot" if not all(covered[u] for u in range(*want[k])) \
-                            else "peer"
-                        moves.append(Move(worker=w, from_stage=None if g == S0 else g,
-                                          to_stage=k, bytes=int(round(b)), source=src))
-                        worst = max(worst, stall[g][k])
-        return slots, moves, worst
+                    if lacking[g][k] > 0:
+                        moves.append(_move(w, None if g == S0 else g, k,
+                                           int(round(nbytes[g][k])),
+                                           "snapshot" if snap[k] else "peer"))
+        return slots, moves
+
+
+_MOVE_FIELDS = frozenset(("worker", "from_stage", "to_stage", "bytes", "source"))
+
+
+def _move(worker: str, from_stage: Optional[int], to_stage: int, nbytes: int, source: str
+          ) -> Move:
+    """A Move from values made here (a live worker's id, stages of the grids, bytes the
+    units hold), unvalidated, as planner.plan.make_action does for actions: a shape change
+    at 4,096 workers names thousands (model_construct: 8 us each)."""
+    m = object.__new__(Move)
+    object.__setattr__(m, "__dict__", {"worker": worker, "from_stage": from_stage,
+                                       "to_stage": to_stage, "bytes": nbytes, "source": source})
+    object.__setattr__(m, "__pydantic_fields_set__", _MOVE_FIELDS)
+    object.__setattr__(m, "__pydantic_extra__", None)
+    object.__setattr__(m, "__pydantic_private__", None)
+    return m

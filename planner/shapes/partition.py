@@ -105,11 +105,14 @@ def stage_sums(costs: Sequence[float], bounds: Sequence[int]) -> list[float]:
     return [sum(costs[i:j]) for i, j in ranges(bounds)]
 
 
-def minimax(n: int, stages: int, value: Callable[[int, int, int], Optional[float]]
+def minimax(n: int, stages: int, value: Callable[[int, int, int], Optional[float]],
+            floor: Optional[Callable[[int, int, int], float]] = None
             ) -> Optional[tuple[Bounds, float]]:
     """Bounds of `stages` non-empty contiguous ranges of n units minimising the largest
     `value(k, i, j)` (stage k holding units [i, j); None: it may not), with the least
-    largest value; exact ties to earlier ends. O(stages * n^2) calls of `value`."""
+    largest value; exact ties to earlier ends. O(stages * n^2) calls of `value`, fewer
+    with `floor`: a lower bound on value(k, i, j) that does not fall as j grows (a stage's
+    own work), past which a longer range cannot do better."""
     if not 1 <= stages <= n:
         return None
     best = [[None] * (n + 1) for _ in range(stages)]
@@ -119,6 +122,8 @@ def minimax(n: int, stages: int, value: Callable[[int, int, int], Optional[float
     for s in range(stages - 2, -1, -1):
         for i in range(s, n - (stages - s) + 1):
             for j in range(i + 1, n - (stages - s - 1) + 1):
+                if floor is not None and best[s][i] is not None and floor(s, i, j) >= best[s][i]:
+                    break
                 rest = best[s + 1][j]
                 if rest is None:
                     continue

@@ -114,6 +114,25 @@ def fitted(base: JobSpec, units: Units, counts: tuple[int, ...]) -> Optional[Bou
     more units: n workers that S' does not divide are all used, as pipelines of unequal
     depth would use them. None if no cut fits a worker."""
     us, K, DM = units.units, len(counts), base.num_microbatches
+    # the cut depends on the counts only through each stage's share of the micro-batches:
+    # live counts that give the same shares (most, at thousands of workers) share it
+    shares = tuple(-(-DM // c) for c in counts)
+    key = (id(base), id(units), shares)
+    hit = _FITTED.get(key)
+    if hit is not None and hit[0] is base and hit[1] is units:
+        return hit[2]
+    got = _fitted(base, units, shares)
+    if len(_FITTED) >= 4096:
+        _FITTED.clear()
+    _FITTED[key] = (base, units, got)
+    return got
+
+
+_FITTED: dict = {}
+
+
+def _fitted(base: JobSpec, units: Units, shares: tuple[int, ...]) -> Optional[Bounds]:
+    us, K = units.units, len(shares)
     n = len(us)
     pre = {k: [0.0] for k in ("F", "I", "W", "OPT", "activation", "params")}
     for u in us:
@@ -125,7 +144,7 @@ def fitted(base: JobSpec, units: Units, counts: tuple[int, ...]) -> Optional[Bou
 
     def span(k: int, i: int, j: int) -> Optional[float]:
         f, b, w, opt = (pre[x][j] - pre[x][i] for x in ("F", "I", "W", "OPT"))
-        m = -(-DM // counts[k])
+        m = shares[k]
         chain = fi_total - (pre["F"][j] + pre["I"][j]) + 2 * hop * (K - 1 - k)
         slots = None
         if cap is not None:
@@ -140,5 +159,9 @@ def fitted(base: JobSpec, units: Units, counts: tuple[int, ...]) -> Optional[Bou
             work = max(work, m * (f + chain + b + w) / slots)
         return work + opt
 
-    got = minimax(n, K, span)
+    def own(k: int, i: int, j: int) -> float:  # the stage's work and step: grows with j
+        F, I_, W, O = pre["F"], pre["I"], pre["W"], pre["OPT"]
+        return shares[k] * (F[j] - F[i] + I_[j] - I_[i] + W[j] - W[i]) + O[j] - O[i]
+
+    got = minimax(n, K, span, own)
     return None if got is None else got[0]

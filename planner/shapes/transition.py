@@ -31,31 +31,45 @@ def missing(state: Sequence[float], held: Range, want: tuple[int, int]) -> float
 
 
 def transport(supply: Sequence[int], demand: Sequence[int], stall: Sequence[Sequence[float]],
-              cost: Sequence[Sequence[float]]) -> list[list[int]]:
+              cost: Sequence[Sequence[int]], bottleneck: bool = True) -> list[list[int]]:
     """x[g][k] workers of group g to new stage k: every demand met (sum(supply) >=
     sum(demand)), no group over its supply; the largest stall[g][k] used is least, then the
-    total of cost[g][k] * x[g][k]. Binary search on the stall level, a min-cost flow at
-    each (a few groups and stages: microseconds)."""
+    total of cost[g][k] * x[g][k] (integers: exact, so the residual graph never holds a
+    negative cycle that float rounding made). Binary search on the stall level (a max flow
+    at each: are the demands met?), then one min-cost flow at the least level that meets
+    them; the graph has a node per current and new stage, so it is milliseconds at most.
+    `bottleneck=False`: the min-cost flow alone (one flow, not a dozen; its largest stall
+    may be larger: the shape choice screens candidates so)."""
     G, K = len(supply), len(demand)
     levels = sorted({stall[g][k] for g in range(G) for k in range(K) if supply[g] > 0})
     need = sum(demand)
-    lo, hi, best = 0, len(levels) - 1, None
-    while lo <= hi:
+    zero = [[0] * K for _ in range(G)]
+
+    def flows_at(t, costs):
+        return _min_cost_flow(supply, demand, costs, lambda g, k: stall[g][k] <= t)
+
+    if not bottleneck:
+        flows = flows_at(levels[-1] if levels else 0, cost)
+        if sum(map(sum, flows)) < need:
+            raise ValueError("transport: the supply cannot meet the demand")
+        return flows
+    lo, hi = 0, len(levels) - 1
+    if not levels or sum(map(sum, flows_at(levels[hi], zero))) < need:
+        raise ValueError("transport: the supply cannot meet the demand")
+    while lo < hi:  # the least stall level at which every demand is met (a max flow)
         mid = (lo + hi) // 2
-        flows = _min_cost_flow(supply, demand, cost,
-                               lambda g, k, t=levels[mid]: stall[g][k] <= t)
-        if flows is not None and sum(map(sum, flows)) == need:
-            best, hi = flows, mid - 1
+        if sum(map(sum, flows_at(levels[mid], zero))) == need:
+            hi = mid
         else:
             lo = mid + 1
-    if best is None:
-        raise ValueError("transport: the supply cannot meet the demand")
-    return best
+    return flows_at(levels[lo], cost)  # then the fewest bytes at that level
 
 
-def _min_cost_flow(supply, demand, cost, allowed) -> Optional[list[list[int]]]:
-    """Successive shortest paths (Bellman-Ford on the residual graph) from the groups to
-    the stages; returns the flows (possibly short of the demand)."""
+def _min_cost_flow(supply, demand, cost, allowed) -> list[list[int]]:
+    """Successive shortest paths (SPFA on the residual graph, exact integer costs) from the
+    groups to the stages; returns the flows (possibly short of the demand)."""
+    from collections import deque
+
     G, K = len(supply), len(demand)
     src, snk, N = G + K, G + K + 1, G + K + 2
     to, cap, cst, adj = [], [], [], [[] for _ in range(N)]
@@ -66,36 +80,36 @@ def _min_cost_flow(supply, demand, cost, allowed) -> Optional[list[list[int]]]:
 
     for g in range(G):
         if supply[g] > 0:
-            edge(src, g, supply[g], 0.0)
+            edge(src, g, supply[g], 0)
     mid = {}
     for g in range(G):
         for k in range(K):
             if supply[g] > 0 and allowed(g, k):
                 mid[(g, k)] = len(to)
-                edge(g, G + k, supply[g], float(cost[g][k]))
+                edge(g, G + k, supply[g], int(cost[g][k]))
     for k in range(K):
         if demand[k] > 0:
-            edge(G + k, snk, demand[k], 0.0)
+            edge(G + k, snk, demand[k], 0)
     while True:
-        dist, prev = [float("inf")] * N, [-1] * N
-        dist[src] = 0.0
-        for _ in range(N):
-            changed = False
-            for u in range(N):
-                if dist[u] == float("inf"):
-                    continue
-                for e in adj[u]:
-                    if cap[e] > 0 and dist[u] + cst[e] < dist[to[e]] - 1e-9:
-                        dist[to[e]], prev[to[e]] = dist[u] + cst[e], e
-                        changed = True
-            if not changed:
-                break
-        if dist[snk] == float("inf"):
+        dist, prev, queued = [None] * N, [-1] * N, [False] * N
+        dist[src] = 0
+        q = deque([src])
+        while q:
+            u = q.popleft()
+            queued[u] = False
+            for e in adj[u]:
+                v = to[e]
+                if cap[e] > 0 and (dist[v] is None or dist[u] + cst[e] < dist[v]):
+                    dist[v], prev[v] = dist[u] + cst[e], e
+                    if not queued[v]:
+                        queued[v] = True
+                        q.append(v)
+        if dist[snk] is None:
             break
-        push, v = float("inf"), snk
+        push, v = None, snk
         while v != src:
             e = prev[v]
-            push = min(push, cap[e])
+            push = cap[e] if push is None else min(push, cap[e])
             v = to[e ^ 1]
         v = snk
         while v != src:

@@ -95,6 +95,8 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
                                    tick, snapshot_iters=params.snapshot_every))
         if name in ("recycle", "recycle-roles"):
             stats[name] = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores}
+        if name == "oobleck" and policy.full_T:  # its best grid against the user's
+            stats[name] = {"full_factor": ctx.DM / policy.full_T / ctx.base}
         if name == "recycle":
             stats[name].update(shape_changes=policy.shape_changes,
                                stages_hours=policy.stages_hours(duration_s),

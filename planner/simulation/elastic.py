@@ -1,5 +1,5 @@
-"""ReCycle with roles (docs/design.md section 11): the simulator's `recycle-roles` policy,
-and the base of `recycle`, which adds shapes (planner/simulation/shaped.py).
+"""ReCycle with roles (docs/design.md section 5, "Roles and moves"): the simulator's
+`recycle-roles` policy, and the base of `recycle`, which adds shapes (shaped.py).
 
 Live workers are named by their home slot ("r.s": the slot a trace event names); each
 fills the slot its role gives it (planner/control/roles.py). After every event the roles are
