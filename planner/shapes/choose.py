@@ -211,7 +211,7 @@ class ShapeChooser:
         # falling worth, so the first that cannot win ends it
         family_part, fitted_part = [], []
         for shape in self.family:
-            if n < shape.stages or (shape.bounds == current.bounds and shape.fixed == current.fixed):
+            if n < shape.stages or (shape.bounds, shape.fixed) == (current.bounds, current.fixed):
                 continue
             lb = elastic_bound(shape.job, min(n, shape.job.replicas * shape.stages))
             family_part.append((horizon / lb if lb > 0 else math.inf, shape))
