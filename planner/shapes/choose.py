@@ -6,9 +6,11 @@ iterations over the horizon, `(horizon - stall) / period` when nothing is at ris
 shape runs the same global batch, so iterations compare across shapes.
   - the current shape: the best role choice on it (choose_roles: the live workers keep
     their slots, or move between its stages);
-  - another shape: its best filled slots for n workers (`fresh`: the least period over
-    the counts of n workers, the slots packed into whole replicas), with the stall of the
-    state the live workers must fetch to take them (planner/shapes/transition.py).
+  - another shape, of the family (the balanced cut for each stage count) or cut to fit n
+    live workers when its stage count does not divide n (shape.fitted): its best filled
+    slots for n workers (`fresh`: the least period over the counts of n workers, the
+    slots packed into whole replicas), with the stall of the state the live workers must
+    fetch to take them (planner/shapes/transition.py).
 The shape changes only when another one is worth more than the current one (by `margin`
 when the periods are bounds rather than plans), so the time it saves over the horizon
 must exceed the stall it costs. A shape is skipped unseen when even its proven least
@@ -132,16 +134,20 @@ class ShapeChooser:
         return self._cands[n]
 
     def _fitted_bound(self, counts: tuple[int, ...]) -> float:
-        """A lower bound on the period of any cut of the units for `counts`, before the cut
-        is made: stage k's workers run ceil(D*M / counts[k]) micro-batches each, so with a
-        share W_k of the work per micro-batch some stage spans at least T with
-        sum_k T / m_k >= W, the work cut as finely as one likes."""
+        """A lower bound on the period of any cut of the units served by `counts`, before
+        the cut is made: stage k's workers run m_k = ceil(D*M / counts[k]) micro-batches
+        each, so with a share W_k of the work per micro-batch some stage spans at least T
+        with sum_k T / m_k >= W, the work cut as finely as one likes. (It bounds the cut
+        with the counts it is fitted to; `fresh` also tries the cut with other counts,
+        which a skipped cut is not given: a fitted cut is made for its counts.)"""
         DM = self.job.num_microbatches
         return self._work / sum(1 / -(-DM // c) for c in counts)
 
     def _job(self, bounds) -> Optional[JobSpec]:
         """One job per cut, shared by every shape with that cut (periods are memoised on it)."""
         if bounds not in self._jobs:
+            if len(self._jobs) > 4096:
+                self._jobs = {s.bounds: s.job for s in self.family if not s.fixed}
             self._jobs[bounds] = shaped_job(self.job, self.units, bounds)
         return self._jobs[bounds]
 
@@ -153,6 +159,8 @@ class ShapeChooser:
         replicas. None if n workers cannot fill every stage."""
         key = (shape.bounds, shape.fixed, shape.counts, n)
         if key not in self._fresh:
+            if len(self._fresh) > 65536:  # a long run's live counts and cuts, bounded
+                self._fresh.clear()
             self._fresh[key] = self._fresh_of(shape, n)
         return self._fresh[key]
 
