@@ -1,16 +1,22 @@
-"""ReCycle against Oobleck and Bamboo on the real EC2 spot traces (benchmarks/traces/).
+"""ReCycle against Oobleck and Bamboo on the real EC2 spot traces (benchmarks/traces/), and
+every policy against the limit.
 
 The traces come from the Bamboo artifact (uclasystem/bamboo, traces/, MIT; the same files
 are in Oobleck's sosp23-artifact branch, tools/simulator/traces/, MIT): P3 (344 events
 over 11.4 h, 32 nodes at peak) and g4dn (153 events, 24 nodes). gpt3-2.7b, M=16, grids
-sized to the traces' peaks: 1 GPU a node (4x8, 3x8) and 4 GPUs a node (16x8, 12x8).
+sized to the traces' peaks: 1 GPU a node (4x8, 3x8, 6x4) and 4 GPUs a node (16x8, 12x8),
+and the later P3 window: the trace from 5 h on, the nodes up at 5 h added at its start
+(executor/launch/trace_replay.window, as `recycle train --trace-start 5h` replays it).
 
-Rows per trace and grid: `recycle` (roles: workers move between stages), `recycle-fixed`
-(the paper's fixed roles), Oobleck, Bamboo as stated (its own placement: a stage and its
-shadow on different nodes; `--bamboo-hidden` of its redundant forward hidden in bubbles),
-and the sensitivity of Bamboo to both (placement as the trace packs nodes, hidden 0 and
-1), and checkpoint-restart with the shrink option (restart on the whole replicas).
-Writes the section to benchmarks/results/simulate_real.md (simulate.md links it).
+Rows per trace and grid: `recycle` (the shape follows the live workers), `recycle-roles`
+(roles on the job's own partition), `recycle-fixed` (the paper's fixed roles), Oobleck,
+Bamboo as stated (its own placement: a stage and its shadow on different nodes;
+`--bamboo-hidden` of its redundant forward hidden in bubbles) and `limit` (the best rate
+any shape of the live workers reaches, no event costs: docs/simulator.md); the
+sensitivity of Bamboo (placement as the trace packs nodes, hidden 0 and 1, re-formed
+pipelines) and checkpoint-restart with and without the shrink option; each policy's
+share of the limit, and where `recycle`'s remainder to the limit goes.
+Writes benchmarks/results/simulate_real.md (simulate.md links it).
 
     PYTHONPATH=. python benchmarks/simulate_real.py [--bamboo-hidden 0.5]
 """
@@ -25,17 +31,22 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from executor.launch.trace_replay import window  # noqa: E402 (pure: no torch)
 from planner.simulation import report  # noqa: E402
 from planner.simulation.compare import simulate  # noqa: E402
 from planner.simulation.policies import Params  # noqa: E402
 from planner.simulation.presets import PRESETS, UNIT_S, preset_job, preset_model  # noqa: E402
-from planner.control.roles import count_bound, elastic_bound  # noqa: E402
-from planner.simulation.trace import Placement, read_trace  # noqa: E402
+from planner.simulation.trace import Placement, read_spot, read_trace, spot_trace  # noqa: E402
 
 TRACES = "benchmarks/traces"
-ROWS = [("P3", "p3-trace.csv", 4, 1, 8), ("P3", "p3-trace.csv", 16, 4, 8),
-        ("g4dn", "g4dn-trace.csv", 3, 1, 8), ("g4dn", "g4dn-trace.csv", 12, 4, 8),
-        ("g4dn", "g4dn-trace.csv", 6, 1, 4)]  # the last: the same nodes as 4 stages
+# (trace, file, D, GPUs a node, S, start hour of the window: 0 = the whole trace)
+ROWS = [("P3", "p3-trace.csv", 4, 1, 8, 0), ("P3", "p3-trace.csv", 16, 4, 8, 0),
+        ("g4dn", "g4dn-trace.csv", 3, 1, 8, 0), ("g4dn", "g4dn-trace.csv", 12, 4, 8, 0),
+        ("g4dn", "g4dn-trace.csv", 6, 1, 4, 0),  # the same nodes as 4 stages
+        ("P3", "p3-trace.csv", 4, 1, 8, 5), ("P3", "p3-trace.csv", 16, 4, 8, 5)]
+MAIN = ["recycle", "recycle-roles", "recycle-fixed", "oobleck", "bamboo", "limit"]
+PARTS = ["detection", "iteration in flight", "state moves", "since the snapshot (rollback)",
+         "since the checkpoint (restore)", "restart", "paused", "slower than the limit"]
 
 
 def live_hours(trace, slots: int, duration: float) -> dict[int, float]:
@@ -51,33 +62,44 @@ def live_hours(trace, slots: int, duration: float) -> dict[int, float]:
     return out
 
 
+def load(fname: str, D: int, S: int, G: int, start_h: float):
+    path = os.path.join(TRACES, fname)
+    where = Placement(D, S, G, "stages")
+    if not start_h:
+        return read_trace(path, where)
+    return spot_trace(window(read_spot(path), start_h * 3600, 1e6), where, source=path)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--preset", default="gpt3-2.7b")
     ap.add_argument("--microbatches", type=int, default=16)
     ap.add_argument("--bamboo-hidden", type=float, default=0.5)
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--rows", default="", help="comma-separated row numbers (default: all)")
     ap.add_argument("--out", default="benchmarks/results/simulate_real.md")
     args = ap.parse_args()
     M, sh = args.microbatches, PRESETS[args.preset]
-    md, short = [], []
-    summary = ["| trace, grid | recycle kept | recycle-fixed | oobleck | bamboo | recycle / oobleck "
-               "| recycle / bamboo | recycle / best Bamboo variant | recycle / recycle-fixed | moves | "
-               "snapshot restores | "
-               "checkpoint restores | roles' estimate / n/(D*S) | cpu (s) |",
-               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for name, fname, D, G, S in ROWS:
+    pick = [int(x) for x in args.rows.split(",") if x] or range(len(ROWS))
+    md, short, parts_rows = [], [], []
+    summary = ["| trace, grid | recycle | recycle-roles | recycle-fixed | oobleck | bamboo | limit "
+               "| recycle / limit | recycle / oobleck | the same, each against its own best grid "
+               "| recycle / best other (all variants) "
+               "| best shape, all live: stages, / user's grid | shape changes | hours by stages "
+               "| cpu (s) |",
+               "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+               "| ---: | --- | ---: |"]
+    for i in pick:
+        name, fname, D, G, S, start_h = ROWS[i]
         model = preset_model(args.preset, D)
         job = preset_job(model, D, S, M, sh.seq, sh.d_model, 1)
-        tr = read_trace(os.path.join(TRACES, fname), Placement(D, S, G, "stages"))
+        tr = load(fname, D, S, G, start_h)
         duration = tr.end
         base = Params(oobleck_reconfig_s=sh.reconfig_s, bamboo_rc_hidden=args.bamboo_hidden)
         c0 = _cpu()
-        res = simulate(job, tr, duration, UNIT_S, base,
-                       ["recycle", "recycle-fixed", "oobleck", "bamboo"], model=model,
-                       jobs=args.jobs)
+        res = simulate(job, tr, duration, UNIT_S, base, MAIN, model=model, jobs=args.jobs)
         cpu = _cpu() - c0
-        rs = {r["policy"]: r for r in report.rows(res)}
+        kept = {o.policy: o.microbatches / res.ideal for o in res.outcomes}
         rec = res.outcome("recycle")
         # sensitivity: Bamboo's placement and hidden share; checkpoint-restart with shrink
         extra = []
@@ -97,81 +119,100 @@ def main() -> None:
             r = simulate(job, tr, duration, UNIT_S, params, [pol], model=model)
             o = r.outcomes[0]
             extra.append((label, o.microbatches / r.ideal, o.microbatches))
-        best_bamboo = max([1e-9, res.outcome("bamboo").microbatches]
-                          + [mb for label, _, mb in extra if label.startswith("bamboo")])
+        others = [(o.policy, o.microbatches) for o in res.outcomes
+                  if o.policy not in ("recycle", "limit")] + [(lb, mb) for lb, _, mb in extra]
+        best_other = max(others, key=lambda x: x[1])
+        lim = res.outcome("limit").microbatches
         hours = live_hours(tr, D * S, duration)
         below = sum(h for n, h in hours.items() if n < S)
         total_h = sum(hours.values())
         mean_live = sum(n * h for n, h in hours.items()) / total_h
-        # what n live workers can give with roles, by the count bound: the full grid's
-        # bound over the best counts' bound for n (0 below S live); a rate that follows the
-        # live workers (Oobleck's ideal) gets n/(D*S)
-        full = count_bound(job, [D] * S)
-        stage_ceiling = sum(h * (0.0 if n < S else min(1.0, full / elastic_bound(job, n)))
-                            for n, h in hours.items()) / total_h
-        linear_ceiling = sum(h * n / (D * S) for n, h in hours.items()) / total_h
-        grid = f"{name}, {D}x{S}, {G} GPU{'s' if G > 1 else ''} a node"
-        summary_ceiling = f"{stage_ceiling:.1%} / {linear_ceiling:.1%}"
-        ratio = lambda p: rec.microbatches / res.outcome(p).microbatches \
-            if res.outcome(p).microbatches > 0 else float("inf")
+        st = res.stats["recycle"]
+        oob_own = res.outcome("oobleck").microbatches / res.stats["oobleck"]["full_factor"]
+        window_note = f", from {start_h:g} h" if start_h else ""
+        grid = f"{name}{window_note}, {D}x{S}, {G} GPU{'s' if G > 1 else ''} a node"
+        by_stages = ", ".join(f"{k}: {h:.1f}" for k, h in sorted(st["stages_hours"].items(),
+                                                                 reverse=True) if h >= 0.05)
         summary.append(
-            f"| {grid} | {rs['recycle']['kept']:.1%} | {rs['recycle-fixed']['kept']:.1%} | "
-            f"{rs['oobleck']['kept']:.1%} | {rs['bamboo']['kept']:.1%} | "
-            f"{ratio('oobleck'):.2f}x | {_x(ratio('bamboo'))} | "
-            f"{rec.microbatches / best_bamboo:.2f}x | {ratio('recycle-fixed'):.2f}x | "
-            f"{res.policy_stats.get('moves', 0)} | {res.policy_stats.get('snapshot_restores', 0)} | "
-            f"{rec.restarts} | {summary_ceiling} | {cpu:.1f} |")
-        if ratio("oobleck") < 1.0:
-            short.append(
-                f"- {grid}: recycle / oobleck {ratio('oobleck'):.2f}x. With roles and no event "
-                f"costs at all, a fixed {S}-stage partition gives the live workers of this trace "
-                f"{stage_ceiling:.1%} (roles' estimate) against Oobleck's {rs['oobleck']['kept']:.1%}"
-                f" achieved: {mean_live:.1f} of {D * S} workers live on average leave the weakest "
-                f"stage about n/{S} of {D} workers, and {below:.2f} h have "
-                f"fewer than {S} live workers (ReCycle pauses; Oobleck trains on shallower "
-                f"templates). Roles already keep {ratio('recycle-fixed'):.2f}x what fixed ReCycle "
-                f"keeps here; closing the rest needs a partition that changes "
-                f"with the live count (part 2 or later), not a better assignment.")
+            f"| {grid} | {kept['recycle']:.1%} | {kept['recycle-roles']:.1%} | "
+            f"{kept['recycle-fixed']:.1%} | {kept['oobleck']:.1%} | {kept['bamboo']:.1%} | "
+            f"{kept['limit']:.1%} | **{rec.microbatches / lim:.3f}** | "
+            f"**{_x(rec.microbatches, res.outcome('oobleck').microbatches)}** | "
+            f"{_x(rec.microbatches / st['full_factor'], oob_own)} | "
+            f"{_x(rec.microbatches, best_other[1])} ({best_other[0]}) | "
+            f"{st['best_full_stages']}, {st['full_factor']:.3f}x | {st['shape_changes']} | "
+            f"{by_stages} | {cpu:.1f} |")
+        parts = report.remainder(res)
+        gap = lim - rec.microbatches
+        assert abs(sum(parts.values()) - gap) <= 1e-6 * max(1.0, lim), (parts, gap)
+        known = [p for p in PARTS if p in parts] + sorted(set(parts) - set(PARTS))
+        parts_rows.append((grid, lim, rec.microbatches, parts, known))
+        for pol, mb in others:
+            if mb >= rec.microbatches:
+                short.append(f"- {grid}: {pol} keeps {mb / res.ideal:.1%}, recycle "
+                             f"{kept['recycle']:.1%}.")
         md.append(f"\n### {grid}: {tr.failures} failures, {mean_live:.1f} of {D * S} workers "
                   f"live on average, {below:.2f} h with fewer than {S}\n")
-        md.append(f"Over the trace (time-weighted, no event costs): roles' estimate "
-                  f"{stage_ceiling:.1%} (the full grid's count bound over the best counts' "
-                  f"bound for the live workers: a fixed {S}-stage partition serves its weakest "
-                  f"stage with about n/S of {D}), n/(D*S) = {linear_ceiling:.1%} (a rate that "
-                  f"follows the live workers).\n")
         md.append(report.markdown(res))
-        md.append("\nSensitivity (same trace, same grid):\n")
-        md.append("| variant | throughput kept | recycle / variant |")
-        md.append("| --- | ---: | ---: |")
-        for label, kept, mb in extra:
-            md.append(f"| {label} | {kept:.1%} | "
-                      f"{'-' if mb <= 0 else f'{rec.microbatches / mb:.2f}x'} |")
+        md.append(f"\nrecycle: {st['moves']} workers loaded state, {st['shape_changes']} shape "
+                  f"changes, {st['snapshot_restores']} snapshot restores, {rec.restarts} "
+                  f"checkpoint restores; hours on each stage count: {by_stages}.\n")
+        md.append("Sensitivity (same trace, same grid):\n")
+        md.append("| variant | throughput kept | recycle / variant | share of the limit |")
+        md.append("| --- | ---: | ---: | ---: |")
+        for label, k, mb in extra:
+            md.append(f"| {label} | {k:.1%} | {_x(rec.microbatches, mb)} | {mb / lim:.1%} |")
         print(summary[-1], flush=True)
     cmd = "PYTHONPATH=. python benchmarks/simulate_real.py" + (
         "" if len(sys.argv) == 1 else " " + " ".join(sys.argv[1:]))
     head = [
-        "# Real spot traces: ReCycle with roles against Oobleck and Bamboo",
+        "# Real spot traces: ReCycle against Oobleck, Bamboo and the limit",
         "",
         f"Made by `{cmd}` ({platform.python_version()}, {time.strftime('%Y-%m-%d', time.gmtime())}),"
         f" {args.preset}, M={M}, defaults of `recycle simulate` otherwise (detection 5 s,"
         f" checkpoint every 30 min, restart 5 min, Oobleck reconfiguration {sh.reconfig_s:g} s,"
-        f" peer-memory snapshot every 5 iterations, moves at 25 GB/s). Bamboo as stated: its"
-        f" own placement (a node holds one stage of G pipelines, so a stage and the shadow of"
-        f" its successor never share a node) and {args.bamboo_hidden:g} of its redundant"
+        f" peer-memory snapshot every 5 iterations, state moves at 25 GB/s). Bamboo as stated:"
+        f" its own placement (a node holds one stage of G pipelines, so a stage and the shadow"
+        f" of its successor never share a node) and {args.bamboo_hidden:g} of its redundant"
         f" forward hidden in bubbles; the sensitivity tables show the other choices."
         " Traces: benchmarks/traces/ (README there: source and licence). Cost models:"
         " docs/simulator.md.",
         "",
+        "Throughput kept: samples trained over what the user's D x S grid trains with no"
+        " failure (its failure-free plan), one currency for every policy. Policies that re-cut"
+        " the model (recycle's shapes, Oobleck's templates, the limit) may keep more than"
+        " 100%: with every worker live the best shape trains faster than the user's 8-stage"
+        " grid (the column \"best shape, all live\"). The limit: at every instant the best"
+        " rate any shape (one depth for every pipeline, at most the job's stages) and filled"
+        " slots of the live workers reach with the planner's schedules, with no cost for any"
+        " event. \"The same, each against its own best grid\": recycle / oobleck with each"
+        " policy's samples over what its own best configuration of all D*S workers trains"
+        " (the currency this table used before shapes, for Oobleck alone).",
+        "",
     ]
+    parts_md = ["", "Where recycle's remainder to the limit goes, as shares of the limit's"
+                " samples (report.remainder: what the limit trains while recycle stalls, per"
+                " cause; what recycle trains and loses; and while both train, the difference"
+                " of their rates). The parts add up to 1 - recycle / limit.", "",
+                "| trace, grid | 1 - recycle / limit | " + " | ".join(PARTS) + " |",
+                "| --- | ---: | " + " | ".join("---:" for _ in PARTS) + " |"]
+    for grid, lim, rmb, parts, known in parts_rows:
+        cells = [f"{parts.get(p, 0.0) / lim:.2%}" for p in PARTS]
+        rest = [p for p in known if p not in PARTS]
+        parts_md.append(f"| {grid} | {1 - rmb / lim:.2%} | " + " | ".join(cells) + " |"
+                        + (f" (also: {', '.join(f'{p} {parts[p] / lim:.2%}' for p in rest)})"
+                           if rest else ""))
     if short:
-        short = ["", "Where `recycle` keeps less than Oobleck:", ""] + short
+        short = ["", "Where another policy keeps at least as much as `recycle`:", ""] + short
+    else:
+        short = ["", "`recycle` keeps more than every other policy and variant on every row."]
     with open(args.out, "w") as fh:
-        fh.write("\n".join(head + summary + short + md) + "\n")
+        fh.write("\n".join(head + summary + short + parts_md + md) + "\n")
     print(f"wrote {args.out}")
 
 
-def _x(r: float) -> str:
-    return "- (it kept nothing)" if r == float("inf") else f"{r:.2f}x"
+def _x(a: float, b: float) -> str:
+    return "- (it kept nothing)" if b <= 0 else f"{a / b:.3f}x"
 
 
 def _cpu() -> float:

@@ -12,8 +12,8 @@ over those the failure-free run of the same round completed in its own window of
 length; and, less exposed to the load other jobs put on a shared machine, over the trace
 run's own failure-free rate (its stretches with every worker up: before the first kill and
 after the window, once every replacement is back). Simulated progress: `recycle
-simulate`'s `recycle` policy on the same window (written as a spot trace), grid, M,
---gpus-per-node, --placement and --snapshot-every, on the profiled spec with its time unit
+simulate`'s `recycle-roles` policy (the runtime's roles, on the job's own partition) on
+the same window (written as a spot trace), grid, M, --gpus-per-node, --placement and --snapshot-every, on the profiled spec with its time unit
 set so that the failure-free iteration lasts what it lasted in the runs (times X: the
 simulator runs on the trace's clock); detection = the runs' median time from a SIGKILL to
 every survivor training under the next plan (their summaries' `recovery`), times X. A
@@ -124,7 +124,7 @@ def simulate(job: str, trace: str, hours: float, case: Case, unit_s: float, cost
             "--unit-s", repr(unit_s), "--detect-seconds", repr(costs["detect_s"]),
             "--restart-minutes", repr(costs["restart_s"] / 60),
             "--checkpoint-minutes", repr(costs["checkpoint_s"] / 60),
-            "--snapshot-every", str(K), "--policy", "recycle", "--json", "--no-progress",
+            "--snapshot-every", str(K), "--policy", "recycle-roles", "--json", "--no-progress",
             "--jobs", "1"]
     rc, lines, _ = run_cli(args, 300)
     text = "".join(t for _, t in lines)

@@ -31,6 +31,7 @@ from planner.failures import Canonical, canonical_sets, canonicalize
 from planner.job import JobSpec
 from planner.plan import Plan, WorkerPlan, make_action
 from planner.plan import Mode
+from planner.shapes.partition import Partition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS plans (
@@ -50,11 +51,15 @@ def mode_key(mode: Mode) -> str:
     return f"{'split' if mode.split_backward else 'fused'}-{mode.optimizer}"
 
 
-def cache_key(job: JobSpec, canon: Canonical, mode: Mode) -> tuple[str, str, str]:
+def cache_key(job: JobSpec, canon: Canonical, mode: Mode,
+              partition: Optional[Partition] = None) -> tuple[str, str, str]:
     """(the job's identity hash, canonical key, mode): the row a case lives in. The
     identity leaves speeds out and the canonical key carries them, quantised; a job whose
     speeds are off the 0.1 grid gets its exact (renumbered) speeds appended, so it never
-    shares a row with its quantised neighbour. Without speeds the hash is the spec hash."""
+    shares a row with its quantised neighbour. Without speeds the hash is the spec hash.
+    A plan of a shape (its partition set) has the partition appended to the hash: two
+    cuts may make equal jobs, and a plan is served with the partition it was made for;
+    unset, the key is what it was before shapes."""
     key = canon.key
     cjob = canon.job(job)
     if cjob.speed is not None:
@@ -62,7 +67,10 @@ def cache_key(job: JobSpec, canon: Canonical, mode: Mode) -> tuple[str, str, str
         if tuple(map(tuple, cjob.speed)) != grid:
             key += "#" + ";".join(f"{r}:{s}@{v!r}" for r, row in enumerate(cjob.speed)
                                   for s, v in enumerate(row) if v != 1.0)
-    return job.identity_hash(), key, mode_key(mode)
+    ident = job.identity_hash()
+    if partition is not None:
+        ident += "|" + partition.key()
+    return ident, key, mode_key(mode)
 
 
 class _Parts:
@@ -135,14 +143,15 @@ class PlanCache:
     def close(self) -> None:
         self._db.close()
 
-    def get(self, job: JobSpec, failed, mode: Mode = Mode(), *, verify: bool = True
-            ) -> Optional[Plan]:
+    def get(self, job: JobSpec, failed, mode: Mode = Mode(), *, verify: bool = True,
+            partition: Optional[Partition] = None) -> Optional[Plan]:
         """The cached plan for (`job`, `failed`), mapped to their numbering; None on a miss.
         `verify=False` leaves out the greedy check of a renumbering without speeds (a
         greedy solve: 0.2 s at 4,096 workers, on an event's path); the caller then runs
-        `verify` off that path. With speeds the check is always made here."""
+        `verify` off that path. With speeds the check is always made here. `partition`:
+        the plan of that shape (`job` is then the shaped job)."""
         canon = canonicalize(job, failed)
-        key = cache_key(job, canon, mode)
+        key = cache_key(job, canon, mode, partition)
         with self._lock:
             plan = self._mem.get(key, (None, 0))[0]
             if plan is not None:
@@ -161,28 +170,31 @@ class PlanCache:
         return out
 
     def verify(self, job: JobSpec, failed, mode: Mode = Mode(),
-               greedy: Union[Plan, None, bool] = None) -> bool:
+               greedy: Union[Plan, None, bool] = None,
+               partition: Optional[Partition] = None) -> bool:
         """The check `get(verify=False)` left out: True if greedy of this numbering beat
         the cached plan (it is stored, and `get` serves it from now on). `greedy`: that
         plan, solved elsewhere (the service solves it in a child process); False: it was,
         and is no better (the case is only marked checked)."""
         canon = canonicalize(job, failed)
-        key = cache_key(job, canon, mode)
+        key = cache_key(job, canon, mode, partition)
         if (key, canon.perm) in self._checked:
             return False
         if greedy is False:
             with self._lock:
                 self._checked.add((key, canon.perm))
             return False
-        out = self.get(job, failed, mode, verify=False)
+        out = self.get(job, failed, mode, verify=False, partition=partition)
         return out is not None and \
             self._versus_greedy(job, failed, mode, key, canon, out, greedy) is not None
 
-    def unverified(self, job: JobSpec, failed, mode: Mode = Mode()) -> bool:
+    def unverified(self, job: JobSpec, failed, mode: Mode = Mode(),
+                   partition: Optional[Partition] = None) -> bool:
         """Whether `get(verify=False)` left a check for `verify` to make (a renumbering
         without speeds, not checked yet in this process)."""
         canon = canonicalize(job, failed)
-        return job.speed is None and self._unchecked(job, canon, cache_key(job, canon, mode))
+        return job.speed is None and self._unchecked(job, canon,
+                                                     cache_key(job, canon, mode, partition))
 
     def _unchecked(self, job: JobSpec, canon: Canonical, key) -> bool:
         """A case whose cached plan may lose to greedy of the asked numbering (it has speeds,
@@ -197,6 +209,8 @@ class PlanCache:
             return None
         if greedy is None:
             greedy = solve(job, failed, "greedy", mode)
+        if out.partition is not None:  # the same shape's plan: kept under its key
+            greedy = greedy.model_copy(update={"partition": out.partition})
         better = greedy.metrics.period < out.metrics.period
         if better:
             self.put(greedy, mode)
@@ -233,7 +247,7 @@ class PlanCache:
             # stored without roles, and stamped with the roles of the moment when served
             plan = plan.model_copy(update={"roles": None, "moves": None})
         canon = canonicalize(plan.job, plan.failed)
-        key = cache_key(plan.job, canon, mode)
+        key = cache_key(plan.job, canon, mode, plan.partition)
         if list(canon.perm) != sorted(canon.perm):
             plan = map_plan(plan, canon.inverse())
         with self._lock:

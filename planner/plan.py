@@ -13,6 +13,7 @@ from typing import Annotated, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
 from planner.job import MAX_CELLS, MAX_COUNT, MAX_TIME, JobSpec
+from planner.shapes.partition import Partition  # noqa: F401 (part of the plan type)
 
 # Every integer a plan carries is bounded like the job spec's (planner/job.py): times fit
 # the spec's horizon, so they stay exact in JSON and in SQLite's int64.
@@ -160,6 +161,14 @@ class Plan(BaseModel):
     roles: Optional[list[Role]] = None
     # The stage changes this plan asks for (none when None or empty), with their bytes.
     moves: Optional[list[Move]] = None
+    # The shape (docs/design.md section 12): which units of the user's job each stage of
+    # `job` runs. None: `job` is the user's job with its own partition, as in every plan
+    # made before shapes. When set, `job` is the shaped job (planner/shapes/shape.py: its
+    # stages the partition's, R x S' slots, the same D*M micro-batches) and `base` names
+    # the user's job; roles name workers by their home slots in the user's grid, and a
+    # move's from_stage is the worker's stage in the previous plan, its bytes what it
+    # lacks of its new stage's units.
+    partition: Optional[Partition] = None
 
     @model_serializer(mode="wrap")
     def _omit_no_roles(self, handler):
@@ -167,7 +176,7 @@ class Plan(BaseModel):
         # service splices plan JSON byte for byte; cached plans and files stay as they are).
         out = handler(self)
         if isinstance(out, dict):
-            for name in ("roles", "moves"):
+            for name in ("roles", "moves", "partition"):
                 if name in out and out[name] is None:
                     del out[name]
         return out

@@ -37,6 +37,9 @@ def validate(plan: Plan) -> list[str]:
     if dead_stage(job, failed) is not None:
         return [str(NoPlanError(dead_stage(job, failed)))]
     errs += role_errors(plan, failed)
+    if plan.partition is not None and plan.partition.stages != job.stages:
+        errs.append(f"the partition has {plan.partition.stages} stages, the plan's job "
+                    f"{job.stages}")
     errs += check_routes(job, failed, plan.routes)
     if errs:
         return errs
@@ -126,9 +129,17 @@ def role_errors(plan: Plan, failed: list) -> list[str]:
         if m.worker in moved:
             errs.append(f"worker {m.worker} moves twice")
         moved.add(m.worker)
+        want = job.state_bytes[m.to_stage] if job.state_bytes is not None and \
+            m.to_stage < job.stages else 0
+        if plan.partition is not None:
+            # a shape change: from_stage is the worker's stage in the previous shape, and it
+            # loads what it lacks of its new stage (planner/shapes/transition.py)
+            if m.to_stage < job.stages and not 0 <= m.bytes <= want:
+                errs.append(f"move of {m.worker} to stage {m.to_stage} carries {m.bytes} "
+                            f"bytes, more than the stage's state of {want}")
+            continue
         if m.from_stage == m.to_stage:
             errs.append(f"move of {m.worker} keeps stage {m.to_stage}")
-        want = job.state_bytes[m.to_stage] if job.state_bytes is not None else 0
         if m.to_stage < job.stages and m.bytes != want:
             errs.append(f"move of {m.worker} to stage {m.to_stage} carries {m.bytes} bytes, "
                         f"the stage's state is {want}")

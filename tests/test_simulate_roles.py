@@ -1,5 +1,6 @@
-"""The simulator's `recycle` policy (roles: workers move between stages) against
-`recycle-fixed`, on traces small enough to work out by hand."""
+"""The simulator's `recycle-roles` policy (roles: workers move between stages, on the job's
+own partition) against `recycle-fixed`, on traces small enough to work out by hand.
+(`recycle` adds shapes: tests/test_shapes_simulate.py.)"""
 import pytest
 
 from planner.job import JobSpec
@@ -17,7 +18,7 @@ def P(job, failed=()):
 
 
 def run(job, events, duration, params=Params(), every=1e9):
-    res = simulate(job, Trace(events), duration, U, params, ["recycle", "recycle-fixed"],
+    res = simulate(job, Trace(events), duration, U, params, ["recycle-roles", "recycle-fixed"],
                    checkpoint_every_s=every)
     return res, {o.policy: o for o in res.outcomes}
 
@@ -37,12 +38,12 @@ def test_a_worker_moves_into_the_weakest_stage_and_the_rate_follows():
     r_roles, r_fixed = DM / P(job, a.failed), DM / P(job, [(0, 1), (1, 1)])
     assert r_roles > 1.3 * r_fixed
     lost = (100 % P(job)) * r0
-    o = out["recycle"]  # detection 5 s + the move's 2 s, then the roles' rate
+    o = out["recycle-roles"]  # detection 5 s + the move's 2 s, then the roles' rate
     assert o.microbatches == pytest.approx(100 * r0 - lost + (400 - 107) * r_roles)
     assert o.stalled_s == pytest.approx(7)
     f = out["recycle-fixed"]
     assert f.microbatches == pytest.approx(100 * r0 - lost + (400 - 105) * r_fixed)
-    assert res.policy_stats["moves"] == 1
+    assert res.stats["recycle-roles"]["moves"] == 1
 
 
 def test_no_move_when_the_next_event_comes_too_soon():
@@ -50,7 +51,7 @@ def test_no_move_when_the_next_event_comes_too_soon():
                                                       "bandwidth": 1.0})  # 1000 s a move
     _, out = run(job, [Event(100.0, "fail", ((0, 1), (1, 1)))], 400.0,
                  Params(detect_s=5, horizon_s=300))
-    assert out["recycle"].microbatches == pytest.approx(out["recycle-fixed"].microbatches)
+    assert out["recycle-roles"].microbatches == pytest.approx(out["recycle-fixed"].microbatches)
 
 
 def test_a_stage_that_loses_every_holder_restores_from_its_snapshot_not_the_checkpoint():
@@ -63,7 +64,7 @@ def test_a_stage_that_loses_every_holder_restores_from_its_snapshot_not_the_chec
     res, out = run(job, ev, 500.0, params, every=1000.0)
     P0 = P(job)
     r0 = job.num_microbatches / P0
-    o = out["recycle"]
+    o = out["recycle-roles"]
     assert o.restarts == 0 and any("snapshot" in n for n in o.notes)
     assert o.lost == pytest.approx((100 % (3 * P0)) * r0)
     assert o.lost <= 3 * job.num_microbatches
@@ -76,7 +77,7 @@ def test_fewer_live_workers_than_stages_pauses_and_resumes_from_memory():
     job = JobSpec.uniform(1, 3, 4)
     ev = [Event(100.0, "fail", ((0, 2),)), Event(200.0, "recover", ((0, 2),))]
     res, out = run(job, ev, 300.0, Params(detect_s=5, restart_s=60), every=1000.0)
-    o = out["recycle"]
+    o = out["recycle-roles"]
     # one pipeline: stage 2's snapshot is on another node (worker 0:0 or 0:1), so nothing
     # but the iteration in flight is lost, and no checkpoint restore
     assert o.restarts == 0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Optional
 
 from planner.job import JobSpec
@@ -48,6 +49,15 @@ class Context:
         # a single D=1 pipeline of the job's S stages, to normalise pipeline estimates
         self.stage_units = group(model.units, job.stages)
         self.P_pipe = pipelines.period(self.stage_units, self.M)
+
+    @cached_property
+    def shapes(self):
+        """The job's shapes and their periods (built on first use: only `recycle` and
+        `limit` read them)."""
+        from planner.simulation.shape_costs import ShapeCosts
+
+        return ShapeCosts(self.job, self.model, self.unit_s, self.periods,
+                          snapshots=self.params.snapshot_every > 0)
 
     def slowest(self, failed: frozenset, speed: dict, replicas=None) -> float:
         vals = [v for w, v in speed.items() if w not in failed

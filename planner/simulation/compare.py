@@ -21,6 +21,7 @@ class Result:
     outcomes: list[Outcome]
     plans_made: int = 0
     policy_stats: dict = field(default_factory=dict)  # the recycle policy's moves, restores
+    stats: dict = field(default_factory=dict)  # the same, per elastic policy (recycle, recycle-roles)
 
     @property
     def ideal(self) -> float:
@@ -78,7 +79,7 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
     model = model or Model.of_spec(job)
     policies = list(policies)
     periods = RecyclePeriods(job, unit_s, cache)
-    if jobs > 1 and {"recycle", "swift-replay"} & set(policies):
+    if jobs > 1 and {"recycle", "recycle-roles", "swift-replay"} & set(policies):
         periods.prefetch(failed_sets(job, trace, duration_s), jobs)
     ctx = Context(job, model, unit_s, periods, Pipelines(job, model, unit_s, greedy_period),
                   params, node_of=trace.node_of, horizon_s=mean_gap(trace, duration_s))
@@ -88,9 +89,18 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
         tr = trace
         if name in ("bamboo", "bamboo-reform") and params.bamboo_own_placement:
             tr = bamboo_trace(trace)
+        free = getattr(policy, "free", False)  # the limit pays no checkpoint stall
         outcomes.append(run_policy(policy, tr.events, tr.initial_failed, duration_s,
-                                   checkpoint_every_s, checkpoint_cost_s, tick,
-                                   snapshot_iters=params.snapshot_every))
+                                   checkpoint_every_s, 0.0 if free else checkpoint_cost_s,
+                                   tick, snapshot_iters=params.snapshot_every))
+        if name in ("recycle", "recycle-roles"):
+            stats[name] = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores}
+        if name == "oobleck" and policy.full_T:  # its best grid against the user's
+            stats[name] = {"full_factor": ctx.DM / policy.full_T / ctx.base}
         if name == "recycle":
-            stats = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores}
-    return Result(job, model, trace, duration_s, ctx.base, outcomes, periods.planned, stats)
+            stats[name].update(shape_changes=policy.shape_changes,
+                               stages_hours=policy.stages_hours(duration_s),
+                               best_full_stages=ctx.shapes.best_full.stages,
+                               full_factor=ctx.shapes.full_factor)
+    return Result(job, model, trace, duration_s, ctx.base, outcomes, periods.planned,
+                  stats.get("recycle", {}), stats)

@@ -18,18 +18,7 @@ from typing import Callable, Optional
 
 from planner.failures import Worker, canonicalize
 from planner.job import Cost, JobSpec, Memory, P2P
-
-
-@dataclass(frozen=True)
-class Unit:
-    """A slice of the model that one stage holds whole: F/I/W/OPT in spec units, its
-    activation memory per micro-batch and its parameter (+ optimizer state) memory."""
-    F: int
-    I: int  # noqa: E741
-    W: int
-    OPT: int
-    activation: int = 0
-    params: int = 0
+from planner.shapes.units import Unit  # noqa: F401 (the simulator's units are the planner's)
 
 
 @dataclass(frozen=True)
@@ -45,7 +34,9 @@ class Model:
     def of_spec(cls, job: JobSpec) -> "Model":
         mem = job.memory
         units = tuple(Unit(job.cost.F[s], job.cost.I[s], job.cost.W[s], job.cost.OPT[s],
-                           mem.activation[s] if mem else 0) for s in range(job.stages))
+                           mem.activation[s] if mem else 0, 0,
+                           job.state_bytes[s] if job.state_bytes is not None else 0)
+                      for s in range(job.stages))
         return cls(units, min(mem.capacity) if mem else None)
 
 
@@ -65,6 +56,14 @@ def group(units: tuple[Unit, ...], k: int) -> list[list[Unit]]:
             start = i + 1
     out.append(list(units[start:]))
     return out
+
+
+def group_bounds(units: tuple[Unit, ...], k: int) -> tuple[int, ...]:
+    """`group`'s cut, as unit bounds (planner/shapes/partition.py)."""
+    out = [0]
+    for g in group(units, k):
+        out.append(out[-1] + len(g))
+    return tuple(out)
 
 
 def pipeline_job(model: Model, groups: list[list[Unit]], microbatches: int, p2p: P2P,
@@ -106,10 +105,21 @@ class Pipelines:
 
     def line(self, k: int) -> Optional[tuple[float, float]]:
         """(a, b): a k-stage template runs m micro-batches in about a + b*m seconds
-        (fitted at M and 2M); None if k stages cannot hold the model."""
+        (fitted at M and 2M); None if k stages cannot hold the model. The template's
+        stages are the balanced cut of the units (planner/shapes/partition.py: the least
+        costliest stage, as Oobleck's own planner cuts its templates by dynamic
+        programming), each stage holding its parameters and one micro-batch."""
         if k not in self._lines:
-            M = self.job.microbatches
-            g = group(self.model.units, k)
+            from planner.shapes.partition import balance, ranges
+
+            M, units, cap = self.job.microbatches, self.model.units, self.model.capacity
+            bounds = balance([u.F + u.I + u.W for u in units], k,
+                             lambda i, j: cap is None or
+                             sum(u.params + u.activation for u in units[i:j]) <= cap)
+            if bounds is None:
+                self._lines[k] = None
+                return None
+            g = [list(units[i:j]) for i, j in ranges(bounds)]
             p1, p2 = self.period(g, M), self.period(g, 2 * M)
             self._lines[k] = None if p1 is None or p2 is None else (2 * p1 - p2, (p2 - p1) / M)
         return self._lines[k]

@@ -1,4 +1,5 @@
-"""ReCycle with roles (docs/design.md, "Roles"): the simulator's `recycle` policy.
+"""ReCycle with roles (docs/design.md section 5, "Roles and moves"): the simulator's
+`recycle-roles` policy, and the base of `recycle`, which adds shapes (shaped.py).
 
 Live workers are named by their home slot ("r.s": the slot a trace event names); each
 fills the slot its role gives it (planner/control/roles.py). After every event the roles are
@@ -34,10 +35,15 @@ def _wid(w: Worker) -> str:
     return f"{w[0]}.{w[1]}"
 
 
+def _moves(stall_s: float) -> tuple:
+    """A stall's part spent loading state (report.remainder itemises it)."""
+    return (("state moves", stall_s),) if stall_s > 0 else ()
+
+
 class ElasticRecycle(Policy):
-    """Re-routing plus roles: every live worker trains, stages rebalanced by moves (the
-    module docstring has the costs)."""
-    name = "recycle"
+    """Re-routing plus roles on the job's own partition: every live worker trains,
+    stages rebalanced by moves (the module docstring has the costs)."""
+    name = "recycle-roles"
 
     def __init__(self, ctx):
         super().__init__(ctx)
@@ -62,24 +68,43 @@ class ElasticRecycle(Policy):
         sp = self._slot_speed(speed)
         return lambda failed: round(self.ctx.periods(frozenset(failed), sp) / self.ctx.unit_s)
 
-    def _assign(self, speed) -> Optional[tuple[float, float, list]]:
-        """Roles for the live set: (period s, stall s, moves), None if too few workers."""
+    def _stages(self) -> int:
+        """Stages of the partition the workers train on now."""
+        return self.ctx.job.stages
+
+    def _choose(self, speed):
+        """(slots {slot: worker}, moves, period s, stall in time units) for the live set;
+        NoRolesError if too few workers."""
         ctx = self.ctx
+        a = choose_roles(ctx.job, self.live, ctx.horizon_s / ctx.unit_s, self._period(speed),
+                         snapshots=ctx.params.snapshot_every > 0)
+        return a.slots, a.moves, ctx.periods(frozenset(a.failed), self._slot_speed_of(
+            speed, a.slots)), a.stall
+
+    def _assign(self, speed) -> Optional[tuple[float, float, list]]:
+        """The live set's slots: (period s, stall s, moves), None if too few workers."""
         try:
-            a = choose_roles(ctx.job, self.live, ctx.horizon_s / ctx.unit_s, self._period(speed),
-                             snapshots=ctx.params.snapshot_every > 0)
+            slots, moves, P, stall = self._choose(speed)
         except NoRolesError:
             return None
-        self.live = {r.worker: (r.replica, r.stage) for r in a.roles}
-        self.moves += sum(1 for m in a.moves if m.from_stage is not None)
+        self.live = {w: slot for slot, w in slots.items()}
+        self.moves += sum(1 for m in moves if m.from_stage is not None)
         self._pick_holders()
-        P = ctx.periods(frozenset(a.failed), self._slot_speed(speed))
-        return P, a.stall * ctx.unit_s, a.moves
+        return P, stall * self.ctx.unit_s, moves
+
+    def _slot_speed_of(self, speed: dict, slots: dict) -> dict:
+        """The speeds of the workers in `slots` ({slot: worker}), per slot."""
+        out = {}
+        for slot, w in slots.items():
+            home = tuple(int(x) for x in w.split("."))
+            if home in speed:
+                out[slot] = speed[home]
+        return out
 
     def _pick_holders(self) -> None:
         """Stage s's snapshot goes to a live worker on a node with no worker of s (spread
         over the candidates, so that one node does not hold every snapshot)."""
-        S = self.ctx.job.stages
+        S = self._stages()
         nodes_of = {s: set() for s in range(S)}
         for w, slot in self.live.items():
             nodes_of[slot[1]].add(self._node(w))
@@ -111,7 +136,7 @@ class ElasticRecycle(Policy):
         """Stages with no copy left: no live worker holds them and their snapshot's holder
         is gone too."""
         held = {slot[1] for w, slot in self.live.items() if slot is not None and w not in gone}
-        return [s for s in range(self.ctx.job.stages)
+        return [s for s in range(self._stages())
                 if s not in held and (self.holder.get(s) is None or self.holder[s] in gone
                                       or self.holder[s] not in self.live)]
 
@@ -122,7 +147,7 @@ class ElasticRecycle(Policy):
             if self.halted:
                 return None
             got = self._assign(speed)
-            return Decision(ctx.DM / got[0], got[0], stall_s=got[1])
+            return Decision(ctx.DM / got[0], got[0], stall_s=got[1], parts=_moves(got[1]))
         if kind == "recover":
             for w in ids:
                 self.live.setdefault(w, None)
@@ -132,14 +157,17 @@ class ElasticRecycle(Policy):
             P, stall, _ = got
             if self.halted:
                 self.halted = False
+                restart = (("restart", p.restart_s),) + _moves(stall)
                 if self.lost_copy == "start":
-                    return Decision(ctx.DM / P, P, stall_s=p.restart_s + stall, note="started")
+                    return Decision(ctx.DM / P, P, stall_s=p.restart_s + stall, note="started",
+                                    parts=restart)
                 if self.lost_copy:
                     return Decision(ctx.DM / P, P, lose="checkpoint", stall_s=p.restart_s + stall,
-                                    note="restored from checkpoint")
+                                    note="restored from checkpoint", parts=restart)
                 # paused with every stage's state still in memory: resume from it
-                return Decision(ctx.DM / P, P, stall_s=stall, note="resumed from memory")
-            return Decision(ctx.DM / P, P, stall_s=stall)
+                return Decision(ctx.DM / P, P, stall_s=stall, note="resumed from memory",
+                                parts=_moves(stall))
+            return Decision(ctx.DM / P, P, stall_s=stall, parts=_moves(stall))
         # a failure
         gone = ids & set(self.live)
         if not gone:
@@ -163,12 +191,16 @@ class ElasticRecycle(Policy):
             self.lost_copy = bool(dead_copy)  # the resume then restores from the checkpoint
             return Decision(0.0, 0.0, lose="inflight", note="paused: fewer live workers than stages")
         P, stall, _ = got
+        detect = (("detection", p.detect_s),)
         if dead_copy:
             return Decision(ctx.DM / P, P, lose="checkpoint",
                             stall_s=p.detect_s + p.restart_s + stall,
-                            note=f"stage(s) {dead_copy} and snapshot lost: restored from checkpoint")
+                            note=f"stage(s) {dead_copy} and snapshot lost: restored from checkpoint",
+                            parts=detect + (("restart", p.restart_s),) + _moves(stall))
         if emptied:
             self.snapshot_restores += 1
             return Decision(ctx.DM / P, P, lose="snapshot", stall_s=p.detect_s + stall,
-                            note=f"stage(s) {emptied} restored from peer-memory snapshot")
-        return Decision(ctx.DM / P, P, lose="inflight", stall_s=p.detect_s + stall)
+                            note=f"stage(s) {emptied} restored from peer-memory snapshot",
+                            parts=detect + _moves(stall))
+        return Decision(ctx.DM / P, P, lose="inflight", stall_s=p.detect_s + stall,
+                        parts=detect + _moves(stall))

@@ -16,6 +16,12 @@ and what work is lost:
 Checkpoints are taken every `checkpoint_every_s` seconds of training and stall everyone
 `checkpoint_cost_s`; the clock stops while a policy is halted and restarts at a restore.
 A checkpoint due at the very time of an event is taken after it.
+
+Where the time goes is kept for the report's itemised remainder (report.remainder): a
+decision names the parts of its stall (`parts`: detection, state moves, restart, ...,
+laid end to end from the event), the engine records each stalled second under its part
+(`paused` while halted, `checkpoint` for a checkpoint's stall), and the work lost under
+its kind.
 """
 from __future__ import annotations
 
@@ -33,6 +39,7 @@ class Decision:
     fraction: float = 0.0
     stall_s: float = 0.0
     note: str = ""
+    parts: tuple = ()  # ((cause, seconds), ...) of stall_s, in order; the rest is "other"
 
 
 @dataclass
@@ -45,6 +52,8 @@ class Outcome:
     restarts: int = 0  # restores from a checkpoint
     segments: list = field(default_factory=list)  # (t0, t1, rate) while training
     notes: list[str] = field(default_factory=list)
+    stall_spans: list = field(default_factory=list)  # (t0, t1, cause) while not training
+    lost_by: dict = field(default_factory=dict)  # micro-batches lost, per Decision.lose
 
 
 class Run:
@@ -60,6 +69,7 @@ class Run:
         self.ckpt_clock = 0.0
         self.every, self.cost = checkpoint_every_s, checkpoint_cost_s
         self.snapshot_iters = snapshot_iters
+        self.pending: list[tuple[float, float, str]] = []  # stall parts laid out ahead
 
     def _train(self, a: float, b: float) -> None:
         n = self.rate * (b - a)
@@ -72,21 +82,49 @@ class Run:
         else:
             segs.append((a, b, self.rate))
 
+    def _stall(self, a: float, b: float, cause: Optional[str] = None) -> None:
+        """[a, b) with nobody training: under `cause`, else under the pending parts."""
+        self.out.stalled_s += b - a
+        spans = self.out.stall_spans
+        cut = [(a, b, cause)] if cause else []
+        if not cause:
+            for p0, p1, c in self.pending:
+                lo, hi = max(a, p0), min(b, p1)
+                if lo < hi:
+                    cut.append((lo, hi, c))
+            cut.sort()
+            at, gaps = a, []
+            for lo, hi, _ in cut:  # what no part covers (none should be left): "other"
+                if lo > at + 1e-9:
+                    gaps.append((at, lo, "other"))
+                at = max(at, hi)
+            if b > at + 1e-9:
+                gaps.append((at, b, "other"))
+            cut = sorted(cut + gaps)
+        self.pending = [(max(p0, b), p1, c) for p0, p1, c in self.pending if p1 > b]
+        for lo, hi, c in cut:
+            if spans and spans[-1][2] == c and abs(spans[-1][1] - lo) < 1e-9:
+                spans[-1] = (spans[-1][0], hi, c)
+            else:
+                spans.append((lo, hi, c))
+
     def advance(self, t: float) -> None:
         cur = self.t
         while cur < t:
             if self.rate <= 0:
-                self.out.stalled_s += t - cur
+                self._stall(cur, t, "paused")
                 cur = t
             elif cur < self.resume_at:
                 upto = min(t, self.resume_at)
-                self.out.stalled_s += upto - cur
+                self._stall(cur, upto)
                 cur = upto
             elif self.every > 0 and cur + (self.every - self.ckpt_clock) < t:
                 due = cur + (self.every - self.ckpt_clock)
                 self._train(cur, due)
                 self.since_ckpt, self.ckpt_clock = 0.0, 0.0
                 self.resume_at = due + self.cost
+                if self.cost > 0:
+                    self.pending.append((due, due + self.cost, "checkpoint"))
                 cur = due
             else:
                 self._train(cur, t)
@@ -105,6 +143,8 @@ class Run:
         lost = min(lost, self.out.microbatches)
         self.out.microbatches -= lost
         self.out.lost += lost
+        if lost > 0:
+            self.out.lost_by[d.lose] = self.out.lost_by.get(d.lose, 0.0) + lost
         if d.lose == "checkpoint":
             self.since_ckpt, self.ckpt_clock = 0.0, 0.0
             self.out.restarts += 1
@@ -113,6 +153,14 @@ class Run:
         if d.note:
             self.out.notes.append(f"{d.note} at {t:.0f}s")
         self.rate, self.iter_s = d.rate, d.iter_s
+        # the stall's parts, end to end from t; what an earlier stall already covers stays
+        # that one's
+        start, cursor = max(self.resume_at, t), t
+        for cause, sec in tuple(d.parts) + (("other", d.stall_s - sum(x for _, x in d.parts)),):
+            end = cursor + max(0.0, sec)
+            if end > start and end > cursor:
+                self.pending.append((max(cursor, start), end, cause))
+            cursor = end
         # a stall under way (detection after a failure at this very time, a restart) is not
         # cut short by a later decision: a spare that replaces a node at once stalls no less
         self.resume_at = max(self.resume_at, t + d.stall_s)

@@ -19,6 +19,8 @@ from planner.simulation.base import Context, Params, Policy  # noqa: F401 (re-ex
 from planner.simulation.checkpoint import CheckpointRestart
 from planner.simulation.elastic import ElasticRecycle
 from planner.simulation.engine import Decision
+from planner.simulation.limit import Limit
+from planner.simulation.shaped import ShapedRecycle
 
 
 class RecycleFixed(Policy):
@@ -163,10 +165,11 @@ class Oobleck(Policy):
     """Pipeline templates: the live workers are re-instantiated into pipelines of k stages
     (k from the smallest depth that holds the model to S) with the global batch spread to
     equalise their iteration times; each failure and each rejoin costs a reconfiguration;
-    a failure also loses the iteration in flight. The rate of a configuration is the
-    planner's period of its templates, relative to the best configuration of the whole
-    grid (that one trains at the failure-free rate). Halts when fewer workers than the
-    shallowest template are left, or when one event takes every copy of a stage."""
+    a failure also loses the iteration in flight. The rate of a configuration is D*M
+    micro-batches over the planner's periods of its templates, in the same currency as
+    every policy's (so with every worker live it may beat the user's grid: its templates
+    re-cut the model). Halts when fewer workers than the shallowest template are left, or
+    when one event takes every copy of a stage."""
     name = "oobleck"
 
     def __init__(self, ctx):
@@ -180,9 +183,7 @@ class Oobleck(Policy):
             kmin = next((k for k in range(1, S + 1) if ctx.pipelines.line(k) is not None), S)
         self.kmin = max(1, min(kmin, S))
         self._rate: dict[int, tuple[float, float]] = {}
-        # Oobleck's own best use of the whole grid: its rate with n workers is measured
-        # against it, so that a template family more efficient than the user's D x S grid
-        # (shallower pipelines, fewer bubbles) does not read as gaining from a failure.
+        # its best use of the whole grid (what it trains with no failure), for the report
         self.full_T = self._config_time(ctx.job.replicas * S)
 
     def _config_time(self, n: int) -> Optional[float]:
@@ -207,7 +208,7 @@ class Oobleck(Policy):
             return Decision(0.0)
         if n not in self._rate:
             T = self._config_time(n)
-            rate = 0.0 if T is None or self.full_T is None else min(ctx.base, ctx.base * self.full_T / T)
+            rate = 0.0 if T is None else ctx.DM / T
             self._rate[n] = (rate, ctx.DM / rate if rate else 0.0)
         rate, it = self._rate[n]
         s = ctx.slowest(failed, speed)
@@ -242,10 +243,10 @@ def _spread(lines: list[tuple[float, float]], total: int) -> Optional[float]:
     return max(a + b * k for (a, b), k in zip(lines, m))
 
 
-POLICIES = {cls.name: cls for cls in (ElasticRecycle, RecycleFixed, CheckpointRestart, Rollback,
-                                      LossyForward, DropReplica, Oobleck, Bamboo, SwiftReplay,
-                                      BambooReform)}
+POLICIES = {cls.name: cls for cls in (ShapedRecycle, ElasticRecycle, RecycleFixed,
+                                      CheckpointRestart, Rollback, LossyForward, DropReplica,
+                                      Oobleck, Bamboo, SwiftReplay, BambooReform, Limit)}
 
 __all__ = ["POLICIES", "Params", "Context", "Policy", "RecycleFixed", "SwiftReplay",
            "DropReplica", "Rollback", "LossyForward", "Oobleck", "Bamboo", "BambooReform",
-           "CheckpointRestart", "ElasticRecycle"]
+           "CheckpointRestart", "ElasticRecycle", "ShapedRecycle", "Limit"]

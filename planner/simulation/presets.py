@@ -67,12 +67,14 @@ def preset_model(name: str, replicas: int, microbatch_size: int = 1, tflops: flo
     layer_params = 12 * d * d
     layer = Unit(F=us(matmul + attn), I=us(matmul + attn), W=us(matmul),
                  OPT=opt_us(layer_params), activation=max(1, round(34 * b * L * d * mb)),
-                 params=round(16 * layer_params * mb))
+                 params=round(16 * layer_params * mb),
+                 state_bytes=round(16 * layer_params * mb) * 2**20)
     embed = Unit(F=0, I=0, W=0, OPT=opt_us(V * d), activation=round(2 * b * L * d * mb),
-                 params=round(16 * V * d * mb))
+                 params=round(16 * V * d * mb), state_bytes=round(16 * V * d * mb) * 2**20)
     head_flops = 2 * b * L * d * V
     head = Unit(F=us(head_flops), I=us(head_flops), W=us(head_flops), OPT=opt_us(V * d),
-                activation=round(4 * b * L * V * mb), params=round(16 * V * d * mb))
+                activation=round(4 * b * L * V * mb), params=round(16 * V * d * mb),
+                state_bytes=round(16 * V * d * mb) * 2**20)
     units = (embed,) + (layer,) * sh.layers + (head,)
     return Model(units, capacity=round(memory_gb * 1024), samples_per_microbatch=b, name=name)
 

@@ -34,6 +34,59 @@ def rows(result: Result) -> list[dict]:
     return out
 
 
+def limit_shares(result: Result, ref: str = "limit") -> dict[str, float]:
+    """Each policy's samples over the limit's (docs/design.md section 12); empty without a
+    limit run."""
+    names = [o.policy for o in result.outcomes]
+    if ref not in names or result.outcome(ref).microbatches <= 0:
+        return {}
+    top = result.outcome(ref).microbatches
+    return {o.policy: o.microbatches / top for o in result.outcomes}
+
+
+LOST = {"inflight": "iteration in flight", "snapshot": "since the snapshot (rollback)",
+        "checkpoint": "since the checkpoint (restore)", "fraction": "skipped"}
+
+
+def remainder(result: Result, policy: str = "recycle", ref: str = "limit") -> dict[str, float]:
+    """Where `policy`'s remainder to the limit goes, in micro-batches, exactly: what the
+    limit trains while `policy` stalls, per cause of the stall (detection, state moves,
+    restart, paused, ...); the work `policy` trains and loses, per kind; and, while it
+    trains, the difference of the two rates ("slower than the limit": the shape and roles
+    it keeps, and the planner's schedule against the limit's). The parts add up to the
+    limit's micro-batches less the policy's."""
+    import bisect
+
+    T = result.duration_s
+    segs = sorted(result.outcome(ref).segments)
+    starts = [a for a, _, _ in segs]
+    cum = [0.0]
+    for a, b, r in segs:
+        cum.append(cum[-1] + r * (b - a))
+
+    def upto(t: float) -> float:  # the limit's micro-batches trained in [0, t)
+        i = bisect.bisect_right(starts, t)
+        if i == 0:
+            return 0.0
+        a, b, r = segs[i - 1]
+        return cum[i - 1] + r * (min(t, b) - a)
+
+    def between(a: float, b: float) -> float:
+        a, b = max(0.0, a), min(T, b)
+        return upto(b) - upto(a) if b > a else 0.0
+
+    o = result.outcome(policy)
+    out: dict[str, float] = {}
+    for a, b, cause in o.stall_spans:
+        out[cause] = out.get(cause, 0.0) + between(a, b)
+    for kind, mb in o.lost_by.items():
+        name = LOST.get(kind, kind)
+        out[name] = out.get(name, 0.0) + mb
+    out["slower than the limit"] = sum(between(a, b) - r * (min(b, T) - a)
+                                       for a, b, r in o.segments if a < T)
+    return out
+
+
 def series(result: Result, bins: int = 240) -> tuple[list[float], dict[str, list[float]]]:
     """Hours at bin centres, and per policy its mean training rate in each bin as a share
     of the failure-free rate (stalls count as zero; lost work is not subtracted)."""
@@ -63,20 +116,28 @@ def to_json(result: Result, command: str = "") -> str:
                   "hours": result.duration_s / 3600},
         "failure_free_samples_per_s": result.base_rate * result.model.samples_per_microbatch,
         "policies": rows(result),
+        "limit_shares": limit_shares(result),  # each policy's samples over the limit's
+        # where recycle's remainder to the limit goes, in samples (remainder())
+        "remainder_samples": {k: v * result.model.samples_per_microbatch
+                              for k, v in (remainder(result) if {"recycle", "limit"} <= {
+                                  o.policy for o in result.outcomes} else {}).items()},
         "policy_stats": result.policy_stats,  # the recycle policy's moves and restores
+        "stats": result.stats,  # the same per elastic policy (recycle, recycle-roles)
         "series": {"hours": hours, "throughput": ser},
     }, indent=1, default=lambda x: None)
 
 
 def markdown(result: Result) -> str:
+    shares = limit_shares(result)
     lines = ["| policy | throughput kept | samples | stalled (h) | work lost (samples) | "
-             "failures | restarts | ReCycle / policy |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+             "failures | restarts | ReCycle / policy |" + (" share of the limit |" if shares else ""),
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |" + (" ---: |" if shares else "")]
     for r in rows(result):
         ratio = r["recycle_ratio"]
         lines.append(f"| {r['policy']} | {r['kept']:.1%} | {r['samples']:.4g} | "
                      f"{r['stalled_h']:.2f} | {r['lost_samples']:.3g} | {r['failures']} | "
-                     f"{r['restarts']} | {'-' if ratio is None else f'{ratio:.3f}x'} |")
+                     f"{r['restarts']} | {'-' if ratio is None else f'{ratio:.3f}x'} |"
+                     + (f" {shares[r['policy']]:.1%} |" if shares else ""))
     return "\n".join(lines)
 
 

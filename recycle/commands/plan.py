@@ -63,6 +63,9 @@ def plan_cmd(
                                             "100 failure-free periods)"),
     join: List[str] = typer.Option([], "--join", help="with --roles: a fresh worker's id "
                                    "(a new node's worker, no state)"),
+    shape: str = typer.Option("fixed", help="fixed: the job's own partition; auto: the shape "
+                              "the live workers train fastest on, state moves counted "
+                              "(docs/planner.md, Shapes); the plan then carries its partition"),
 ):
     """Plan one iteration for SPEC with the given workers failed."""
     from planner.interop.pipelining_csv import check_target, export_csv
@@ -79,20 +82,31 @@ def plan_cmd(
                 check_writable(path, flag)
         if gantt and not gantt.endswith((".html", ".htm", ".svg")):  # as write_gantt reads it
             raise ValueError(f"--gantt {gantt}: write .html or .svg (no other format is made)")
-        if (horizon is not None or join) and not roles:
-            raise ValueError("--horizon and --join need --roles")
+        if shape not in ("fixed", "auto"):
+            raise ValueError(f"--shape must be fixed or auto, not {shape!r}")
+        if (horizon is not None or join) and not (roles or shape == "auto"):
+            raise ValueError("--horizon and --join need --roles or --shape auto")
         if horizon is not None and not (0 < horizon < float("inf")):
             raise ValueError(f"--horizon must be positive and finite, not {horizon:g}")
         job = load_spec(spec)
         failed = [parse_worker(f) for f in fail]
         opts = SolveOptions(time_limit=time_limit, num_workers=workers, seed=seed)
+        from planner.simulation.costs import plan_period
+
+        h = horizon if horizon is not None else 100 * plan_period(job, [])
+        line = None if as_json or not (failed or join) else \
+            _shape_line(job, failed, h, tuple(join))
+        if line:
+            console.print(line, soft_wrap=True, markup=False)  # one line, however wide
         try:
-            if roles:
+            if shape == "auto":
+                from planner.shapes.planning import plan_shape
+                plan, _ = plan_shape(job, failed, h, solver, _mode(no_split, sync), opts,
+                                     tuple(join))
+            elif roles:
                 from planner.failures import normalize
                 from planner.control.roles import live_from_failed, plan_roles
-                from planner.simulation.costs import plan_period
                 live = live_from_failed(job, normalize(job, failed), tuple(join))
-                h = horizon if horizon is not None else 100 * plan_period(job, [])
                 plan, _ = plan_roles(job, live, h, solver, mode=_mode(no_split, sync), opts=opts)
             else:
                 plan = solve(job, failed, solver, _mode(no_split, sync), opts)
@@ -115,6 +129,19 @@ def plan_cmd(
         typer.echo(plan.to_json(indent=1))
     else:
         print_plan(plan)
+
+
+def _shape_line(job, failed, horizon, join) -> Optional[str]:
+    """The added line of `recycle plan` when the live workers would train faster on
+    another shape than the job's own (None when not, or when none fits them)."""
+    from planner.errors import Unplannable
+    from planner.shapes.planning import choose_for_failed, shape_line
+
+    try:
+        ch, c = choose_for_failed(job, failed, horizon, join)
+    except (Unplannable, ValueError):
+        return None
+    return shape_line(c, ch.units.kind, job.stages)
 
 
 def print_plan(plan: Plan) -> None:

@@ -237,11 +237,13 @@ def _print(result, report) -> None:
                   f"{j.replicas}x{j.stages} workers ({tr.source}); failure-free "
                   f"{result.base_rate * result.model.samples_per_microbatch:.4g} samples/s, "
                   f"{result.plans_made} failed sets planned")
+    shares = report.limit_shares(result)
     table = Table("policy", "kept", "samples", "stalled h", "lost samples", "failures",
-                  "restarts", "ReCycle/x")
+                  "restarts", "ReCycle/x", *(["of limit"] if shares else []))
     for r in report.rows(result):
         ratio = r["recycle_ratio"]
         table.add_row(r["policy"], f"{r['kept']:.1%}", f"{r['samples']:.4g}",
                       f"{r['stalled_h']:.2f}", f"{r['lost_samples']:.3g}", str(r["failures"]),
-                      str(r["restarts"]), "-" if ratio is None else f"{ratio:.3f}x")
+                      str(r["restarts"]), "-" if ratio is None else f"{ratio:.3f}x",
+                      *([f"{shares[r['policy']]:.1%}"] if shares else []))
     console.print(table)

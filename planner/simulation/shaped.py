@@ -1,0 +1,57 @@
+"""ReCycle whose shape follows the live workers (docs/design.md section 12): the
+simulator's `recycle` policy.
+
+`recycle-roles` (elastic.py) with one more choice after every event: the partition of the
+model's units into stages (planner/shapes/). The live workers train on the shape worth most
+over the horizon (planner/shapes/choose.py): the current one with the best roles, or
+another whose better period repays the state its workers must fetch. So with fewer live
+workers than stages it trains on a shallower shape instead of pausing; it pauses only
+when no shape fits the live workers (none alive, or a spec's units allow no shape that
+shallow). What an event costs is elastic.py's: detection and the iteration in flight for
+a failure, the stall of the state loads (a shape change's included), a snapshot restore
+when a stage of the current shape lost every holder (its units come from the snapshot),
+a checkpoint restore when the snapshot went too. Periods are the planner's for each
+shape (shape_costs.py).
+"""
+from __future__ import annotations
+
+from planner.simulation.elastic import ElasticRecycle
+
+
+class ShapedRecycle(ElasticRecycle):
+    name = "recycle"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        self.costs = ctx.shapes
+        self.shape = self.costs.chooser.fixed
+        self.shape_changes = 0
+        self.now = 0.0
+        self.timeline: list[tuple[float, int]] = []  # (time, stages) at each change
+
+    def _stages(self) -> int:
+        return self.shape.stages
+
+    def _choose(self, speed):
+        ctx, sc, cur = self.ctx, self.costs, self.shape
+        here = self._slot_speed(speed)
+        c = sc.chooser.choose(cur, self.live, ctx.horizon_s / ctx.unit_s,
+                              current_period=lambda failed: sc.period(cur, failed, here))
+        if c.changed or not self.timeline:
+            self.shape_changes += c.changed
+            self.timeline.append((self.now, c.shape.stages))
+        self.shape = c.shape
+        P = sc.period(c.shape, c.failed, self._slot_speed_of(speed, c.slots)) * ctx.unit_s
+        return c.slots, c.moves, P, c.stall
+
+    def on_event(self, kind, workers, before, after, speed, run):
+        self.now = run.t
+        return super().on_event(kind, workers, before, after, speed, run)
+
+    def stages_hours(self, duration_s: float) -> dict[int, float]:
+        """Hours on each stage count (while training or paused on it)."""
+        out: dict[int, float] = {}
+        marks = self.timeline + [(duration_s, 0)]
+        for (t0, k), (t1, _) in zip(marks, marks[1:]):
+            out[k] = out.get(k, 0.0) + max(0.0, min(t1, duration_s) - t0) / 3600
+        return out
