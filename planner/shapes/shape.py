@@ -113,7 +113,7 @@ def fitted(base: JobSpec, units: Units, counts: tuple[int, ...]) -> Optional[Bou
     its memory slots, its optimizer step) is least. A stage with one worker more takes
     more units: n workers that S' does not divide are all used, as pipelines of unequal
     depth would use them. None if no cut fits a worker."""
-    us, K, DM = units.units, len(counts), base.num_microbatches
+    DM = base.num_microbatches
     # the cut depends on the counts only through each stage's share of the micro-batches:
     # live counts that give the same shares (most, at thousands of workers) share it
     shares = tuple(-(-DM // c) for c in counts)
