@@ -4,15 +4,16 @@ A run is one LaunchSpec (executor/inputs/launch_spec.py: the model, its training
 settings, the job, faults, checkpoints, comm), made and validated by `recycle train`; the
 coordinator takes it whole.
 
-The coordinator hosts the TCPStore (rendezvous.py), watches its workers and drives the
-run's membership (planner/control/membership.py decides; publishing.py plans and publishes, or
-follows the plan service with --service). Deaths are seen, fastest first, as a process
-exit, a peer's suspect (a re-published version if nobody died), or, for external
-(torchrun'd) workers, a stopped heartbeat. A death is a failure event at once; a due
---rejoin/--restart brings the worker back later (admission.py, rejoins.py). Injected
-faults are faults.py's, the workers' messages messages.py's, losses losses.py's, and the
-end of a run, complete or halted with the newest checkpoint, ending.py's. The rules are in
-docs/executor.md ("Who is in which plan version").
+The coordinator hosts the TCPStore (coordinator/processes.py), watches its workers and
+drives the run's membership: planner/control/membership.py decides what changes,
+planner/control/timing.py when, and coordinator/publishing.py plans and publishes (or follows
+the plan service with --service). Deaths are seen, fastest first, as a process exit, a peer's
+suspect (a re-published version if nobody died), or, for external (torchrun'd) workers, a
+stopped heartbeat. A death is a failure event at once; a due --rejoin/--restart brings the
+worker back later (coordinator/admission.py, faults/rejoins.py). Injected faults are
+faults/injector.py's, the workers' messages coordinator/messages.py's, what the run reports
+report/'s, and the end of a run, complete or halted with the newest checkpoint,
+coordinator/ending.py's. The rules are in docs/executor.md ("Who is in which plan version").
 """
 from __future__ import annotations
 
@@ -30,16 +31,16 @@ from executor.inputs.run_config import save_config
 from executor.inputs.worker_settings import WorkerSettings
 from executor.launch.coordinator.admission import Admission
 from executor.launch.coordinator.ending import RunEnd, TrainResult
-from executor.launch.faults.injector import Injector
 from executor.launch.coordinator.messages import HANDLERS
 from executor.launch.coordinator.processes import Processes
-from executor.launch.report.progress_lines import ProgressLines
 from executor.launch.coordinator.publishing import Halted, Plans
-from executor.launch.faults.rejoins import RejoinBook
-from executor.launch.report.run_record import RunRecord
-from executor.launch.report.snapshot_figures import SnapshotFigures
 from executor.launch.coordinator.steps import Steps
 from executor.launch.coordinator.trace_faults import TraceFaults
+from executor.launch.faults.injector import Injector
+from executor.launch.faults.rejoins import RejoinBook
+from executor.launch.report.progress_lines import ProgressLines
+from executor.launch.report.run_record import RunRecord
+from executor.launch.report.snapshot_figures import SnapshotFigures
 from executor.protocol import wkey
 from executor.runtime.transport.rendezvous import set_counter
 from executor.timeouts import Timeouts
