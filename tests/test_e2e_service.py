@@ -9,6 +9,7 @@ from __future__ import annotations
 import glob
 import io
 import os
+import re
 import signal
 import threading
 import time
@@ -284,7 +285,9 @@ def test_stall_past_heartbeat_timeout_fences_then_rejoins(tmp_path):
         # Failed sets in version order (a re-sync under load repeats one: merged here).
         sets = [p["failed"] for p in h["plans"]]
         assert [s for i, s in enumerate(sets) if i == 0 or s != sets[i - 1]] == [[], [[0, 1]], []]
-        assert "not in plan v1: declared failed (failed [(0, 1)]): stopping" in logs(tmp_path)
+        # v1, or a later version that re-synced the same failed set before it woke
+        assert re.search(r"not in plan v\d+: declared failed \(failed \[\(0, 1\)\]\): stopping",
+                         logs(tmp_path)), logs(tmp_path)
         assert any("worker 0:1 failed (process exited with code 0)" in e for e in res.events)
         assert any("restarting worker 0:1" in e for e in res.events)
         assert "loaded stage 1 state from worker (1, 1)" in logs(tmp_path)
