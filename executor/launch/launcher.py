@@ -104,7 +104,7 @@ class Coordinator:
         self.admission = Admission(
             RejoinBook(spec.faults.rejoin_entries, spec.external, self.patience.pause_limit),
             self.processes, self.plans, self.steps, patience=self.patience,
-            record=self.record, event=self.event, service=service is not None)
+            record=self.record, event=self.event)
         self.trace = None if trace is None else TraceFaults(
             trace, self.processes, self.plans, self.steps, self.admission, record=self.record,
             event=self.event)

@@ -26,10 +26,9 @@ class Admission:
     told to it that no plan has yet."""
 
     def __init__(self, rejoins: RejoinBook, processes: Processes, plans: Plans, steps: Steps,
-                 *, patience: Patience, record: RunRecord, event: Callable[[str], None],
-                 service: bool):
+                 *, patience: Patience, record: RunRecord, event: Callable[[str], None]):
         self.rejoins, self.processes, self.plans, self.steps = rejoins, processes, plans, steps
-        self.patience, self.record, self.event, self.service = patience, record, event, service
+        self.patience, self.record, self.event = patience, record, event
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         self.reported: dict[Worker, int] = {}  # service: deaths told (incarnation), no plan yet
 

@@ -30,7 +30,7 @@ class Processes:
         """Opens the run's TCPStore with the workers' settings in it. Loopback unless
         torchrun'd workers on other machines must reach it: the store has no
         authentication, so it never holds a secret (the service token travels apart)."""
-        self.external, self.run_dir, self.token = external, run_dir, token
+        self.run_dir, self.token = run_dir, token
         self.store = host_store("0.0.0.0" if external else "127.0.0.1", port, timeout)
         if external:  # the port actually bound (--store-port 0 picks a free one)
             console.print(f"coordinator waiting for workers: RECYCLE_STORE=<this host>:"
