@@ -18,6 +18,7 @@ Keys (the coordinator hosts the store):
   recycle/clip/...       the stages' squared gradient norms (optim/clip.py)
   recycle/tied/...       tied weights' gradients and values (runtime/steps/tied.py)
   snap/...               peer-memory snapshots: hosts' addresses, holders' marks, auto K
+  replay/v{v}/s{s}/i{it} a lost stage's iteration replayed on entering version v
   torchrun/placement     the placement torchrun'd workers agreed on
 """
 from __future__ import annotations
@@ -83,6 +84,11 @@ def tied_key(version: int, it: int, kind: str, stage: int) -> str:
     return f"recycle/tied/v{version}/i{it}/{kind}/s{stage}"
 
 
+def replay_key(version: int, stage: int, it: int) -> str:
+    """Set when entering `version` replayed iteration `it` of lost stage `stage`."""
+    return f"replay/v{version}/s{stage}/i{it}"
+
+
 # ---- worker -> coordinator ------------------------------------------------------------------
 @dataclass
 class Message:
@@ -122,7 +128,20 @@ class Done(Message):
     at: Optional[float] = None  # wall time it entered the version (sync)
     snap_every: Optional[int] = None  # K in force (the last iteration)
     snap_bytes: Optional[int] = None  # host memory its snapshots hold (the last iteration)
+    log_bytes: Optional[int] = None  # the most its boundary log held (the last iteration)
     extra: Optional[dict] = None  # what an instrumented worker adds (benchmarks/)
+
+
+@dataclass
+class Replayed(Message):
+    """A stage lost whole was replayed from the boundary logs (executor/runtime/replay/)."""
+    kind: ClassVar[str] = "replayed"
+    stage: int = -1
+    first: int = -1  # the iterations replayed, first..last
+    last: int = -1
+    seconds: float = 0.0
+    workers: int = 0  # that replayed it
+    losses: Optional[dict] = None  # the last stage's: iteration -> {g: loss}
 
 
 @dataclass
@@ -171,4 +190,4 @@ class Bye(Message):
     kind: ClassVar[str] = "bye"
 
 
-KINDS = {c.kind: c for c in (Done, Mid, Suspect, Ready, Fatal, NoCopyLeft, Bye)}
+KINDS = {c.kind: c for c in (Done, Mid, Suspect, Ready, Fatal, NoCopyLeft, Bye, Replayed)}

@@ -22,7 +22,7 @@ from executor.checkpoint import Manifest
 from executor import protocol as P
 from executor.runtime.agent import Agent
 from executor.runtime.transport.comm import connect_store, local_workers_hint, pick_device
-from executor.runtime.peer_snapshots.cadence import budget_bytes
+from executor.runtime.peer_snapshots.cadence import budget_bytes, log_budget
 from executor.launch.faults.injector import fault_iterations
 from executor.data.token_file import with_data
 from executor.inputs.worker_settings import WorkerSettings
@@ -100,7 +100,8 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
         fault_iterations=frozenset(fault_iterations(conf.kills, conf.stalls, me)),
         slows=tuple((i, f) for r, s, i, f in conf.slows if (r, s) == me),
         snapshot_every=conf.snapshot_every,
-        snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1))
+        snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1),
+        log_budget=log_budget(conf.log_memory, local or 1))
     return Agent(worker, me, source, store, incarnation).run()
 
 

@@ -82,7 +82,7 @@ def test_a_held_snapshot_restored_is_a_copy_the_optimizer_cannot_write_through()
 
     from executor.runtime.peer_snapshots.host import Held
     from executor.runtime.peer_snapshots.wire import byte_views, flatten, layout
-    from executor.runtime.stage_state.sync import held_state
+    from executor.runtime.peer_snapshots.wire import held_state
 
     p = torch.nn.Parameter(torch.ones(4))
     opt = torch.optim.AdamW([p], lr=0.1)

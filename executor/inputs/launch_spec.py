@@ -16,7 +16,8 @@ from executor.compute.config import ModelConfig, TrainingSettings
 from executor.inputs.run_config import RunConfig
 from executor.launch.faults.injector import check_faults, parse_event, parse_slow, parse_stall
 from executor.launch.faults.trace_replay import TraceReplay
-from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET, parse_budget
+from executor.runtime.peer_snapshots.cadence import (AUTO, DEFAULT_BUDGET, DEFAULT_LOG_MEMORY,
+                                                     log_budget, parse_budget)
 from planner.errors import UserError
 from planner.job import JobSpec
 from planner.plan import Mode
@@ -86,6 +87,7 @@ class LaunchSpec:
     # AUTO: K from the measured cost of a snapshot, within `snapshot_memory`; cadence.py)
     snapshot_every: int = AUTO
     snapshot_memory: str = DEFAULT_BUDGET
+    log_memory: str = DEFAULT_LOG_MEMORY  # boundary logs for replay (runtime/replay/)
 
     def __post_init__(self):
         self.check()
@@ -118,6 +120,7 @@ class LaunchSpec:
                             f"not {self.snapshot_every}")
         try:
             parse_budget(self.snapshot_memory)
+            log_budget(self.log_memory, 1)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if self.deadline_s is not None and not self.deadline_s > 0:

@@ -73,6 +73,7 @@ class CheckpointSection:
     resume: Optional[str] = None
     snapshot_every: str = "auto"  # auto, off, or K (executor/runtime/peer_snapshots/cadence.py)
     snapshot_memory: str = "25%"
+    log_memory: str = "10%"  # the boundary logs' budget (executor/runtime/replay/)
 
 
 @dataclass(frozen=True)

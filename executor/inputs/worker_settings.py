@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET
+from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET, DEFAULT_LOG_MEMORY
 from planner.job import JobSpec
 
 if TYPE_CHECKING:
@@ -29,6 +29,7 @@ class WorkerSettings:
     checkpoint_every: int = 1
     snapshot_every: int = AUTO  # peer-memory snapshots every K iterations (0: off, -1: auto)
     snapshot_memory: str = DEFAULT_BUDGET  # the host-memory budget of auto (cadence.py)
+    log_memory: str = DEFAULT_LOG_MEMORY  # the boundary logs' (runtime/replay/)
     resume: Optional[str] = None  # the checkpoint a first incarnation starts from
     device: str = "auto"
     local_workers: Optional[int] = None  # workers on this machine (None: torchrun'd)
@@ -49,7 +50,7 @@ class WorkerSettings:
                    local_workers=None if spec.external else spec.job.replicas * spec.job.stages,
                    kills=[list(k) for k in f.kills], stalls=[list(k) for k in f.stalls],
                    slows=[list(k) for k in f.slows], snapshot_every=spec.snapshot_every,
-                   snapshot_memory=spec.snapshot_memory,
+                   snapshot_memory=spec.snapshot_memory, log_memory=spec.log_memory,
                    service=service.worker_config() if service else None)
 
     def to_json(self) -> str:

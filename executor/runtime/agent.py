@@ -34,6 +34,7 @@ from executor.runtime.steps.iteration import IterationRuntime
 from executor.runtime.steps.model_error import ModelError, own_log
 from executor.runtime.peer_snapshots import PeerSnapshots
 from executor.runtime.plan_fence import PlanFence
+from executor.runtime.replay import BoundaryLog
 from executor.runtime.role import Role, next_role
 from executor.runtime.steps.stage_runtime import StageRuntime
 from executor.runtime.stage_state.sync import NoCopy, sync_state
@@ -65,11 +66,16 @@ class Agent:
                                     log=self.log, first=conf.start_iteration,
                                     budget=conf.snapshot_budget)
                       if conf.snapshot_every else None)
+        # What this worker sends across stage boundaries, for the replay of a stage lost
+        # whole (runtime/replay/); from a snapshot only: off without them.
+        self.boundaries = BoundaryLog(conf.log_budget if self.snaps is not None else 0,
+                                      origin=self.state.origin)
 
     def _new_stage(self, s: int) -> StageRuntime:
         stage = StageRuntime(self.conf, s, self.store, self.log)
         # a wait in settle() (other stages' norms, tied weights) leaves for a newer plan
         stage.stepper.newer = lambda: self.fence.next_plan(0)
+        stage.stepper.on_norms = lambda it, sums: self.boundaries.note_norms(it, sums)
         return stage
 
     def log(self, msg: str) -> None:
@@ -120,6 +126,8 @@ class Agent:
         self.log(f"optimizer: {self.stage.stepper.stats.line()}")
         if self.snaps is not None:
             self.log(f"snapshots: {self.snaps.stats_line()}")
+        if self.boundaries.on:
+            self.log(f"boundary log: {self.boundaries.stats_line()}")
         self.stage.close()  # the last iteration's part, before the process ends
         if self.world is not None:
             self.world.close()

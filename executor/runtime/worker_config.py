@@ -34,6 +34,7 @@ class WorkerConfig:
     slows: tuple = ()  # (from iteration, factor): --slow's stretch of this worker
     snapshot_every: int = 0  # peer-memory snapshots: 0 off, -1 auto, K
     snapshot_budget: int = 2 ** 62  # bytes this worker's snapshots may hold (auto)
+    log_budget: int = 0  # bytes its boundary log may hold (runtime/replay/; 0: off)
 
     @property
     def stages(self) -> int:

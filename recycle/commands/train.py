@@ -81,6 +81,7 @@ def train_cmd(
     checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
     snapshot_every: str = typer.Option("auto", "--snapshot-every", help="every K iterations also keep each stage's parameters and optimizer state in the host memory of a worker elsewhere (peer-memory snapshots, sent in the background), so a stage lost whole is restored without a disk: auto (K from the measured cost of a snapshot: the smallest K whose snapshot costs about 1-2%% of an iteration), off, or K"),
     snapshot_memory: str = typer.Option("25%", "--snapshot-memory", help="host memory the snapshots may take, shared by the workers of a host: a share (25%%) or a size (8G); auto turns them off above it"),
+    log_memory: str = typer.Option("10%", "--log-memory", help="host memory each host's workers may keep boundary logs in (the activations and gradients they sent since the second-newest snapshot), so a stage lost whole is replayed alone from its snapshot while the others keep their work: a share (10%%), a size (2G), or off (the job then rolls back to the snapshot)"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
     no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
     sync: bool = typer.Option(False, "--sync", help="synchronous optimizer: plans for it, and a barrier after every iteration"),
@@ -157,10 +158,14 @@ def train_cmd(
                   + (f", {el['moves']} moves, {el['snapshot_restores']} snapshot restores "
                      f"({el['retrained_iterations']} iterations trained again)"
                      if el.get("moves") or el.get("snapshot_restores") else "")
+                  + (f", {el['replays']} replay(s) of a lost stage ({el['replayed_iterations']} "
+                     f"iterations replayed in {el['replay_s']:.2f} s)" if el.get("replays") else "")
                   + (f", paused {el['pauses']} time(s) for {el['paused_s']:.1f} s"
                      if el.get("pauses") else "")
                   + (f"; snapshots every {el['snapshot_every']} "
-                     f"({el['snapshot_mib_per_worker']:.1f} MiB a worker)"
+                     f"({el['snapshot_mib_per_worker']:.1f} MiB a worker"
+                     + (f", boundary logs {el['log_mib_per_worker']:.1f} MiB"
+                        if el.get("log_mib_per_worker") else "") + ")"
                      if el.get("snapshot_every") not in (None, 0, "off") else "")
                   + f"; {el.get('samples', '?')} samples in {el.get('wall_s', 0):.1f} s, no halt; "
                   f"logs in {result.run_dir}" + (f"; summary in {summary}" if summary else ""))

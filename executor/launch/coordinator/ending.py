@@ -131,8 +131,14 @@ def elastic_counts(plans: list[dict], record: RunRecord, extra: dict) -> dict:
     iterations retrained after rollbacks, snapshot figures, samples, wall time, a trace's
     counts)."""
     moves = [m for p in plans for m in p.get("moves", [])]
+    replays = record.replays
     return {"moves": sum(1 for m in moves if m["from_stage"] is not None),
             "joins": sum(1 for m in moves if m["from_stage"] is None),
             "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot"),
             "retrained_iterations": extra.pop("retrained_iterations"),
+            # stages lost whole rebuilt from a snapshot and the boundary logs, the others
+            # keeping their work (the rest of the snapshot restores rolled the job back)
+            "replays": len(replays),
+            "replayed_iterations": sum(r["last"] - r["first"] + 1 for r in replays),
+            "replay_s": round(sum(r["seconds"] for r in replays), 4),
             "pauses": record.pauses, "paused_s": round(record.paused_s, 3), **extra}

@@ -43,8 +43,21 @@ def on_done(c, w, m: P.Done) -> None:
     if m.it == c.iterations - 1:
         c.end.final_checks[slot[1]] = m.checksum
         if m.snap_bytes is not None:  # the host memory its snapshots hold, and K in force
-            c.snapshots.final(w, m.snap_every, m.snap_bytes)
+            c.snapshots.final(w, m.snap_every, m.snap_bytes, m.log_bytes)
     c.snapshots.look(c.store)
+
+
+def on_replayed(c, w, m: P.Replayed) -> None:
+    """A stage lost whole was replayed from the boundary logs: counted, said, and the
+    losses of the iterations its dead workers never reported filled in."""
+    c.record.replays.append({"stage": m.stage, "first": m.first, "last": m.last,
+                             "seconds": m.seconds, "workers": m.workers, "version": m.v})
+    c.event(f"plan v{m.v}: stage {m.stage} replayed iterations {m.first}..{m.last} from the "
+            f"boundary logs on {m.workers} worker(s) in {m.seconds:.3f} s; the other stages "
+            f"kept their work")
+    for it, losses in (m.losses or {}).items():
+        if not c.end.losses.complete(int(it)):
+            c.end.losses.add(int(it), losses)
 
 
 def on_fatal(c, w, m: P.Fatal) -> None:
@@ -77,4 +90,4 @@ def on_halt(c, w, m: P.NoCopyLeft) -> None:
 
 
 HANDLERS = {P.NoCopyLeft: on_halt, P.Mid: on_mid, P.Done: on_done, P.Fatal: on_fatal,
-            P.Suspect: on_suspect, P.Ready: on_ready}
+            P.Suspect: on_suspect, P.Ready: on_ready, P.Replayed: on_replayed}

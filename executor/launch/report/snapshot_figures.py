@@ -15,6 +15,7 @@ class SnapshotFigures:
                                          Choice(every, "off" if every == 0 else "fixed"))
         self.say = say
         self.bytes: dict = {}  # worker -> bytes its snapshots held at its last step
+        self.log_bytes: dict = {}  # worker -> the most its boundary log held
 
     def look(self, store) -> None:
         """Once per worker message until auto's choice is in the store (one key check)."""
@@ -24,8 +25,10 @@ class SnapshotFigures:
                      f"({self.choice.why})" if self.choice.every else
                      f"peer-memory snapshots {self.choice.why}")
 
-    def final(self, w, every, nbytes: int) -> None:
+    def final(self, w, every, nbytes: int, log_bytes=None) -> None:
         self.bytes[w] = nbytes
+        if log_bytes is not None:
+            self.log_bytes[w] = log_bytes
         if self.choice is None and every is not None:
             self.choice = Choice(every, "auto")
 
@@ -42,4 +45,5 @@ class SnapshotFigures:
         every = self.choice.every if self.choice is not None else None
         held = max(self.bytes.values(), default=0)
         return {"snapshot_every": every_text(self.asked) if every is None else every,
-                "snapshot_mib_per_worker": round(held / 2 ** 20, 3)}
+                "snapshot_mib_per_worker": round(held / 2 ** 20, 3),
+                "log_mib_per_worker": round(max(self.log_bytes.values(), default=0) / 2 ** 20, 3)}

@@ -32,6 +32,9 @@ AUTO = -1  # `snapshot_every` value of --snapshot-every auto (0: off, K >= 1: ev
 TARGET = 0.01
 CALIBRATION = 4  # iterations after the first before K is chosen (the first send is done)
 DEFAULT_BUDGET = "25%"  # of the host's memory, shared by the workers on it
+# What the boundary logs of a replay (executor/runtime/replay/) may take by default, shared
+# by the workers of a host (--log-memory): they hold at most two snapshot intervals.
+DEFAULT_LOG_MEMORY = "10%"
 # Copies of one stage's state a worker may hold: up to 3 of its own stage (local.py) and a
 # holder's newest two of another's (host.py).
 COPIES_HELD = 5
@@ -62,9 +65,9 @@ def every_text(k: int) -> str:
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)i?b?\s*$", re.I)
 
 
-def parse_budget(text: str) -> tuple[str, float]:
-    """--snapshot-memory: a share of the host's memory ("25%") or bytes ("8G", "512M").
-    Returns ("share", fraction) or ("bytes", n)."""
+def parse_budget(text: str, flag: str = "--snapshot-memory") -> tuple[str, float]:
+    """--snapshot-memory (or `flag`): a share of the host's memory ("25%") or bytes ("8G",
+    "512M"). Returns ("share", fraction) or ("bytes", n)."""
     value = str(text).strip()
     if value.endswith("%"):
         try:
@@ -72,12 +75,12 @@ def parse_budget(text: str) -> tuple[str, float]:
         except ValueError:
             pct = -1.0
         if not 0 < pct <= 100:
-            raise ValueError(f"--snapshot-memory must be a share of the host's memory in "
+            raise ValueError(f"{flag} must be a share of the host's memory in "
                              f"(0, 100]% or a size like 8G, not {text!r}")
         return "share", pct / 100
     m = _SIZE.match(value)
     if not m or float(m[1]) <= 0:
-        raise ValueError(f"--snapshot-memory must be a share of the host's memory like "
+        raise ValueError(f"{flag} must be a share of the host's memory like "
                          f"25% or a size like 8G, not {text!r}")
     return "bytes", float(m[1]) * 1024 ** "_kmgt".index((m[2] or "_").lower())
 
@@ -90,9 +93,9 @@ def host_memory() -> int:
         return 8 * 1024 ** 3
 
 
-def budget_bytes(text: str, local_workers: int) -> int:
+def budget_bytes(text: str, local_workers: int, flag: str = "--snapshot-memory") -> int:
     """One worker's share of the host-memory budget."""
-    kind, value = parse_budget(text)
+    kind, value = parse_budget(text, flag)
     total = value * host_memory() if kind == "share" else value
     return int(total / max(1, local_workers))
 
@@ -194,3 +197,11 @@ class Cadence:
         if not costs:  # nothing measured in this process (it joined late): be safe
             return Choice(10, "auto: no snapshot measured yet; every 10")
         return choose(costs, iteration_s, self.budget)
+
+
+def log_budget(text: str, local_workers: int) -> int:
+    """--log-memory: one worker's bytes (a share of the host or a size; off or 0: none).
+    ValueError, naming the flag, for anything else."""
+    if str(text).strip().lower() in ("off", "0", "0%"):
+        return 0
+    return budget_bytes(text, local_workers, "--log-memory")

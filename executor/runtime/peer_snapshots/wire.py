@@ -187,3 +187,12 @@ def connect(addr: tuple[str, int], deadline: Deadline) -> socket.socket:
         raise SnapshotError(f"{deadline.peer} at {addr[0]}:{addr[1]}: {exc}") from None
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def held_state(held) -> dict:
+    """A held snapshot's state, in tensors of its own. The payload's views would do for a
+    read, but `Optimizer.load_state_dict` keeps a tensor whose dtype and device already
+    match: Adam's moments would be the held snapshot, and every step would overwrite the
+    copy the next restore of that stage reads (a trace replay trained inexact so)."""
+    tensors = [t.clone() for t in tensors_of(held.payload, held.header["tensors"])]
+    return unflatten(held.header["tree"], tensors)

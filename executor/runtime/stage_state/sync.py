@@ -1,23 +1,27 @@
 """Entering a plan version: every member of the new world agrees on the iteration to
 train next and ends up with its stage's state after the one before (docs/executor.md,
-"Failures and rollback", "Moves", "Peer-memory snapshots").
+"Failures and rollback", "Moves", "Peer-memory snapshots", "Replay of a lost stage").
 
-Two ways, decided by one all-gather of (last stepped iteration, needs state):
+Decided by one all-gather of (last settled iteration, needs state):
 - every stage has a live member with state: training resumes at 1 + the lowest iteration
   such a member stepped; members ahead roll back with the stepper's pre-step copies, and
   members with no state (restarted, or moved in from another stage) receive it from a
   live member of their stage;
-- some stage has none (every holder died): the job rolls back to the newest iteration
-  every stage has a copy of among the live workers (restore_plan.py: own host copies and
-  held peer-memory snapshots, or the run's start, which every member rebuilds from the
-  seed), in memory, and re-trains from there.
+- some stage has none (every holder died): the survivors do as above, and the lost
+  stage's new members load its newest snapshot and replay the iterations since from the
+  boundary logs (executor/runtime/replay/), when the live workers logged every input
+  they need; else the job rolls back to the newest iteration every stage has a copy of
+  among the live workers (restore_plan.py: own host copies and held peer-memory
+  snapshots, or the run's start, which every member rebuilds from the seed), in memory,
+  and re-trains from there.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from executor.runtime.peer_snapshots import fetch
-from executor.runtime.peer_snapshots.wire import tensors_of, unflatten
+from executor.runtime.peer_snapshots.wire import held_state
+from executor.runtime.replay import replayer
 from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore
 
 
@@ -30,29 +34,64 @@ class Synced:
     """What entering a version decided for this worker."""
     iteration: int  # the iteration the members train next
     how: str  # "kept" (its state as it was), "rolled back" (its own pre-step copies),
-    #           "loaded" (from a live peer), "restored" (the job rolled back to snapshots)
+    #           "loaded" (from a live peer), "restored" (the job rolled back to snapshots),
+    #           "replayed" (its stage was lost: snapshot + replay)
     source: str = ""  # where a loaded or restored state came from
+    replay: object = None  # replayer.Outcome when the version replayed a lost stage
 
 
 def sync_state(agent, plan) -> Synced:
     """Agree with the members of the new world on the iteration to train next; `agent`
     holds its stage's state after the one before when this returns."""
-    world, st, stage = agent.world, agent.state, agent.stage
-    me = st.me
-    info = world.allgather_ints([st.done, int(st.fresh)])
+    world, st = agent.world, agent.state
+    info = world.allgather_ints([_settled(agent), int(st.fresh)])
     served = {w[1] for w, (_, fresh) in info.items() if not fresh}
-    if served != set(range(agent.conf.stages)):
+    lost = sorted(set(range(agent.conf.stages)) - served)
+    if not served:
         k, source = restore_from_snapshots(agent, plan)
         return Synced(k + 1, "restored", source)
     r = min(done for done, fresh in info.values() if not fresh) + 1
+    if not lost:
+        return _resume(agent, info, r)
+    members = _holdings(agent)
+    rp = replayer.decide(agent, lost, r, _held(members)) if agent.snaps is not None else None
+    if rp is None:
+        k, source = restore_from_snapshots(agent, plan, members)
+        return Synced(k + 1, "restored", source)
+    synced = _resume(agent, info, r) if st.me[1] not in lost else None
+    out = replayer.carry_out(agent, plan, rp, r, _held_by(members))
+    agent.boundaries.forget_from(r)
+    if synced is None:
+        agent.stage.stepper.reset(r)
+        return Synced(r, "replayed", out.source, out)
+    return Synced(r, synced.how, synced.source, out)
+
+
+def _settled(agent) -> int:
+    """The last iteration this worker stepped for good: an optimistic step still waiting
+    for the norm of a stage that died before publishing it cannot be settled, and is
+    rolled back (the stage's replay steps it again)."""
+    st, stepper = agent.state, agent.stage.stepper
+    pend = stepper.pending
+    if st.fresh or pend is None or stepper.board is None:
+        return st.done
+    return st.done if stepper.board.ready(pend.version, pend.it) is not None else pend.it - 1
+
+
+def _resume(agent, info: dict, r: int) -> Synced:
+    """A member of a stage some live member holds: train on at r, from its own state
+    (rolled back to r if ahead) or from a live member of its stage."""
+    world, st, stage = agent.world, agent.state, agent.stage
+    me = st.me
     how, source = "kept", ""
     if not st.fresh and st.done >= r:
         stage.stepper.rollback(r)
-        agent.log(f"rolled back iterations {r}..{st.done} (plan v{plan.version})")
+        agent.log(f"rolled back iterations {r}..{st.done} (plan v{world.version})")
         how = "rolled back"
     elif not st.fresh:
         stage.stepper.settle()  # our last step is the state we train on (and may send)
     stage.stepper.keep_before(r)
+    agent.boundaries.forget_from(r)
     peers = [w for w in world.workers if w[1] == me[1]]
     donors = [w for w in peers if not info[w][1]]
     takers = [w for w in peers if info[w][1]]
@@ -66,6 +105,34 @@ def sync_state(agent, plan) -> Synced:
         for w in takers:
             world.send_blob(state, w)
     return Synced(r, how, source)
+
+
+def _holdings(agent) -> dict:
+    """What each member can provide of every stage's state (one all-gather)."""
+    world, st, S = agent.world, agent.state, agent.conf.stages
+    copies = _copies(agent) if agent.snaps is not None else {}
+    rows = world.allgather_ints(encode(Has(st.me[1], copies, st.origin), S))
+    return {w: decode(row, S) for w, row in rows.items()}
+
+
+def _held(members: dict) -> dict[int, set]:
+    """stage -> iterations some member holds a snapshot of (own copies of a stage it
+    trains are no use to a lost stage: it has none)."""
+    out: dict[int, set] = {}
+    for h in members.values():
+        for s, its in h.copies.items():
+            out.setdefault(s, set()).update(its)
+    return out
+
+
+def _held_by(members: dict) -> dict:
+    """(stage, iteration) -> the lowest member holding that snapshot."""
+    out: dict = {}
+    for w in sorted(members, reverse=True):
+        for s, its in members[w].copies.items():
+            for i in its:
+                out[(s, i)] = w
+    return out
 
 
 def _copies(agent) -> dict[int, tuple[int, ...]]:
@@ -91,25 +158,15 @@ def _copy_of(agent, stage: int, k: int) -> dict:
     return held_state(snaps.host.get(stage, k))
 
 
-def held_state(held) -> dict:
-    """A held snapshot's state, in tensors of its own. The payload's views would do for a
-    read, but `Optimizer.load_state_dict` keeps a tensor whose dtype and device already
-    match: Adam's moments would be the held snapshot, and every step would overwrite the
-    copy the next restore of that stage reads (a trace replay trained inexact so)."""
-    tensors = [t.clone() for t in tensors_of(held.payload, held.header["tensors"])]
-    return unflatten(held.header["tree"], tensors)
-
-
-def restore_from_snapshots(agent, plan) -> tuple[int, str]:
+def restore_from_snapshots(agent, plan, members=None) -> tuple[int, str]:
     """Roll every member back to the newest iteration k every stage has a copy of;
-    (k, where this worker's state came from)."""
+    (k, where this worker's state came from). `members`: what each holds, if gathered."""
     world, st, S = agent.world, agent.state, agent.conf.stages
     me = st.me
     if agent.snaps is None:
         raise NoCopy("a stage has no live worker with its state and peer-memory snapshots "
                      "are off (--snapshot-every off): resume from a checkpoint")
-    rows = world.allgather_ints(encode(Has(me[1], _copies(agent), st.origin), S))
-    members = {w: decode(row, S) for w, row in rows.items()}
+    members = members if members is not None else _holdings(agent)
     rp = plan_restore(members, S)
     if rp is None:
         raise NoCopy("no iteration has a copy of every stage among the live workers: "
@@ -135,6 +192,7 @@ def restore_from_snapshots(agent, plan) -> tuple[int, str]:
     agent.stage.stepper.reset(k + 1)
     agent.snaps.local.drop_after(k)
     agent.snaps.host.forget(None, k)
+    agent.boundaries.rolled_back_to(k)
     st.fresh = False
     st.restored_at = k
     agent.log(f"rolled back to iteration {k} from peer-memory snapshots (plan v{plan.version})")

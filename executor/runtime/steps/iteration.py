@@ -58,7 +58,7 @@ class IterationRuntime:
         self._recvs = [(k, s) for k, s in enumerate(steps) if s.op is Op.RECV]
         self._ahead = 0
         compute = StageSteps(stage.compute, st.me[1], a.conf.stages,
-                             lambda g: self._batch(it, g), WorldTransport(a.world, it),
+                             lambda g: self._batch(it, g), WorldTransport(a.world, it, a.boundaries),
                              lambda what, g, fn, *x: self._model(what, g, it, fn, *x))
         table = {**compute.table(), Op.ALLREDUCE: lambda s: self._allreduce(),
                  Op.OPT: lambda s: self._step(it, sync), FAULT: lambda s: self._fault(it)}
@@ -131,6 +131,7 @@ class IterationRuntime:
                            slot=list(st.me), checksum=checksum(stage.module) if final else None,
                            **(self._snapshot_figures() if final else {})))
         if a.snaps is not None and a.snaps.due(it):
+            a.boundaries.snapshot_at(it)  # every stage snapshots it: older logs may go
             stage.stepper.settle()  # the snapshot is of the final step (a clip may redo it)
             a.snaps.offer(st.me[1], it, stage.state(), send=st.writer)
         if st.writer and stage.parts.due(it):
@@ -141,7 +142,9 @@ class IterationRuntime:
     def _snapshot_figures(self) -> dict:
         """For the run's summary: K in force and the host memory snapshots hold here."""
         snaps: Optional[object] = self.agent.snaps
+        log = self.agent.boundaries.stats.peak_bytes
         if snaps is None:
-            return {"snap_every": 0, "snap_bytes": 0}
+            return {"snap_every": 0, "snap_bytes": 0, "log_bytes": log}
         s = snaps.stats()
-        return {"snap_every": s["every"], "snap_bytes": s["local_bytes"] + s["held_bytes"]}
+        return {"snap_every": s["every"], "snap_bytes": s["local_bytes"] + s["held_bytes"],
+                "log_bytes": log}

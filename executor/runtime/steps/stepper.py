@@ -103,6 +103,9 @@ class StageStepper:
         self.newer: Optional[Callable[[], object]] = None
         timeout = getattr(store, "timeout", None)
         self.wait_s = Timeouts(timeout.total_seconds()).other_stages if timeout else 60.0
+        # Told every stage's squared norm of each iteration stepped with the clip on (the
+        # agent's boundary log keeps them: a replay of a lost stage steps with them).
+        self.on_norms: Optional[Callable[[int, list], None]] = None
 
     def step(self, it: int, version: int) -> None:
         """Snapshot the pre-step state of iteration `it`, then step (plan `version`)."""
@@ -128,6 +131,7 @@ class StageStepper:
                 final = False
             else:
                 self.stats.exact += 1
+                self._noted(it, sums)
                 c = coefficient(global_norm(sums), self.training.clip)
                 if c < 1.0:
                     scale_(grads, c)
@@ -139,6 +143,10 @@ class StageStepper:
             self.tied.send_values(version, it)
             if self.tied.pending is None:  # a mirror's step is final once its copy is in
                 self.snapshots.copy_ahead(it + 1)
+
+    def _noted(self, it: int, sums: list) -> None:
+        if self.on_norms is not None:
+            self.on_norms(it, sums)
 
     def _waiter(self, version: int, what: str):
         def wait(keys):  # WaitEnded: the agent aborts the iteration and re-syncs
@@ -163,6 +171,7 @@ class StageStepper:
         t1 = time.perf_counter()
         self.stats.settle_wait_s += t1 - t0
         self.pending = None
+        self._noted(pend.it, sums)
         if _versions(pend.grads) != pend.versions:  # a redo from them would be wrong
             raise RuntimeError(f"the gradients of step {pend.it} changed in place before "
                                "settle(): the stepper's contract (module docstring)")

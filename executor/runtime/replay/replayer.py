@@ -1,0 +1,164 @@
+"""Carrying out a replay (replay_plan.py) when a version is entered: every member of the new
+world takes part (docs/executor.md, "Replay of a lost stage").
+
+1. decide: one all-gather of what each member's log holds for the lost stages' windows;
+   every member computes the same ReplayPlan, or the same reason to roll back instead;
+2. move: each logged boundary message goes from the member that logged it to the member
+   that replays its micro-batch, one blob per (sender, receiver) pair, in one order;
+3. replay (the lost stage's members): load the snapshot of iteration k, then per
+   iteration k+1..r-1 F and B of its micro-batches on the logged inputs, the all-reduce
+   over the stage's members, the step with the run's own clip norms;
+4. the others wait for it on the store (a key per replayed iteration: a long replay is
+   not a dead peer), then train on at r.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Optional
+
+from executor.optim.clip import coefficient, global_norm, scale_
+from executor.protocol import Replayed, replay_key
+from executor.runtime.peer_snapshots import fetch
+from executor.runtime.peer_snapshots.wire import held_state
+from executor.runtime.replay.boundary_log import BWD, FWD
+from executor.runtime.replay.replay_plan import (ReplayPlan, decode, encode, plan_replay,
+                                                 windows_of)
+from executor.runtime.steps.grad_sum import allreduce_grads
+from executor.runtime.steps.tied import ATTR as TIES
+from executor.runtime.transport.waiting import wait_until
+
+
+@dataclass(frozen=True)
+class Outcome:
+    iterations: int  # replayed, summed over the lost stages
+    seconds: float
+    source: str  # where this worker's state came from ("" for a survivor)
+
+
+def decide(agent, lost: list[int], r: int, held: dict) -> Optional[ReplayPlan]:
+    """The replay every member agrees on, or None (the job rolls back whole). `held`:
+    stage -> iterations of its snapshots among the live workers (restore_plan reports)."""
+    world, conf, log = agent.world, agent.conf, agent.boundaries
+    S, M = conf.stages, conf.job.num_microbatches
+    clip = conf.training.clip > 0
+    wins = windows_of(lost, held, agent.state.origin, r)
+    rows = world.allgather_ints(encode(log, wins, S, M, clip) or [0])
+    reports = {w: decode(row, wins, S, M, clip) for w, row in rows.items()}
+    rp, why = plan_replay(lost, wins, reports, {w: w[1] for w in world.workers}, S, M, clip,
+                          _tied_stages(agent))
+    if rp is None:
+        agent.log(f"cannot replay stage(s) {lost} from the boundary logs ({why}): "
+                  f"the job rolls back to a snapshot")
+    return rp
+
+
+def _tied_stages(agent) -> set[int]:
+    ties = getattr(agent.stage.module, TIES, None) or []
+    return {s for tie in ties for s, _ in tie.holders}
+
+
+def carry_out(agent, plan, rp: ReplayPlan, r: int, held_by: dict) -> Outcome:
+    """Steps 2-4 for this member. `held_by`: (stage, iteration) -> the lowest member
+    holding that snapshot."""
+    world, st, conf = agent.world, agent.state, agent.conf
+    me, M = st.me, conf.job.num_microbatches
+    t0 = time.perf_counter()
+    inbox: dict = {}
+    for src, dst, keys in rp.transfers(M):
+        if src == me:
+            world.send_blob({k: agent.boundaries.get(*k) for k in keys}, dst)
+        elif dst == me:
+            inbox.update(world.recv_blob(src))
+    u = me[1]
+    source = ""
+    if u in rp.windows:
+        source = _replay_stage(agent, plan, rp, u, inbox, held_by)
+    else:
+        _await_replays(agent, plan, rp)
+    return Outcome(rp.iterations, time.perf_counter() - t0, source)
+
+
+def _inputs(agent, rp: ReplayPlan, inbox: dict, key):
+    return inbox[key] if key in inbox else agent.boundaries.get(*key)
+
+
+def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dict) -> str:
+    world, st, conf, stage, log = agent.world, agent.state, agent.conf, agent.stage, agent.boundaries
+    S, M = conf.stages, conf.job.num_microbatches
+    win, me = rp.windows[u], st.me
+    state, source = _snapshot(agent, plan, u, win.k, held_by)
+    stage.load_state(state)
+    stage.stepper.reset(win.k + 1)
+    mine = rp.mine(u, me, M)
+    comp, last = stage.compute, u == S - 1
+    comp.split = False  # fused B: the same gradients, one traversal
+    t0 = time.perf_counter()
+    writer = me == rp.replayers[u][0]
+    losses: dict = {}
+    for it in win.iterations:
+        comp.begin(it)
+        for g in mine:
+            x, targets = (conf.workload.microbatch(conf.model, it, g)
+                          if u in (0, S - 1) else (None, None))
+            if u > 0:
+                x = _inputs(agent, rp, inbox, (u, FWD, it, g))
+            out = comp.forward(g, x, targets if last else None)
+            gx = comp.backward_full(g, None if last else _inputs(agent, rp, inbox, (u, BWD, it, g)))
+            if not last:  # what it sends, logged again: a later loss may need it
+                log.keep(u + 1, FWD, it, g, out)
+            if u > 0:
+                log.keep(u - 1, BWD, it, g, gx)
+        got = allreduce_grads(stage.params, world, comp.losses() if last else None, M,
+                              conf.device)
+        if last:
+            losses[it] = got
+        _step(stage.stepper, it, rp.norms.get(it), conf.training.clip)
+        comp.reset()
+        if writer:
+            agent.store.set(replay_key(plan.version, u, it), "1")
+    seconds = time.perf_counter() - t0
+    st.fresh = False
+    agent.log(f"replayed stage {u} iterations {win.k + 1}..{win.last} from the boundary logs "
+              f"({len(mine)} of {M} micro-batches per iteration here, "
+              f"{len(rp.replayers[u])} workers) in {seconds:.3f} s; state of iteration "
+              f"{win.k} from {source}")
+    if writer:
+        agent.source.send(Replayed(stage=u, first=win.k + 1, last=win.last,
+                                   seconds=round(seconds, 4), workers=len(rp.replayers[u]),
+                                   losses={str(i): v for i, v in losses.items()}))
+    return f"{source}, replayed {len(win.iterations)} iterations"
+
+
+def _step(stepper, it: int, sums, clip: float) -> None:
+    """The optimizer step of a replayed iteration: its learning rate and the clip the run
+    applied (every stage's norm as logged), as StageStepper.step took it."""
+    stepper.lr.at(it)
+    if clip > 0:
+        c = coefficient(global_norm(sums), clip)
+        if c < 1.0:
+            scale_([p.grad for p in stepper.params], c)
+    stepper.opt.step()
+
+
+def _snapshot(agent, plan, u: int, k: int, held_by: dict) -> tuple[dict, str]:
+    """Stage u's state after step k: from the run's start, or the snapshot a member holds."""
+    holder = held_by.get((u, k))
+    if holder is None:  # only the start has no holder: every member rebuilds it
+        return agent.stage.initial_state(u), "the seed (the run's start)"
+    if holder == agent.state.me:
+        return held_state(agent.snaps.host.get(u, k)), "its own held snapshot"
+    wid = plan.worker_id(*holder)
+    _, state = fetch(agent.store, wid, u, k, timeout_s=agent.snaps.timeout_s)
+    return state, f"the snapshot held by worker {wid}"
+
+
+def _await_replays(agent, plan, rp: ReplayPlan) -> None:
+    """A survivor waits for every lost stage's replay, an iteration at a time: each within
+    the time another stage's step may take (a newer plan ends the wait)."""
+    for u, win in sorted(rp.windows.items()):
+        for it in win.iterations:
+            key = replay_key(plan.version, u, it)
+            wait_until(lambda: agent.store.check([key]), f"the replay of stage {u}, "
+                       f"iteration {it}", limit_s=agent.conf.timeouts.other_stages,
+                       newer=lambda: agent.fence.next_plan(0))
