@@ -122,10 +122,11 @@ def test_worker_sigkilled_and_rejoined_through_the_service(tmp_path):
         srv.stop()
 
 
-def test_a_stage_lost_whole_is_restored_from_peer_memory_through_the_service(tmp_path):
+def test_a_stage_lost_whole_is_replayed_from_peer_memory_through_the_service(tmp_path):
     """2x2, no rejoin: both stage-1 workers die (iterations 3 and 5). The service, told the
     runs keep snapshots (--elastic-snapshots), moves a stage-0 worker into stage 1 with
-    `source: snapshot`; the job rolls back to the snapshot in memory and ends exact."""
+    `source: snapshot`; it loads the snapshot and replays stage 1 alone from stage 0's
+    boundary logs (stage 0 keeps its work), and the run ends exact."""
     srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
                      "--heartbeat-timeout", "10", "--suspect-grace", "3",
                      "--elastic-snapshots", *NO_SPEEDS).start()
@@ -140,7 +141,10 @@ def test_a_stage_lost_whole_is_restored_from_peer_memory_through_the_service(tmp
         assert [(m["to_stage"], m["source"]) for m in moves if m["source"] == "snapshot"] \
             == [(1, "snapshot")], h["plans"]
         assert h["job"]["failed"] == [[0, 1], [1, 1]] and h["job"]["state"] != "halted"
-        assert "from peer-memory snapshots" in logs(tmp_path)
+        text = logs(tmp_path)
+        assert "replayed stage 1 iterations" in text and "rolled back to" not in text, text
+        el = res.summary.elastic
+        assert el["replays"] == 1 and el["retrained_iterations"] <= 1, el
     finally:
         srv.stop()
 

@@ -1,6 +1,8 @@
 """Workers that change stage at run time (docs/executor.md, "Moves"): real processes,
 real SIGKILLs; every run equals the one-process reference, the stages' partition never
 changes, only who runs each stage."""
+import re
+
 import pytest
 
 from executor.launch.report.run_record import failed_by_iteration
@@ -39,28 +41,42 @@ def test_two_moves_in_a_row_out_of_the_last_and_the_first_stage_stay_exact(tmp_p
     assert failed_by_iteration(res.summary.plans, 5)[-1] == [[1, 0], [1, 1], [1, 2]]
 
 
-def test_2x2_loses_both_workers_of_stage_1_and_finishes_from_peer_memory(tmp_path):
+@pytest.mark.parametrize("log_memory", ["off", "10%"], ids=["rollback", "replay"])
+def test_2x2_loses_both_workers_of_stage_1_and_finishes_from_peer_memory(tmp_path, log_memory):
     # no rejoin: a stage-0 worker moves to stage 1 and loads the snapshot it or its peer
-    # holds; the whole job rolls back to the snapshot's iteration, in memory, and re-trains
-    res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 1, 3), (1, 1, 5)]), snapshot_every=2)
+    # holds. Without boundary logs the whole job rolls back to the snapshot's iteration, in
+    # memory, and re-trains; with them (the default) stage 1 alone replays from the logs
+    res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 1, 3), (1, 1, 5)]), snapshot_every=2,
+              log_memory=log_memory)
     assert_exact(res, 2, 2, 8, tmp_path)
     el = res.summary.elastic
     assert el["snapshot_restores"] == 1, res.summary.plans
-    # the snapshot is of iteration 1 or 3 (K=2): iterations after it up to 4 train again
-    assert 1 <= el["retrained_iterations"] <= 3 and el["wall_s"] > 0, el
     log = logs(tmp_path)
-    assert "rolled back to iteration" in log and "from peer-memory snapshots" in log, log
+    if log_memory == "off":
+        # the snapshot is of iteration 1 or 3 (K=2): iterations after it up to 4 train again
+        assert 1 <= el["retrained_iterations"] <= 3 and el["wall_s"] > 0, el
+        assert "rolled back to iteration" in log and "from peer-memory snapshots" in log, log
+    else:
+        assert el["replays"] == 1 and el["retrained_iterations"] <= 1, el
+        assert "from the boundary logs" in log and "rolled back to iteration" not in log, log
     assert failed_by_iteration(res.summary.plans, 8)[-1] == [[1, 0], [1, 1]]
 
 
-def test_a_stage_lost_before_its_first_snapshot_rolls_back_to_the_start(tmp_path):
+@pytest.mark.parametrize("log_memory", ["off", "10%"], ids=["rollback", "replay"])
+def test_a_stage_lost_before_its_first_snapshot_rolls_back_to_the_start(tmp_path, log_memory):
     # K = 50: no snapshot is ever taken in this run, so stage 1 dies with every copy of its
-    # trained state; every stage is rebuilt from the seed (the run's origin) and re-trained
-    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]), snapshot_every=50)
+    # trained state. Its copy is the run's start (the seed): every stage is rebuilt there
+    # and re-trained, or, with the boundary logs, stage 1 alone replays from it
+    res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]), snapshot_every=50,
+              log_memory=log_memory)
     assert_exact(res, 2, 2, 6, tmp_path)
     assert res.summary.elastic["snapshot_restores"] == 1, res.summary.plans
     log = logs(tmp_path)
-    assert "rolled back to iteration -1" in log and "from the seed" in log, log
+    if log_memory == "off":
+        assert "rolled back to iteration -1" in log and "from the seed" in log, log
+    else:
+        assert re.search(r"replayed stage 1 iterations 0\.\.\d from the boundary logs .*"
+                         r"state of iteration -1 from the seed", log), log
 
 
 def test_losing_a_stage_without_snapshots_still_halts_with_the_reason(tmp_path):

@@ -50,14 +50,15 @@ class DyingSource(StorePlanSource):
             super().heartbeat(*args, **kw)
 
 
-def _worker(port: int, me, spec: LaunchSpec, die_at, out: dict) -> None:
+def _worker(port: int, me, spec: LaunchSpec, die_at, out: dict, **conf_fields) -> None:
     store = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
     inc = int(store.add(incarnation_key(me), 1))
     conn = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
     source = (DyingSource(conn, me, inc, at=die_at) if die_at is not None
               else StorePlanSource(conn, me, inc))
+    fields = {"snapshot_every": 0, "local_workers": D * S, **conf_fields}
     conf = WorkerConfig(spec.cfg, spec.job, spec.iterations, training=spec.training,
-                        timeouts=Timeouts(TIMEOUT), local_workers=D * S, snapshot_every=0)
+                        timeouts=Timeouts(TIMEOUT), **fields)
     try:
         out[me] = Agent(conf, me, source, store, inc).run()
     except Killed:
@@ -85,4 +86,34 @@ def test_a_worker_dies_between_iterations_and_the_survivors_train_on_exact(tmp_p
     assert any("worker 1:1 failed (heartbeat stopped" in e for e in res.events), res.events
     assert [tuple(w) for w in res.summary.plans[-1]["failed"]] == [(1, 1)]
     diffs = compare(res.summary, train_reference(CFG, D, M, ITERATIONS, S), 1e-5)
+    assert not diffs, "\n".join(diffs) + "\n" + text.getvalue()
+
+
+def test_a_stage_lost_whole_is_replayed_in_one_process(tmp_path):
+    """Both workers of stage 1 of a 2x3 grid die before iteration 5: a survivor moves in,
+    loads stage 1's snapshot of iteration 3 from its holder and replays iteration 4 from
+    its neighbours' boundary logs; the other stages keep their work (nothing re-trained)."""
+    D3, S3, iters = 2, 3, 7
+    spec = LaunchSpec(CFG, JobSpec.uniform(D3, S3, M), iters, external=True,
+                      timeout=TIMEOUT, snapshot_every=2, deadline_s=60,
+                      run_dir=str(tmp_path), detect_stragglers=False)
+    text = io.StringIO()
+    coord = Coordinator(spec, console=Console(file=text, width=200))
+    exits: dict = {}
+    threads = [threading.Thread(target=_worker, daemon=True, name=f"agent-{r}:{s}",
+                                args=(coord.store.port, (r, s), spec,
+                                      5 if s == 1 else None, exits),
+                                kwargs={"snapshot_every": 2, "local_workers": D3 * S3,
+                                        "log_budget": 2 ** 24})
+               for r in range(D3) for s in range(S3)]
+    for t in threads:
+        t.start()
+    res = coord.run()
+    for t in threads:
+        t.join(10)
+    assert res.summary is not None, f"halted: {res.halted}\n{text.getvalue()}"
+    el = res.summary.elastic
+    assert (el["replays"], el["replayed_iterations"], el["retrained_iterations"]) == (1, 1, 0), el
+    assert any("stage 1 replayed iterations 4..4" in e for e in res.events), res.events
+    diffs = compare(res.summary, train_reference(CFG, D3, M, iters, S3), 1e-5)
     assert not diffs, "\n".join(diffs) + "\n" + text.getvalue()

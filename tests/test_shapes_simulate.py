@@ -53,7 +53,7 @@ def test_recycle_with_shapes_never_pauses_while_a_worker_lives():
     stalls = sum(b - a for a, b, _ in rec.stall_spans)
     trained = sum(b - a for a, b, r in rec.segments if r > 0)
     assert trained + stalls == pytest.approx(3600.0)
-    assert {c for _, _, c in rec.stall_spans} <= {"detection", "state moves"}
+    assert {c for _, _, c in rec.stall_spans} <= {"detection", "state moves", "replay"}
     assert stalls < 7 * PARAMS.detect_s + 10
     one = [r for a, b, r in rec.segments if 1200 < a < 2400]
     assert one and all(r > 0 for r in one)  # one live worker still trains

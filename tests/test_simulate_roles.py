@@ -54,19 +54,31 @@ def test_no_move_when_the_next_event_comes_too_soon():
     assert out["recycle-roles"].microbatches == pytest.approx(out["recycle-fixed"].microbatches)
 
 
-def test_a_stage_that_loses_every_holder_restores_from_its_snapshot_not_the_checkpoint():
+@pytest.mark.parametrize("replay", [False, True])
+def test_a_stage_that_loses_every_holder_restores_from_its_snapshot_not_the_checkpoint(replay):
     """D=2, S=2: both stage-1 workers fail at 100 s. Fixed roles halt until a repair and
     restore from the checkpoint; with roles a stage-0 worker takes stage 1 from the
-    snapshot (on a node that survived): the work since the last snapshot is lost."""
+    snapshot (on a node that survived). Without the boundary logs the work since the last
+    snapshot is lost; with them only the iteration in flight is, and the job stalls while
+    stage 1 alone replays the micro-batches since the snapshot: its F+I+W each, on the
+    one worker that took it."""
     job = JobSpec.uniform(2, 2, 4)
     ev = [Event(100.0, "fail", ((0, 1), (1, 1))), Event(300.0, "recover", ((0, 1), (1, 1)))]
-    params = Params(detect_s=5, restart_s=60, snapshot_every=3)
+    params = Params(detect_s=5, restart_s=60, snapshot_every=3, replay=replay)
     res, out = run(job, ev, 500.0, params, every=1000.0)
     P0 = P(job)
     r0 = job.num_microbatches / P0
     o = out["recycle-roles"]
+    since, in_flight = (100 % (3 * P0)) * r0, (100 % P0) * r0
     assert o.restarts == 0 and any("snapshot" in n for n in o.notes)
-    assert o.lost == pytest.approx((100 % (3 * P0)) * r0)
+    if replay:
+        assert o.lost == pytest.approx(in_flight)
+        c = job.cost
+        replay_s = [b - a for a, b, cause in o.stall_spans if cause == "replay"]
+        assert replay_s == [pytest.approx((since - in_flight) * (c.F[1] + c.I[1] + c.W[1]) * U)]
+    else:
+        assert o.lost == pytest.approx(since)
+        assert all(cause != "replay" for _, _, cause in o.stall_spans)
     assert o.lost <= 3 * job.num_microbatches
     f = out["recycle-fixed"]
     assert f.restarts == 1 and f.lost == pytest.approx(100 * r0)

@@ -205,15 +205,16 @@ def test_workers_die_with_a_sigkilled_torchrun_agent(tmp_path):
 
 
 @pytest.mark.parametrize("lost", [1, 0], ids=["stage1-node", "stage0-master-node"])
-def test_a_lost_torchrun_node_holding_a_whole_stage_is_restored_from_peer_memory(tmp_path, lost):
+def test_a_lost_torchrun_node_holding_a_whole_stage_is_replayed_from_peer_memory(tmp_path, lost):
     """2x2 with one node per stage (`-m executor.torchrun --placement replicas`, so RANK =
     stage*D + replica: node 0 holds 0:0 and 1:0, node 1 holds 0:1 and 1:1), snapshots
     every 2 iterations. Once stage L's snapshot has reached its holder (`snap/done/L` in
     the run's store), the test SIGKILLs a worker of node L, as a crash; the node's agent,
     with `--max-restarts 0`, stops the other (SIGTERM) and gives up: stage L is lost
     whole, as when its machine goes, and never comes back, while the other stage's
-    workers live. One of them moves to stage L and loads its snapshot, the job rolls back
-    to the snapshot's iteration in memory, and the run ends with exit 0, exact. Node 0 is
+    workers live. One of them moves to stage L, loads its snapshot and replays the
+    iterations since from the other stage's boundary logs (that stage keeps its work:
+    no rollback), and the run ends with exit 0, exact. Node 0 is
     also torchrun's master (it hosts the rendezvous store): ReCycle's workers do not need
     it.
 
@@ -282,12 +283,15 @@ def test_a_lost_torchrun_node_holding_a_whole_stage_is_restored_from_peer_memory
                          kept_log), kept_log
         assert f"worker 0:{lost} failed" in out and f"worker 1:{lost} failed" in out, out
         assert f"moves from stage {kept} to stage {lost} (state from a snapshot)" in out, out
-        # the snapshot complete at the kill, or a newer one that completed after it
-        back = re.search(r"rolled back to iteration (\d+) from peer-memory snapshots", kept_log)
+        # replayed from the snapshot complete at the kill, or a newer one completed after it
+        back = re.search(rf"replayed stage {lost} iterations \d+\.\.\d+ from the boundary "
+                         r"logs .* state of iteration (\d+) from", kept_log)
         assert back and int(back[1]) >= snapshot_at and int(back[1]) % 2 == 1, kept_log
+        assert "rolled back to iteration" not in kept_log, kept_log
         got = Summary.load(str(summary))
         el = got.elastic
         assert (el["moves"], el["joins"], el["snapshot_restores"]) == (1, 0, 1), got.plans
+        assert el["replays"] == 1 and el["retrained_iterations"] <= 1, el
         last = got.plans[-1]  # never rejoined: the mover's slot and the dead one's stay out
         assert len(last["microbatches"]) == 2 and last["moves"][0]["source"] == "snapshot"
         diffs = compare(got, train_reference(CFG, D, M, iters, S), 1e-5)

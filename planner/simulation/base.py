@@ -28,6 +28,9 @@ class Params:
     # so a stage and its shadow never share a node) instead of the trace's
     bamboo_own_placement: bool = True
     snapshot_every: int = 5  # recycle: iterations between peer-memory snapshots
+    # recycle: a stage lost whole is replayed alone from the boundary logs (False: the job
+    # rolls back to the snapshot, as with `recycle train --log-memory off`)
+    replay: bool = True
     horizon_s: Optional[float] = None  # recycle: amortisation horizon (None: the trace's
     # mean time between events)
 

@@ -10,9 +10,12 @@ planner may move workers between stages when what that gains before the next eve
     stall of the moves it prompts;
   - a stage whose every holder died: a worker moves there and loads the stage from its
     peer-memory snapshot (kept in host memory on a node that holds no worker of that
-    stage, refreshed every `snapshot_every` iterations): the job rolls back to the
-    snapshot (the work since it is lost) and stalls for the load. If the snapshot's node
-    died in the same event, the stage is gone: restore from the checkpoint;
+    stage, refreshed every `snapshot_every` iterations) and replays the iterations since
+    from its neighbours' boundary logs while the others wait (the stage's F+I+W over its
+    new workers per micro-batch since the snapshot; executor/runtime/replay/). Two lost
+    stages side by side (or `Params.replay` off) cannot replay: the job rolls back to the
+    snapshot (the work since it is lost). Either way it stalls for the load. If the
+    snapshot's node died in the same event, the stage is gone: restore from the checkpoint;
   - a repair: the fresh workers load from live peers while the others train (a rejoin
     costs no one), plus the stall of any move it prompts;
   - fewer live workers than stages: paused (the iteration in flight is lost) until a
@@ -51,6 +54,7 @@ class ElasticRecycle(Policy):
         self.holder: dict[int, str] = {}  # stage -> worker holding its snapshot
         self.moves = 0
         self.snapshot_restores = 0
+        self.replays = 0  # of those, stages replayed alone from the boundary logs
         self.lost_copy: Optional[bool] = None  # while paused: whether a stage lost every copy
 
     # ---- helpers -------------------------------------------------------------------
@@ -132,6 +136,24 @@ class ElasticRecycle(Policy):
     def steady(self, failed, speed):  # not used: rates come from the roles
         raise NotImplementedError
 
+    def _stage_job(self):
+        """The job whose stages the workers train now (a shape's, in shaped.py)."""
+        return self.ctx.job
+
+    def _replay_s_per_mb(self, emptied: list[int], job) -> Optional[float]:
+        """Seconds the replay of the lost stages takes per micro-batch trained since their
+        snapshot (executor/runtime/replay/): each stage's F+I+W over the workers that now
+        hold it, the slowest stage's; None when the logs cannot replay them (logging off,
+        or two lost stages side by side: each one's inputs died with the other). `job`:
+        the stages' job before the event (after a shape change, one worker a stage)."""
+        if not self.ctx.params.replay or any(s + 1 in emptied for s in emptied):
+            return None
+        cost, same = job.cost, job is self._stage_job()
+        n = {s: sum(1 for slot in self.live.values() if slot is not None and slot[1] == s)
+             if same else 1 for s in emptied}
+        return max((cost.F[s] + cost.I[s] + cost.W[s]) * self.ctx.unit_s / max(1, n[s])
+                   for s in emptied)
+
     def _copies_left(self, gone: set) -> list[int]:
         """Stages with no copy left: no live worker holds them and their snapshot's holder
         is gone too."""
@@ -183,6 +205,7 @@ class ElasticRecycle(Policy):
             slot[1] for w, slot in self.live.items() if w not in gone})
         for w in gone:
             self.live.pop(w)
+        before = self._stage_job()  # the stages the emptied ones are numbered in
         got = self._assign(speed)
         if got is None:
             # fewer live workers than stages: pause; the state stays in memory unless some
@@ -199,6 +222,13 @@ class ElasticRecycle(Policy):
                             parts=detect + (("restart", p.restart_s),) + _moves(stall))
         if emptied:
             self.snapshot_restores += 1
+            per_mb = self._replay_s_per_mb(emptied, before)
+            if per_mb is not None:  # replayed alone: the others keep their work
+                self.replays += 1
+                return Decision(ctx.DM / P, P, lose="replay", stall_s=p.detect_s + stall,
+                                replay_s_per_mb=per_mb,
+                                note=f"stage(s) {emptied} replayed from snapshot and logs",
+                                parts=detect + _moves(stall))
             return Decision(ctx.DM / P, P, lose="snapshot", stall_s=p.detect_s + stall,
                             note=f"stage(s) {emptied} restored from peer-memory snapshot",
                             parts=detect + _moves(stall))

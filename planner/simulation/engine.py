@@ -12,7 +12,11 @@ and what work is lost:
   "checkpoint"  everything since the last checkpoint (a global restore);
   "snapshot"    everything since the last peer-memory snapshot: snapshots are taken every
                 `snapshot_iters` iterations from the moment the rate began (the elastic
-                `recycle` policy's restore of a stage that lost every holder).
+                `recycle` policy's restore of a stage that lost every holder, when the
+                boundary logs cannot replay it);
+  "replay"      the iteration in flight, and a stall while the lost stage replays the
+                iterations since its snapshot from the boundary logs: `replay_s_per_mb`
+                seconds for each micro-batch trained since (the others keep their work).
 Checkpoints are taken every `checkpoint_every_s` seconds of training and stall everyone
 `checkpoint_cost_s`; the clock stops while a policy is halted and restarts at a restore.
 A checkpoint due at the very time of an event is taken after it.
@@ -25,7 +29,7 @@ its kind.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
 from planner.simulation.trace import Event
@@ -40,6 +44,7 @@ class Decision:
     stall_s: float = 0.0
     note: str = ""
     parts: tuple = ()  # ((cause, seconds), ...) of stall_s, in order; the rest is "other"
+    replay_s_per_mb: float = 0.0  # lose="replay": stall per micro-batch since the snapshot
 
 
 @dataclass
@@ -139,7 +144,12 @@ class Run:
             in_flight = ((t - self.resume_at) % self.iter_s) * self.rate
             since_snapshot = ((t - self.resume_at) % (self.iter_s * self.snapshot_iters)) * self.rate
         lost = {"none": 0.0, "inflight": in_flight, "fraction": in_flight * d.fraction,
-                "checkpoint": self.since_ckpt, "snapshot": since_snapshot}[d.lose]
+                "checkpoint": self.since_ckpt, "snapshot": since_snapshot,
+                "replay": in_flight}[d.lose]
+        if d.lose == "replay":  # the replay's time: the stage's work since its snapshot
+            replay_s = max(0.0, since_snapshot - in_flight) * d.replay_s_per_mb
+            d = replace(d, stall_s=d.stall_s + replay_s, parts=tuple(d.parts) + (
+                ("replay", replay_s),), lose="inflight")
         lost = min(lost, self.out.microbatches)
         self.out.microbatches -= lost
         self.out.lost += lost

@@ -32,6 +32,9 @@ class ShapedRecycle(ElasticRecycle):
     def _stages(self) -> int:
         return self.shape.stages
 
+    def _stage_job(self):
+        return self.shape.job
+
     def _choose(self, speed):
         ctx, sc, cur = self.ctx, self.costs, self.shape
         here = self._slot_speed(speed)

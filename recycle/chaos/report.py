@@ -97,6 +97,12 @@ def summarize(records: list[dict]) -> dict:
                         "moves": sum((r.get("elastic") or {}).get("moves", 0) for r in records),
                         "snapshot_restores": sum((r.get("elastic") or {}).get(
                             "snapshot_restores", 0) for r in records),
+                        # stages lost whole replayed alone (the other restores rolled
+                        # the job back), and the iterations trained twice for rollbacks
+                        "replays": sum((r.get("elastic") or {}).get("replays", 0)
+                                       for r in records),
+                        "retrained_iterations": sum((r.get("elastic") or {}).get(
+                            "retrained_iterations", 0) for r in records),
                         "runs_with_moves": sum(1 for r in records
                                                if (r.get("elastic") or {}).get("moves")),
                         "snapshot_every": dict(sorted(chosen.items(), key=_k_order)),
@@ -111,7 +117,9 @@ def summary_line(summary: dict) -> str:
     el = summary.get("elastic") or {}
     every = ", ".join(f"K={k} in {n}" for k, n in (el.get("snapshot_every") or {}).items())
     moves = (f"; {el['moves']} moves in {el['runs_with_moves']} runs, "
-             f"{el['snapshot_restores']} snapshot restores, {el.get('pauses', 0)} pauses "
+             f"{el['snapshot_restores']} snapshot restores ({el.get('replays', 0)} replayed "
+             f"alone, {el.get('retrained_iterations', 0)} iterations retrained), "
+             f"{el.get('pauses', 0)} pauses "
              f"({el['runs']} runs kept snapshots{': ' + every if every else ''})"
              if el else "")
     return f"{summary['runs']} runs: {counts}; {summary['leaks']} leaked processes{moves}"
@@ -132,7 +140,7 @@ def recovery_lines(summary: dict) -> list[str]:
 def table(records: list[dict]) -> Table:
     t = Table(title="recycle chaos", show_lines=False)
     for col in ("seed", "run", "grid", "faults", "outcome", "wall s", "max loss diff",
-                "moves/restores K", "recoveries"):
+                "moves/restores/replays K", "recoveries"):
         t.add_column(col, overflow="fold", justify="right" if col in ("seed", "run", "wall s") else "left")
     for r in records:
         diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
@@ -151,7 +159,7 @@ def table(records: list[dict]) -> Table:
 def _elastic(r: dict) -> str:
     el = r.get("elastic") or {}
     k = el.get("snapshot_every")  # the K the run trained with (auto's choice)
-    return (f"{el.get('moves', 0)}/{el.get('snapshot_restores', 0)}"
+    return (f"{el.get('moves', 0)}/{el.get('snapshot_restores', 0)}/{el.get('replays', 0)}"
             + ("" if k is None else f" K{k}")) if el else "-"
 
 

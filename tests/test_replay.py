@@ -1,0 +1,86 @@
+"""A stage lost whole is replayed alone from its snapshot and its neighbours' boundary logs
+(executor/runtime/replay/): the other stages keep their work, and the run ends equal to the
+one-process reference. Real worker processes, real SIGKILLs."""
+import re
+from functools import lru_cache
+
+import pytest
+
+from executor.compute.config import TrainingSettings
+from executor.compute.one_process.reference import compare, train_reference
+from executor.inputs.launch_spec import Faults
+from tests.test_executor_runtime import CFG, M, TOL, logs, run
+
+pytestmark = pytest.mark.hard_timeout(120)
+
+
+@lru_cache(maxsize=None)
+def _reference(D, S, iterations, clip=0.0):
+    return train_reference(CFG, D, M, iterations, S, training=TrainingSettings(clip=clip))
+
+
+def _exact(res, D, S, iterations, tmp_path, clip=0.0):
+    assert res.summary is not None, f"halted: {res.halted}\n{res.output}\n{logs(tmp_path)}"
+    diffs = compare(res.summary, _reference(D, S, iterations, clip), TOL)
+    assert not diffs, "\n".join(diffs) + "\n" + res.output
+    return res.summary.elastic
+
+
+def test_the_issue_run_replays_stage_1_and_the_survivors_keep_their_work(tmp_path):
+    # `recycle train -d 2 -s 3 -m 4 --iterations 12 --snapshot-every 5 --kill 0:1@8
+    # --kill 1:1@8`: the rollback to the snapshot of iteration 4 re-trained 3 iterations
+    # on every stage; now stage 1 alone replays 5..7
+    res = run(tmp_path, 2, 3, 12, snapshot_every=5,
+              faults=Faults(kills=[(0, 1, 8), (1, 1, 8)]))
+    el = _exact(res, 2, 3, 12, tmp_path)
+    assert el["retrained_iterations"] <= 1 and el["replays"] == 1, el
+    assert el["replayed_iterations"] == 3 and el["replay_s"] > 0, el
+    assert el["log_mib_per_worker"] > 0, el
+    text = logs(tmp_path)
+    assert "replayed stage 1 iterations 5..7 from the boundary logs" in text, text
+    assert "rolled back to iteration" not in text  # no global rollback
+    assert any("stage 1 replayed iterations 5..7" in e for e in res.events), res.events
+
+
+def test_log_memory_off_rolls_the_job_back_as_before(tmp_path):
+    res = run(tmp_path, 2, 3, 12, snapshot_every=5, log_memory="off",
+              faults=Faults(kills=[(0, 1, 8), (1, 1, 8)]))
+    el = _exact(res, 2, 3, 12, tmp_path)
+    assert el["replays"] == 0 and el["retrained_iterations"] == 3, el
+    assert "rolled back to iteration 4 from peer-memory snapshots" in logs(tmp_path)
+
+
+def test_the_last_stage_replays_with_the_clip_the_run_applied(tmp_path):
+    # a clip of 0.5 applies at every iteration: the replayed steps scale by the norms the
+    # survivors logged (every stage's), and the last stage's losses are its replay's
+    res = run(tmp_path, 2, 3, 9, snapshot_every=3, training=TrainingSettings(clip=0.5),
+              faults=Faults(kills=[(0, 2, 5), (1, 2, 5)]))
+    el = _exact(res, 2, 3, 9, tmp_path, clip=0.5)
+    assert el["replays"] == 1 and el["retrained_iterations"] <= 1, el
+    assert re.search(r"replayed stage 2 iterations 3\.\.[45] from the boundary logs",
+                     logs(tmp_path))
+
+
+def test_the_first_stage_replays_spread_over_the_workers_that_take_it(tmp_path):
+    # four replicas of a 2-stage pipeline lose stage 0 whole: two of the four stage-1
+    # workers left take it, and split the replay's micro-batches between them
+    res = run(tmp_path, 4, 2, 8, snapshot_every=2,
+              faults=Faults(kills=[(r, 0, 5) for r in range(4)]))
+    el = _exact(res, 4, 2, 8, tmp_path)
+    assert el["replays"] == 1 and el["retrained_iterations"] <= 1, el
+    text = logs(tmp_path)
+    assert len(re.findall(r"replayed stage 0 iterations 4\.\.[45] from the boundary logs "
+                          r"\(4 of 8 micro-batches per iteration here, 2 workers\)", text)) == 2, text
+
+
+def test_a_dead_senders_missing_log_falls_back_to_the_global_rollback_and_says_why(tmp_path):
+    # 0:0 dies at iteration 6 with what it sent of iteration 5; stage 1 then dies whole at
+    # 8: its window (5..7) lacks 0:0's activations of 5, so the job rolls back to 4
+    res = run(tmp_path, 2, 3, 12, snapshot_every=5,
+              faults=Faults(kills=[(0, 0, 6), (0, 1, 8), (1, 1, 8)]))
+    el = _exact(res, 2, 3, 12, tmp_path)
+    assert el["replays"] == 0 and el["retrained_iterations"] >= 1, el
+    text = logs(tmp_path)
+    assert re.search(r"cannot replay stage\(s\) \[1\] from the boundary logs \(no live worker "
+                     r"logged the activation of micro-batch \d+, iteration 5 into stage 1\)",
+                     text), text
