@@ -47,9 +47,10 @@ def run_once(iterations: int, run_dir: str, log_memory: str, snapshot_every: int
                       faults=Faults(kills=list(kills)), detect_stragglers=False)
     c = Coordinator(spec, console=Console(stderr=True, quiet=True))
     res = c.run()
+    wall_minus_mono = time.time() - time.monotonic()  # kills are stamped in wall time
     if res.summary is None:
         raise SystemExit(f"halted: {res.halted} ({run_dir})")
-    ends = c.iteration_end
+    ends = {i: t + wall_minus_mono for i, t in c.iteration_end.items()}
     out = {"ends": ends, "elastic": res.summary.elastic, "losses": res.summary.losses,
            "kills_at": [t for t, _, _ in c.record.kills_at]}
     its = sorted(ends)
@@ -75,7 +76,9 @@ def recovery(k: int, mode: str, tmp: str) -> dict:
     res = run_once(hit + 4, os.path.join(tmp, f"recover-{k}-{mode}"),
                    "10%" if mode == "replay" else "off", snapshot_every=k,
                    kills=[(0, 1, hit), (1, 1, hit)])
-    back = res["ends"][hit] - min(res["kills_at"])  # monotonic, both: the launcher's clock
+    # the first iteration no stage can have finished before the kill: hit + 1 needs stage
+    # 1's forward; its end is when the run is past where it was (hit + 2: one more, clean)
+    back = res["ends"][hit + 2] - min(res["kills_at"])
     el = res["elastic"]
     retrained = el["retrained_iterations"] * S
     replayed = el["replayed_iterations"]  # of one stage
@@ -126,8 +129,11 @@ def report(steady: dict, rec: dict, args, load0: float, t0: float) -> str:
            f"Losses identical with and without logs: {same}.", "",
            "## Recovery from a stage lost whole", "",
            "Both workers of stage 1 SIGKILLed mid-iteration 2K-1 (K-1 iterations after the "
-           "newest snapshot). *Back* is the time from the kill to the end of that "
-           "iteration: the run is where it was. *Redone* counts stage-iterations trained "
+           "newest snapshot). *Back* is the time from the kill to the end of iteration "
+           "2K+1 (the last stage may have finished 2K-1 before the kill; 2K needs the lost "
+           "stage's forward, 2K+1 is one clean iteration more): detection, the restore, "
+           "then the replay of one stage or the re-training of every stage, then two "
+           "iterations. *Redone* counts stage-iterations trained "
            "twice: a rollback re-trains every stage, a replay only the lost one.", "",
            "| K | recovery | back (s) | redone stage-iterations | replay s | retrained | "
            "replayed | log MiB a worker |",

@@ -217,12 +217,14 @@ def test_recovery_percentiles_per_mode():
     lost = rec(False, 4.0)
     lost["schedule"] = {"snapshot_every": None, "faults": [  # None: the default flags
         {"kind": "kill", "worker": [0, 0], "iteration": 1, "why": "stage"}]}
-    lost["elastic"] = {"moves": 1, "snapshot_restores": 1, "snapshot_every": 2, "pauses": 0}
+    lost["elastic"] = {"moves": 1, "snapshot_restores": 1, "snapshot_every": 2, "pauses": 0,
+                       "replays": 1, "retrained_iterations": 0}
     got = summarize([rec(False, 1.0), lost])
     assert got["recovery"]["local"]["kill"]["n"] == 1
     assert got["recovery"]["local"]["loss"] == {"n": 1, "p50": 4.0, "p99": 4.0, "max": 4.0}
-    assert got["elastic"] == {"runs": 1, "moves": 1, "snapshot_restores": 1,
-                              "runs_with_moves": 1, "snapshot_every": {"2": 1}, "pauses": 0}
+    assert got["elastic"] == {"runs": 1, "moves": 1, "snapshot_restores": 1, "replays": 1,
+                              "retrained_iterations": 0, "runs_with_moves": 1,
+                              "snapshot_every": {"2": 1}, "pauses": 0}
     assert got["ok"]
     # only exact is a success: a halt (a copy of every stage lived) fails the soak
     halted = {**rec(False), "outcome": "halt"}

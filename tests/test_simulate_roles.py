@@ -1,6 +1,8 @@
 """The simulator's `recycle-roles` policy (roles: workers move between stages, on the job's
 own partition) against `recycle-fixed`, on traces small enough to work out by hand.
 (`recycle` adds shapes: tests/test_shapes_simulate.py.)"""
+import dataclasses
+
 import pytest
 
 from planner.job import JobSpec
@@ -17,7 +19,9 @@ def P(job, failed=()):
     return solve(job, list(failed), "greedy", canonical=True).metrics.period * U
 
 
-def run(job, events, duration, params=Params(), every=1e9):
+def run(job, events, duration, params=Params(), every=1e9, logs=0.0):
+    """The roles' arithmetic without the logs' share of the throughput (`logs`: with it)."""
+    params = dataclasses.replace(params, swift_log_overhead=logs)
     res = simulate(job, Trace(events), duration, U, params, ["recycle-roles", "recycle-fixed"],
                    checkpoint_every_s=every)
     return res, {o.policy: o for o in res.outcomes}
@@ -44,6 +48,16 @@ def test_a_worker_moves_into_the_weakest_stage_and_the_rate_follows():
     f = out["recycle-fixed"]
     assert f.microbatches == pytest.approx(100 * r0 - lost + (400 - 105) * r_fixed)
     assert res.stats["recycle-roles"]["moves"] == 1
+
+
+def test_the_boundary_logs_cost_recycle_their_share_of_the_throughput():
+    job = JobSpec.uniform(2, 2, 4)
+    _, out = run(job, [], 100.0, logs=0.01)
+    rate = job.num_microbatches / P(job)
+    assert out["recycle-roles"].microbatches == pytest.approx(100 * rate * 0.99)
+    assert out["recycle-fixed"].microbatches == pytest.approx(100 * rate)  # logs nothing
+    _, off = run(job, [], 100.0, Params(replay=False), logs=0.01)
+    assert off["recycle-roles"].microbatches == pytest.approx(100 * rate)
 
 
 def test_no_move_when_the_next_event_comes_too_soon():

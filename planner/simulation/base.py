@@ -20,7 +20,9 @@ class Params:
     oobleck_min_stages: int = 0  # 0: the smallest depth whose stages hold the model
     bamboo_failover_s: float = 5.0
     bamboo_rc_hidden: float = 0.0  # share of Bamboo's redundant forward hidden in bubbles
-    swift_log_overhead: float = 0.02  # share of throughput SWIFT's logging costs
+    # share of throughput logging boundary tensors costs: SWIFT's, and recycle's while it
+    # replays lost stages (`replay`); 1%, as measured (benchmarks/results/swift.md)
+    swift_log_overhead: float = 0.01
     # checkpoint-restart: restart on the replicas left whole (shrink the global batch, as
     # torchrun --nnodes MIN:MAX users do) instead of waiting for spares or repairs
     checkpoint_shrink: bool = False

@@ -94,6 +94,9 @@ class ElasticRecycle(Policy):
         self.live = {w: slot for slot, w in slots.items()}
         self.moves += sum(1 for m in moves if m.from_stage is not None)
         self._pick_holders()
+        p = self.ctx.params
+        if p.replay:  # the boundary logs a replay needs cost a share of the throughput
+            P = P / (1.0 - p.swift_log_overhead)
         return P, stall * self.ctx.unit_s, moves
 
     def _slot_speed_of(self, speed: dict, slots: dict) -> dict:

@@ -67,7 +67,7 @@ def simulate_cmd(
     oobleck_min_stages: int = typer.Option(0, help="shallowest template (0: from memory)"),
     bamboo_failover_seconds: float = typer.Option(5.0, help="Bamboo's switch to the shadow"),
     bamboo_rc_hidden: float = typer.Option(0.0, help="share of Bamboo's redundant forward hidden in bubbles"),
-    swift_log_overhead: float = typer.Option(0.02, help="share of throughput SWIFT's logging costs"),
+    swift_log_overhead: float = typer.Option(0.01, help="share of throughput logging boundary tensors costs (swift-replay's, and recycle's, which replays a lost stage from them; measured: benchmarks/results/swift.md)"),
     checkpoint_shrink: bool = typer.Option(False, "--checkpoint-shrink", help="checkpoint-restart: "
                                            "restart on the replicas left whole (no waiting for repairs)"),
     bamboo_placement: str = typer.Option("own", help="own: Bamboo places a stage and its shadow "
