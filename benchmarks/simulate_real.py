@@ -6,7 +6,7 @@ are in Oobleck's sosp23-artifact branch, tools/simulator/traces/, MIT): P3 (344 
 over 11.4 h, 32 nodes at peak) and g4dn (153 events, 24 nodes). gpt3-2.7b, M=16, grids
 sized to the traces' peaks: 1 GPU a node (4x8, 3x8, 6x4) and 4 GPUs a node (16x8, 12x8),
 and the later P3 window: the trace from 5 h on, the nodes up at 5 h added at its start
-(executor/launch/trace_replay.window, as `recycle train --trace-start 5h` replays it).
+(executor/launch/faults/trace_replay.window, as `recycle train --trace-start 5h` replays it).
 
 Rows per trace and grid: `recycle` (the shape follows the live workers), `recycle-roles`
 (roles on the job's own partition), `recycle-fixed` (the paper's fixed roles), Oobleck,
@@ -31,7 +31,7 @@ from dataclasses import replace
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from executor.launch.trace_replay import window  # noqa: E402 (pure: no torch)
+from executor.launch.faults.trace_replay import window  # noqa: E402 (pure: no torch)
 from planner.simulation import report  # noqa: E402
 from planner.simulation.compare import simulate  # noqa: E402
 from planner.simulation.policies import Params  # noqa: E402
