@@ -45,8 +45,9 @@ ROWS = [("P3", "p3-trace.csv", 4, 1, 8, 0), ("P3", "p3-trace.csv", 16, 4, 8, 0),
         ("g4dn", "g4dn-trace.csv", 6, 1, 4, 0),  # the same nodes as 4 stages
         ("P3", "p3-trace.csv", 4, 1, 8, 5), ("P3", "p3-trace.csv", 16, 4, 8, 5)]
 MAIN = ["recycle", "recycle-roles", "recycle-fixed", "oobleck", "bamboo", "limit"]
-PARTS = ["detection", "iteration in flight", "state moves", "since the snapshot (rollback)",
-         "since the checkpoint (restore)", "restart", "paused", "slower than the limit"]
+PARTS = ["detection", "iteration in flight", "state moves", "replay",
+         "since the snapshot (rollback)", "since the checkpoint (restore)", "restart", "paused",
+         "slower than the limit"]
 
 
 def live_hours(trace, slots: int, duration: float) -> dict[int, float]:

@@ -84,3 +84,23 @@ def test_a_dead_senders_missing_log_falls_back_to_the_global_rollback_and_says_w
     assert re.search(r"cannot replay stage\(s\) \[1\] from the boundary logs \(no live worker "
                      r"logged the activation of micro-batch \d+, iteration 5 into stage 1\)",
                      text), text
+
+
+TIED = "examples.tied_lm:TiedLM?split=" + ",".join(["emb", "blocks.0", "blocks.1", "norm", "head"])
+
+
+@pytest.mark.parametrize("lost,clip", [(2, 0.0), (0, 0.05)], ids=["mirror", "owner-clipped"])
+def test_a_stage_holding_a_tied_weight_replays_with_its_logged_shares(tmp_path, lost, clip):
+    # the embedding of stage 0 is the head of stage 2 (2x3): a lost mirror copies the
+    # owner's logged values after each replayed step; a lost owner adds the mirror's
+    # logged gradient shares before its clip and step
+    from executor.inputs.workload_name import load_workload
+    training = TrainingSettings(clip=clip)
+    res = run(tmp_path, 2, 3, 8, snapshot_every=3, training=training, model=TIED,
+              faults=Faults(kills=[(0, lost, 5), (1, lost, 5)]))
+    assert res.summary is not None, f"halted: {res.halted}\n{res.output}\n{logs(tmp_path)}"
+    ref = train_reference(CFG, 2, M, 8, 3, training=training, workload=load_workload(TIED))
+    diffs = compare(res.summary, ref, TOL)
+    assert not diffs, "\n".join(diffs) + "\n" + res.output
+    el = res.summary.elastic
+    assert el["replays"] == 1 and el["retrained_iterations"] <= 1, (el, logs(tmp_path))

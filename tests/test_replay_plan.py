@@ -6,9 +6,10 @@ import pytest
 import torch
 
 from executor.runtime.peer_snapshots.cadence import log_budget
-from executor.runtime.replay.boundary_log import BWD, FWD, BoundaryLog
-from executor.runtime.replay.replay_plan import (Report, Window, decode, encode, plan_replay,
-                                                 windows_of)
+from executor.runtime.replay.boundary_log import BWD, FWD, TIED_GRAD, TIED_VALUE, BoundaryLog
+from executor.runtime.replay.replay_plan import (Report, Window, decode, encode, inputs_of,
+                                                 plan_replay, windows_of)
+from executor.runtime.steps.tied import Tie, tied_inputs
 
 
 def _t(x: float, n: int = 4) -> torch.Tensor:
@@ -65,8 +66,17 @@ def test_windows_start_at_the_newest_copy_before_the_survivors_and_the_origin_co
     assert w[1] == Window(1, 4, 7) and list(w[1].iterations) == [5, 6, 7]
     assert w[0] == Window(0, -1, 7)  # nobody holds stage 0: the run's start
     assert windows_of([0], {}, origin=None, r=8) == {}  # resumed: no origin copy
-    assert Window(1, 4, 7).needs(3) == [FWD, BWD]
-    assert Window(0, 4, 7).needs(3) == [BWD] and Window(2, 4, 7).needs(3) == [FWD]
+
+
+def test_a_stages_inputs_are_its_neighbours_messages_and_its_ties_shares_or_values():
+    mbs = [0, 1]
+    assert inputs_of(1, 3, 2) == [(FWD, mbs), (BWD, mbs)]
+    assert inputs_of(0, 3, 2) == [(BWD, mbs)] and inputs_of(2, 3, 2) == [(FWD, mbs)]
+    ties = [Tie(((0, "embed.weight"), (2, "head.weight")))]  # owner stage 0, mirror 2
+    assert tied_inputs(ties, 0) == ([2], []) and tied_inputs(ties, 2) == ([], [0])
+    assert tied_inputs(ties, 1) == ([], [])
+    assert inputs_of(0, 3, 2, tied_inputs(ties, 0)) == [(BWD, mbs), (TIED_GRAD, [2])]
+    assert inputs_of(2, 3, 2, tied_inputs(ties, 2)) == [(FWD, mbs), (TIED_VALUE, [0])]
 
 
 def _log_with(entries, norms=None, M=4):
@@ -81,11 +91,12 @@ def _log_with(entries, norms=None, M=4):
 @pytest.mark.parametrize("M", [4, 70])  # 70: masks over two all-gathered words
 def test_reports_round_trip_through_ints(M):
     wins = {1: Window(1, 4, 6)}
+    inputs = {1: inputs_of(1, 3, M)}
     log = _log_with([(1, FWD, 5, 0), (1, FWD, 5, M - 1), (1, BWD, 6, 2)],
                     norms={5: (0.25, 1 / 3, math.pi), 6: (1.0, 2.0, 3.0)})
-    row = encode(log, wins, 3, M, clip=True)
+    row = encode(log, wins, inputs, 3, M, clip=True)
     assert all(isinstance(x, int) and -2 ** 63 <= x < 2 ** 63 for x in row)
-    rep = decode(row, wins, 3, M, clip=True)
+    rep = decode(row, wins, inputs, 3, M, clip=True)
     assert rep.masks[(1, FWD, 5)] == 1 | 1 << (M - 1) and rep.masks[(1, BWD, 6)] == 1 << 2
     assert rep.norms == {5: (0.25, 1 / 3, math.pi), 6: (1.0, 2.0, 3.0)}  # bit for bit
 
@@ -104,7 +115,7 @@ def test_a_covered_loss_is_planned_spread_over_the_stage_and_moved_in_one_order(
                b: Report({(1, FWD, it): 0b1111 for it in (5, 6)}),
                c: Report(_full(1, (5, 6), M, [BWD])), r1: Report(), r2: Report()}
     stages = {w: w[1] for w in members}
-    rp, why = plan_replay([1], wins, members, stages, S, M, clip=False)
+    rp, why = plan_replay([1], wins, {1: inputs_of(1, S, M)}, members, stages, M, clip=False)
     assert why == "" and rp.replayers[1] == (r1, r2) and rp.iterations == 2
     assert rp.mine(1, r1, M) == [0, 1] and rp.mine(1, r2, M) == [2, 3]
     assert rp.sources[(1, FWD, 5, 0)] == a and rp.sources[(1, FWD, 5, 3)] == b
@@ -117,24 +128,32 @@ def test_a_covered_loss_is_planned_spread_over_the_stage_and_moved_in_one_order(
 def test_what_is_missing_is_named_and_the_job_rolls_back():
     S, M = 3, 4
     wins = {1: Window(1, 4, 5)}
+    inputs = {1: inputs_of(1, S, M)}
     members = {(0, 0): Report({(1, FWD, 5): 0b1011}), (0, 2): Report(_full(1, [5], M, [BWD])),
                (0, 1): Report()}
     stages = {w: w[1] for w in members}
-    rp, why = plan_replay([1], wins, members, stages, S, M, clip=False)
+    rp, why = plan_replay([1], wins, inputs, members, stages, M, clip=False)
     assert rp is None and why == ("no live worker logged the activation of micro-batch 2, "
                                   "iteration 5 into stage 1")
     members[(0, 0)] = Report({(1, FWD, 5): 0b1111})
-    assert plan_replay([1], wins, members, stages, S, M, clip=True)[1] == \
+    assert plan_replay([1], wins, inputs, members, stages, M, clip=True)[1] == \
         "no live worker kept the gradient norms of iteration 5"
-    assert plan_replay([1], wins, members, stages, S, M, clip=False, tied=[1])[1] == \
-        "stage 1 holds a weight tied to another stage"
-    assert plan_replay([1, 2], {1: wins[1], 2: Window(2, 4, 5)}, members, stages, S, M,
+    tied = {1: inputs_of(1, S, M, ([2], []))}  # stage 1 owns a weight stage 2 mirrors
+    assert plan_replay([1], wins, tied, members, stages, M, clip=False)[1] == \
+        "no live worker logged the tied-weight gradient share from stage 2, iteration 5 " \
+        "into stage 1"
+    members[(0, 2)].masks[(1, TIED_GRAD, 5)] = 1 << 2
+    rp, why = plan_replay([1], wins, tied, members, stages, M, clip=False)
+    assert why == "" and rp.sources[(1, TIED_GRAD, 5, 2)] == (0, 2)
+    assert rp.receivers((1, TIED_GRAD, 5, 2), M) == ((0, 1),)  # every replayer of stage 1
+    assert plan_replay([1, 2], {1: wins[1], 2: Window(2, 4, 5)},
+                       {**inputs, 2: inputs_of(2, S, M)}, members, stages, M,
                        clip=False)[1] == "stages 1 and 2 were lost together"
-    assert plan_replay([1], {}, members, stages, S, M, clip=False)[1] == \
+    assert plan_replay([1], {}, {}, members, stages, M, clip=False)[1] == \
         "no live copy of stage 1's state"
 
 
 def test_a_loss_right_after_its_snapshot_replays_nothing_and_still_keeps_the_survivors():
-    rp, why = plan_replay([2], {2: Window(2, 7, 7)}, {(0, 2): Report()}, {(0, 2): 2}, 3, 4,
-                          clip=True)
+    rp, why = plan_replay([2], {2: Window(2, 7, 7)}, {2: inputs_of(2, 3, 4)}, {(0, 2): Report()},
+                          {(0, 2): 2}, 4, clip=True)
     assert why == "" and rp.iterations == 0 and rp.transfers(4) == []

@@ -35,6 +35,7 @@ from executor.runtime.steps.model_error import ModelError, own_log
 from executor.runtime.peer_snapshots import PeerSnapshots
 from executor.runtime.plan_fence import PlanFence
 from executor.runtime.replay import BoundaryLog
+from executor.runtime.replay.boundary_log import TIED_GRAD, TIED_VALUE
 from executor.runtime.role import Role, next_role
 from executor.runtime.steps.stage_runtime import StageRuntime
 from executor.runtime.stage_state.sync import NoCopy, sync_state
@@ -76,6 +77,9 @@ class Agent:
         # a wait in settle() (other stages' norms, tied weights) leaves for a newer plan
         stage.stepper.newer = lambda: self.fence.next_plan(0)
         stage.stepper.on_norms = lambda it, sums: self.boundaries.note_norms(it, sums)
+        # what a tied weight's exchange publishes for stage `to`, kept for replays
+        stage.stepper.tied.on_publish = lambda kind, to, it, ts: self.boundaries.keep(
+            to, TIED_GRAD if kind == "grad" else TIED_VALUE, it, s, ts)
         return stage
 
     def log(self, msg: str) -> None:
@@ -212,7 +216,8 @@ class Agent:
         st = self.state
         if slot[1] != st.me[1]:
             self.log(f"moving from stage {st.me[1]} to stage {slot[1]} (plan v{plan.version})")
-            self.stage.stepper.settle()
+            if self.stage.stepper.unsettled() is None:  # else it waits for a dead stage:
+                self.stage.stepper.settle()  # the state left behind is not used anyway
             self.stage.close()
             self.stage = self._new_stage(slot[1])
             st.fresh = True  # the stage's state comes from a live holder, as on a rejoin

@@ -4,8 +4,9 @@ stage").
 
 Per (stage it went into, direction, iteration, micro-batch): the activation a forward
 SEND carried, or the input gradient a backward SEND carried, as sent (after the boundary
-cast). Plus, per iteration, the value a stage's step takes from outside itself: every
-stage's squared gradient norm (the global-norm clip), as the stepper read it.
+cast). Plus, per iteration, the values a stage's step takes from outside itself: every
+stage's squared gradient norm (the global-norm clip), as the stepper read it, and what
+tied weights exchange (a mirror's gradient share, the owner's new value).
 
 Kept since the second-newest snapshot iteration: a replay starts from the newest
 snapshot of the lost stage a live worker holds, which is the newest one unless its send
@@ -25,7 +26,11 @@ from typing import Optional, Sequence
 import torch
 from torch import Tensor
 
-FWD, BWD = 0, 1  # what a logged boundary carried: an activation, an input gradient
+# What a logged message carried: an activation, an input gradient; for a weight tied
+# across stages (runtime/steps/tied.py) a mirror's gradient share sent to the owner, the
+# owner's stepped value sent to a mirror. A tied message's "micro-batch" is the stage that
+# sent it, its value the tensors of the ties the two share, in tie order.
+FWD, BWD, TIED_GRAD, TIED_VALUE = 0, 1, 2, 3
 Key = tuple[int, int, int, int]  # (into stage, direction, iteration, micro-batch)
 
 
@@ -131,10 +136,11 @@ class BoundaryLog:
             torch.cuda.synchronize()  # the copies were asynchronous
         return value
 
-    def coverage(self, into: int, direction: int, it: int, microbatches: int) -> int:
-        """The micro-batches of (into, direction, it) kept here, as a bit mask."""
+    def coverage(self, into: int, direction: int, it: int, gs) -> int:
+        """Which of the micro-batches `gs` (a count, or which) of (into, direction, it) are
+        kept here, as a bit mask."""
         mask = 0
-        for g in range(microbatches):
+        for g in (range(gs) if isinstance(gs, int) else gs):
             if (into, direction, it, g) in self.entries:
                 mask |= 1 << g
         return mask

@@ -15,17 +15,19 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
+import torch
 from typing import Optional
 
 from executor.optim.clip import coefficient, global_norm, scale_
 from executor.protocol import Replayed, replay_key
 from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import held_state
-from executor.runtime.replay.boundary_log import BWD, FWD
-from executor.runtime.replay.replay_plan import (ReplayPlan, decode, encode, plan_replay,
-                                                 windows_of)
+from executor.runtime.replay.boundary_log import BWD, FWD, TIED_GRAD, TIED_VALUE
+from executor.runtime.replay.replay_plan import (ReplayPlan, decode, encode, inputs_of,
+                                                 plan_replay, windows_of)
 from executor.runtime.steps.grad_sum import allreduce_grads
-from executor.runtime.steps.tied import ATTR as TIES
+from executor.runtime.steps.tied import shared, tied_inputs
 from executor.runtime.transport.waiting import wait_until
 
 
@@ -43,19 +45,16 @@ def decide(agent, lost: list[int], r: int, held: dict) -> Optional[ReplayPlan]:
     S, M = conf.stages, conf.job.num_microbatches
     clip = conf.training.clip > 0
     wins = windows_of(lost, held, agent.state.origin, r)
-    rows = world.allgather_ints(encode(log, wins, S, M, clip) or [0])
-    reports = {w: decode(row, wins, S, M, clip) for w, row in rows.items()}
-    rp, why = plan_replay(lost, wins, reports, {w: w[1] for w in world.workers}, S, M, clip,
-                          _tied_stages(agent))
+    ties = agent.stage.stepper.tied.ties  # every stage carries the run's whole table
+    inputs = {u: inputs_of(u, S, M, tied_inputs(ties, u)) for u in wins}
+    rows = world.allgather_ints(encode(log, wins, inputs, S, M, clip) or [0])
+    reports = {w: decode(row, wins, inputs, S, M, clip) for w, row in rows.items()}
+    rp, why = plan_replay(lost, wins, inputs, reports, {w: w[1] for w in world.workers}, M,
+                          clip)
     if rp is None:
         agent.log(f"cannot replay stage(s) {lost} from the boundary logs ({why}): "
                   f"the job rolls back to a snapshot")
     return rp
-
-
-def _tied_stages(agent) -> set[int]:
-    ties = getattr(agent.stage.module, TIES, None) or []
-    return {s for tie in ties for s, _ in tie.holders}
 
 
 def carry_out(agent, plan, rp: ReplayPlan, r: int, held_by: dict) -> Outcome:
@@ -113,7 +112,9 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
                               conf.device)
         if last:
             losses[it] = got
-        _step(stage.stepper, it, rp.norms.get(it), conf.training.clip)
+        tied = {(d, g): _inputs(agent, rp, inbox, (u, d, it, g)) for d, gs in rp.inputs[u]
+                if d in (TIED_GRAD, TIED_VALUE) for g in gs}
+        _step(stage.stepper, u, it, rp.norms.get(it), conf.training.clip, tied, log)
         comp.reset()
         if writer:
             agent.store.set(replay_key(plan.version, u, it), "1")
@@ -130,15 +131,40 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
     return f"{source}, replayed {len(win.iterations)} iterations"
 
 
-def _step(stepper, it: int, sums, clip: float) -> None:
-    """The optimizer step of a replayed iteration: its learning rate and the clip the run
-    applied (every stage's norm as logged), as StageStepper.step took it."""
+def _step(stepper, u: int, it: int, sums, clip: float, tied: dict, log) -> None:
+    """The optimizer step of a replayed iteration of stage u, as StageStepper.step took it:
+    the tied weights' shares added in (an owner) or left out (a mirror), the learning rate
+    of `it`, the clip the run applied (every stage's norm as logged), the step; then a
+    mirror copies the owner's stepped value in. What it would have published is logged
+    again. `tied`: (TIED_GRAD, mirror stage) / (TIED_VALUE, owner stage) -> tensors."""
+    ex = stepper.tied
+    ties = ex.ties
+    for o in sorted({so for _, _, so in ex.mirrored}):  # the mirror's shares, as sent
+        ps = [_tied_param(ex.mirrored, k) for k in shared(ties, u, o)]
+        log.keep(o, TIED_GRAD, it, u,
+                 tuple(p.grad if p.grad is not None else torch.zeros_like(p) for p in ps))
+    for _, p, _ in ex.mirrored:  # the share went to the owner: not stepped here
+        p.grad = None
+    for k, p, mirrors in ex.owned:  # g_owner + every mirror's share, in stage order
+        for s, _ in mirrors:
+            g = tied[(TIED_GRAD, s)][shared(ties, u, s).index(k)]
+            p.grad.add_(g.to(p.device, p.dtype))
     stepper.lr.at(it)
     if clip > 0:
         c = coefficient(global_norm(sums), clip)
         if c < 1.0:
             scale_([p.grad for p in stepper.params], c)
     stepper.opt.step()
+    with torch.no_grad():
+        for k, p, so in ex.mirrored:
+            p.copy_(tied[(TIED_VALUE, so)][shared(ties, u, so).index(k)])
+    for m in sorted({s for _, _, ms in ex.owned for s, _ in ms}):
+        log.keep(m, TIED_VALUE, it, u, tuple(
+            _tied_param(ex.owned, k).detach() for k in shared(ties, u, m)))
+
+
+def _tied_param(rows, k: int):
+    return next(p for kk, p, _ in rows if kk == k)
 
 
 def _snapshot(agent, plan, u: int, k: int, held_by: dict) -> tuple[dict, str]:

@@ -68,14 +68,13 @@ def sync_state(agent, plan) -> Synced:
 
 
 def _settled(agent) -> int:
-    """The last iteration this worker stepped for good: an optimistic step still waiting
-    for the norm of a stage that died before publishing it cannot be settled, and is
-    rolled back (the stage's replay steps it again)."""
-    st, stepper = agent.state, agent.stage.stepper
-    pend = stepper.pending
-    if st.fresh or pend is None or stepper.board is None:
-        return st.done
-    return st.done if stepper.board.ready(pend.version, pend.it) is not None else pend.it - 1
+    """The last iteration this worker stepped for good: a step still waiting for what a
+    stage that died never published (its gradient norm, with the clip on; a tied weight's
+    new value, on a mirror) cannot be settled, and is rolled back (the stage's replay
+    steps it again)."""
+    st = agent.state
+    stuck = None if st.fresh else agent.stage.stepper.unsettled()
+    return st.done if stuck is None else min(st.done, stuck - 1)
 
 
 def _resume(agent, info: dict, r: int) -> Synced:

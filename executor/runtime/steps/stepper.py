@@ -197,6 +197,18 @@ class StageStepper:
         self.tied.receive_values(self._waiter(pend.version, f"tied weights of step {pend.it}"))
         self.snapshots.copy_ahead(pend.it + 1)
 
+    def unsettled(self) -> Optional[int]:
+        """The iteration of a step that cannot be made final now because it waits for what
+        a stage that died never published (its norm, a tied weight's new value); None if
+        every step is final or can be made so (one store round trip each)."""
+        pend, out = self.pending, None
+        if pend is not None and self.board is not None and \
+                self.board.ready(pend.version, pend.it) is None:
+            out = pend.it
+        if self.tied.value_missing():
+            out = min(out if out is not None else self.tied.pending[1], self.tied.pending[1])
+        return out
+
     def _newer_than(self, version: int):
         """A plan newer than `version` if one is out (the agent's), else None; without
         the agent, the in-process launcher's plan counter says (its number only)."""

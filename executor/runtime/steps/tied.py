@@ -83,6 +83,25 @@ def ties_of(module: nn.Module) -> list[Tie]:
     return list(getattr(module, ATTR, ()) or ())
 
 
+def shared(ties: Sequence[Tie], a: int, b: int) -> list[int]:
+    """The ties between stages a and b, one the owner and the other a mirror: the order
+    their exchanged tensors travel (and are logged) in."""
+    out = []
+    for k, tie in enumerate(ties):
+        o, mirrors = tie.owner[0], {s for s, _ in tie.mirrors}
+        if (o == a and b in mirrors) or (o == b and a in mirrors):
+            out.append(k)
+    return out
+
+
+def tied_inputs(ties: Sequence[Tie], stage: int) -> tuple[list[int], list[int]]:
+    """(the mirror stages whose gradient shares `stage` adds as an owner, the owner stages
+    whose values it copies as a mirror)."""
+    grads = sorted({s for t in ties if t.owner[0] == stage for s, _ in t.mirrors} - {stage})
+    values = sorted({t.owner[0] for t in ties if stage in {s for s, _ in t.mirrors}} - {stage})
+    return grads, values
+
+
 def check_tie_table(ties: Sequence[Tie], modules: Sequence[nn.Module]) -> None:
     """Every holder names a parameter of its stage with the same shape (a wrong table
     would otherwise show as a silent divergence)."""
@@ -155,6 +174,11 @@ class TiedExchange:
             raise ValueError("weights tied across stages need the run's store")
         self.pending: Optional[tuple[int, int]] = None  # mirror: (version, it) awaited
         self.published: list[str] = []  # our keys, deleted once every worker is past them
+        # Told what is published, per stage it is for: (kind "grad"|"value", that stage,
+        # iteration, its tensors in tie order); the agent's boundary log keeps them, so a
+        # lost stage can be replayed (runtime/replay/)
+        self.on_publish: Optional[Callable[[str, int, int, tuple], None]] = None
+        self.ties = ties_of(module)
 
     @property
     def active(self) -> bool:
@@ -187,6 +211,7 @@ class TiedExchange:
         for _, p, _ in self.mirrored:
             p.grad = None
         self._publish(self.key("grad", version, it, self.stage), grads)
+        self._told("grad", it, grads, {so for _, _, so in self.mirrored})
         self.pending = (version, it)
 
     def receive_values(self, wait: Callable[[list[str]], None]) -> None:
@@ -221,8 +246,25 @@ class TiedExchange:
 
     def send_values(self, version: int, it: int) -> None:
         if self.owned:
-            self._publish(self.key("value", version, it, self.stage),
-                          {k: p.detach() for k, p, _ in self.owned})
+            values = {k: p.detach() for k, p, _ in self.owned}
+            self._publish(self.key("value", version, it, self.stage), values)
+            self._told("value", it, values, {s for _, _, ms in self.owned for s, _ in ms})
+
+    def _told(self, kind: str, it: int, tensors: dict, stages: set) -> None:
+        if self.on_publish is None:
+            return
+        for s in sorted(stages):
+            ks = shared(self.ties, self.stage, s)
+            self.on_publish(kind, s, it, tuple(tensors[k] for k in ks))
+
+    def value_missing(self) -> bool:
+        """A mirror's step awaits the owner's new value, and the owner has not published
+        it (it died first): that step cannot be made final."""
+        if self.pending is None:
+            return False
+        version, it = self.pending
+        keys = sorted({self.key("value", version, it, so) for _, _, so in self.mirrored})
+        return not self.store.check(keys)
 
     # both
     def drop_from(self, r: int) -> None:
