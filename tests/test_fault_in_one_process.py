@@ -8,6 +8,8 @@ started: this runs in the fast tier."""
 import io
 import threading
 
+import pytest
+
 from rich.console import Console
 
 from executor.compute.model import ModelConfig
@@ -89,11 +91,16 @@ def test_a_worker_dies_between_iterations_and_the_survivors_train_on_exact(tmp_p
     assert not diffs, "\n".join(diffs) + "\n" + text.getvalue()
 
 
-def test_a_stage_lost_whole_is_replayed_in_one_process(tmp_path):
-    """Both workers of stage 1 of a 2x3 grid die before iteration 5: a survivor moves in,
-    loads stage 1's snapshot of iteration 3 from its holder and replays iteration 4 from
-    its neighbours' boundary logs; the other stages keep their work (nothing re-trained)."""
-    D3, S3, iters = 2, 3, 7
+@pytest.mark.parametrize("D3,S3,lost,replayers", [(2, 3, 1, 1), (4, 2, 0, 2)],
+                         ids=["2x3-middle-stage", "4x2-first-stage-two-replayers"])
+def test_a_stage_lost_whole_is_replayed_in_one_process(tmp_path, D3, S3, lost, replayers):
+    """Every worker of stage `lost` dies before iteration 5, at once (as a machine holding
+    the stage would): survivors move in, load the stage's snapshot of iteration 3 from its
+    holder and replay iteration 4 from their neighbours' boundary logs, the micro-batches
+    split between them; the other stages keep their work (nothing re-trained). (With real
+    processes the kills of a stage land one by one, and with four replicas the plan may
+    move a worker in before the last one dies: then no stage is lost whole.)"""
+    iters = 7
     spec = LaunchSpec(CFG, JobSpec.uniform(D3, S3, M), iters, external=True,
                       timeout=TIMEOUT, snapshot_every=2, deadline_s=60,
                       run_dir=str(tmp_path), detect_stragglers=False)
@@ -102,7 +109,7 @@ def test_a_stage_lost_whole_is_replayed_in_one_process(tmp_path):
     exits: dict = {}
     threads = [threading.Thread(target=_worker, daemon=True, name=f"agent-{r}:{s}",
                                 args=(coord.store.port, (r, s), spec,
-                                      5 if s == 1 else None, exits),
+                                      5 if s == lost else None, exits),
                                 kwargs={"snapshot_every": 2, "local_workers": D3 * S3,
                                         "log_budget": 2 ** 24})
                for r in range(D3) for s in range(S3)]
@@ -114,6 +121,7 @@ def test_a_stage_lost_whole_is_replayed_in_one_process(tmp_path):
     assert res.summary is not None, f"halted: {res.halted}\n{text.getvalue()}"
     el = res.summary.elastic
     assert (el["replays"], el["replayed_iterations"], el["retrained_iterations"]) == (1, 1, 0), el
-    assert any("stage 1 replayed iterations 4..4" in e for e in res.events), res.events
+    assert any(f"stage {lost} replayed iterations 4..4 from the boundary logs on {replayers} "
+               f"worker(s)" in e for e in res.events), res.events
     diffs = compare(res.summary, train_reference(CFG, D3, M, iters, S3), 1e-5)
     assert not diffs, "\n".join(diffs) + "\n" + text.getvalue()

@@ -61,18 +61,6 @@ def test_the_last_stage_replays_with_the_clip_the_run_applied(tmp_path):
                      logs(tmp_path))
 
 
-def test_the_first_stage_replays_spread_over_the_workers_that_take_it(tmp_path):
-    # four replicas of a 2-stage pipeline lose stage 0 whole: two of the four stage-1
-    # workers left take it, and split the replay's micro-batches between them
-    res = run(tmp_path, 4, 2, 8, snapshot_every=2,
-              faults=Faults(kills=[(r, 0, 5) for r in range(4)]))
-    el = _exact(res, 4, 2, 8, tmp_path)
-    assert el["replays"] == 1 and el["retrained_iterations"] <= 1, el
-    text = logs(tmp_path)
-    assert len(re.findall(r"replayed stage 0 iterations 4\.\.[45] from the boundary logs "
-                          r"\(4 of 8 micro-batches per iteration here, 2 workers\)", text)) == 2, text
-
-
 def test_a_dead_senders_missing_log_falls_back_to_the_global_rollback_and_says_why(tmp_path):
     # 0:0 dies at iteration 6 with what it sent of iteration 5; stage 1 then dies whole at
     # 8: its window (5..7) lacks 0:0's activations of 5, so the job rolls back to 4
