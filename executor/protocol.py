@@ -145,6 +145,14 @@ class Replayed(Message):
 
 
 @dataclass
+class RolledBack(Message):
+    """The job rolled back whole to peer-memory snapshots (no replay could serve)."""
+    kind: ClassVar[str] = "rolledback"
+    to: int = -1  # every stage's state is that after this iteration
+    why: str = ""  # why the lost stage(s) could not be replayed
+
+
+@dataclass
 class Mid(Message):
     """Halfway through an iteration a fault may target: where a --kill/--stall lands."""
     kind: ClassVar[str] = "mid"
@@ -190,4 +198,5 @@ class Bye(Message):
     kind: ClassVar[str] = "bye"
 
 
-KINDS = {c.kind: c for c in (Done, Mid, Suspect, Ready, Fatal, NoCopyLeft, Bye, Replayed)}
+KINDS = {c.kind: c for c in (Done, Mid, Suspect, Ready, Fatal, NoCopyLeft, Bye, Replayed,
+                              RolledBack)}

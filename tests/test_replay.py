@@ -40,6 +40,8 @@ def test_the_issue_run_replays_stage_1_and_the_survivors_keep_their_work(tmp_pat
     assert "replayed stage 1 iterations 5..7 from the boundary logs" in text, text
     assert "rolled back to iteration" not in text  # no global rollback
     assert any("stage 1 replayed iterations 5..7" in e for e in res.events), res.events
+    assert [(x["kind"], x["stage"], x["first"], x["last"]) for x in el["lost_stages"]] == \
+        [("replay", 1, 5, 7)], el
 
 
 def test_log_memory_off_rolls_the_job_back_as_before(tmp_path):
@@ -48,6 +50,8 @@ def test_log_memory_off_rolls_the_job_back_as_before(tmp_path):
     el = _exact(res, 2, 3, 12, tmp_path)
     assert el["replays"] == 0 and el["retrained_iterations"] == 3, el
     assert "rolled back to iteration 4 from peer-memory snapshots" in logs(tmp_path)
+    assert [(x["kind"], x["to"], x["why"]) for x in el["lost_stages"]] == \
+        [("rollback", 4, "boundary logs are off (--log-memory off)")], el
 
 
 def test_the_last_stage_replays_with_the_clip_the_run_applied(tmp_path):
@@ -68,6 +72,8 @@ def test_a_dead_senders_missing_log_falls_back_to_the_global_rollback_and_says_w
               faults=Faults(kills=[(0, 0, 6), (0, 1, 8), (1, 1, 8)]))
     el = _exact(res, 2, 3, 12, tmp_path)
     assert el["replays"] == 0 and el["retrained_iterations"] >= 1, el
+    (back,) = el["lost_stages"]
+    assert back["kind"] == "rollback" and "iteration 5 into stage 1" in back["why"], el
     text = logs(tmp_path)
     assert re.search(r"cannot replay stage\(s\) \[1\] from the boundary logs \(no live worker "
                      r"logged the activation of micro-batch \d+, iteration 5 into stage 1\)",

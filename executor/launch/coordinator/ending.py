@@ -131,7 +131,7 @@ def elastic_counts(plans: list[dict], record: RunRecord, extra: dict) -> dict:
     iterations retrained after rollbacks, snapshot figures, samples, wall time, a trace's
     counts)."""
     moves = [m for p in plans for m in p.get("moves", [])]
-    replays = record.replays
+    replays = [r for r in record.recoveries if r["kind"] == "replay"]
     return {"moves": sum(1 for m in moves if m["from_stage"] is not None),
             "joins": sum(1 for m in moves if m["from_stage"] is None),
             "snapshot_restores": sum(1 for m in moves if m["source"] == "snapshot"),
@@ -141,4 +141,6 @@ def elastic_counts(plans: list[dict], record: RunRecord, extra: dict) -> dict:
             "replays": len(replays),
             "replayed_iterations": sum(r["last"] - r["first"] + 1 for r in replays),
             "replay_s": round(sum(r["seconds"] for r in replays), 4),
+            # each stage lost whole, in order: replayed alone, or the job rolled back (why)
+            "lost_stages": list(record.recoveries),
             "pauses": record.pauses, "paused_s": round(record.paused_s, 3), **extra}

@@ -50,14 +50,22 @@ def on_done(c, w, m: P.Done) -> None:
 def on_replayed(c, w, m: P.Replayed) -> None:
     """A stage lost whole was replayed from the boundary logs: counted, said, and the
     losses of the iterations its dead workers never reported filled in."""
-    c.record.replays.append({"stage": m.stage, "first": m.first, "last": m.last,
-                             "seconds": m.seconds, "workers": m.workers, "version": m.v})
+    c.record.recoveries.append({"version": m.v, "kind": "replay", "stage": m.stage,
+                                "first": m.first, "last": m.last, "seconds": m.seconds,
+                                "workers": m.workers})
     c.event(f"plan v{m.v}: stage {m.stage} replayed iterations {m.first}..{m.last} from the "
             f"boundary logs on {m.workers} worker(s) in {m.seconds:.3f} s; the other stages "
             f"kept their work")
     for it, losses in (m.losses or {}).items():
         if not c.end.losses.complete(int(it)):
             c.end.losses.add(int(it), losses)
+
+
+def on_rolled_back(c, w, m: P.RolledBack) -> None:
+    """A stage lost whole could not be replayed: every stage went back to a snapshot."""
+    c.record.recoveries.append({"version": m.v, "kind": "rollback", "to": m.to, "why": m.why})
+    c.event(f"plan v{m.v}: the job rolled back to iteration {m.to} from peer-memory "
+            f"snapshots ({m.why})")
 
 
 def on_fatal(c, w, m: P.Fatal) -> None:
@@ -90,4 +98,5 @@ def on_halt(c, w, m: P.NoCopyLeft) -> None:
 
 
 HANDLERS = {P.NoCopyLeft: on_halt, P.Mid: on_mid, P.Done: on_done, P.Fatal: on_fatal,
-            P.Suspect: on_suspect, P.Ready: on_ready, P.Replayed: on_replayed}
+            P.Suspect: on_suspect, P.Ready: on_ready, P.Replayed: on_replayed,
+            P.RolledBack: on_rolled_back}

@@ -27,9 +27,10 @@ class RunRecord:
     trained: dict = field(default_factory=dict)
     pauses: int = 0  # times fewer live workers than stages stopped training (Membership.Pause)
     paused_s: float = 0.0  # wall seconds spent so, until the resuming version
-    # stages lost whole and replayed from the boundary logs: {stage, first, last, seconds,
-    # workers, version} each (executor/runtime/replay/)
-    replays: list = field(default_factory=list)
+    # how each stage lost whole came back: {"kind": "replay", stage, first, last, seconds,
+    # workers, version} (executor/runtime/replay/) or {"kind": "rollback", to, why,
+    # version} (the whole job went back to its snapshots)
+    recoveries: list = field(default_factory=list)
 
     def published(self, plan) -> None:
         self.plans[plan.version] = plan

@@ -38,9 +38,10 @@ class Outcome:
     source: str  # where this worker's state came from ("" for a survivor)
 
 
-def decide(agent, lost: list[int], r: int, held: dict) -> Optional[ReplayPlan]:
-    """The replay every member agrees on, or None (the job rolls back whole). `held`:
-    stage -> iterations of its snapshots among the live workers (restore_plan reports)."""
+def decide(agent, lost: list[int], r: int, held: dict) -> tuple[Optional[ReplayPlan], str]:
+    """The replay every member agrees on, or (None, why not: the job rolls back whole).
+    `held`: stage -> iterations of its snapshots among the live workers (restore_plan
+    reports)."""
     world, conf, log = agent.world, agent.conf, agent.boundaries
     S, M = conf.stages, conf.job.num_microbatches
     clip = conf.training.clip > 0
@@ -51,10 +52,12 @@ def decide(agent, lost: list[int], r: int, held: dict) -> Optional[ReplayPlan]:
     reports = {w: decode(row, wins, inputs, S, M, clip) for w, row in rows.items()}
     rp, why = plan_replay(lost, wins, inputs, reports, {w: w[1] for w in world.workers}, M,
                           clip)
+    if rp is None and not log.on:
+        why = "boundary logs are off (--log-memory off)"
     if rp is None:
         agent.log(f"cannot replay stage(s) {lost} from the boundary logs ({why}): "
                   f"the job rolls back to a snapshot")
-    return rp
+    return rp, why
 
 
 def carry_out(agent, plan, rp: ReplayPlan, r: int, held_by: dict) -> Outcome:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from executor.protocol import RolledBack
 from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.replay import replayer
@@ -54,9 +55,10 @@ def sync_state(agent, plan) -> Synced:
     if not lost:
         return _resume(agent, info, r)
     members = _holdings(agent)
-    rp = replayer.decide(agent, lost, r, _held(members)) if agent.snaps is not None else None
+    rp, why = (replayer.decide(agent, lost, r, _held(members)) if agent.snaps is not None
+               else (None, "snapshots are off"))
     if rp is None:
-        k, source = restore_from_snapshots(agent, plan, members)
+        k, source = restore_from_snapshots(agent, plan, members, why)
         return Synced(k + 1, "restored", source)
     synced = _resume(agent, info, r) if st.me[1] not in lost else None
     out = replayer.carry_out(agent, plan, rp, r, _held_by(members))
@@ -157,9 +159,10 @@ def _copy_of(agent, stage: int, k: int) -> dict:
     return held_state(snaps.host.get(stage, k))
 
 
-def restore_from_snapshots(agent, plan, members=None) -> tuple[int, str]:
+def restore_from_snapshots(agent, plan, members=None, why: str = "") -> tuple[int, str]:
     """Roll every member back to the newest iteration k every stage has a copy of;
-    (k, where this worker's state came from). `members`: what each holds, if gathered."""
+    (k, where this worker's state came from). `members`: what each holds, if gathered;
+    `why`: why no replay (told to the coordinator, for the run's summary)."""
     world, st, S = agent.world, agent.state, agent.conf.stages
     me = st.me
     if agent.snaps is None:
@@ -195,4 +198,6 @@ def restore_from_snapshots(agent, plan, members=None) -> tuple[int, str]:
     st.fresh = False
     st.restored_at = k
     agent.log(f"rolled back to iteration {k} from peer-memory snapshots (plan v{plan.version})")
+    if me == world.workers[0]:  # one member tells the coordinator
+        agent.source.send(RolledBack(to=k, why=why or "no live worker kept any stage's state"))
     return k, how
