@@ -67,8 +67,10 @@ def main(argv=None) -> int:
                  if el.get("snapshot_every") else "")
               + f"; plans moved a worker {el['moves']} times in "
               f"{el['runs_with_moves']} runs, restored a stage from peer memory (or "
-              f"rebuilt it from the seed) {el['snapshot_restores']} times, and paused "
-              f"{el.get('pauses', 0)} times.", "",
+              f"rebuilt it from the seed) {el['snapshot_restores']} times (of which "
+              f"{el.get('replays', 0)} replayed the lost stage alone from the boundary logs, "
+              f"the rest rolled the job back: {el.get('retrained_iterations', 0)} iterations "
+              f"trained again in all), and paused {el.get('pauses', 0)} times.", "",
               "Runs with each kind of fault: " + "; ".join(f"{name} {n}" for name, n in
                                                             having.items()) + ".", "",
               "Time to recover (s): from a SIGKILL to every survivor training under the next "
@@ -89,7 +91,7 @@ def main(argv=None) -> int:
         lines += [f"- {r['name']} ({r['outcome']}): {r.get('error') or ''}; "
                   f"`{r.get('command', '?')}`" for r in failed]
     lines += ["", "## Runs", "",
-              "| run | grid | faults | outcome | wall s | max loss diff | moves/restores K |",
+              "| run | grid | faults | outcome | wall s | max loss diff | moves/restores/replays K |",
               "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in runs:
         diff = "-" if r["max_diff"] is None else f"{r['max_diff']:.1e}"
@@ -99,7 +101,8 @@ def main(argv=None) -> int:
         lines.append(f"| {r['name']} | {r['grid']} m{r['microbatches']} n{r['iterations']} | "
                      f"{faults} | {r['outcome']} | {r['wall_s']:.1f} | {diff} | "
                      f"{(r.get('elastic') or {}).get('moves', '-')}/"
-                     f"{(r.get('elastic') or {}).get('snapshot_restores', '-')}"
+                     f"{(r.get('elastic') or {}).get('snapshot_restores', '-')}/"
+                     f"{(r.get('elastic') or {}).get('replays', '-')}"
                      + (f" K{k}" if (k := (r.get('elastic') or {}).get('snapshot_every'))
                         is not None else "") + " |")
     with open(args.out, "w") as fh:

@@ -116,10 +116,13 @@ def main() -> None:
         " > 1: ReCycle trains more), with the policy's share of the failure-free rate in",
         "brackets. '-': the policy kept nothing. Defaults of `recycle simulate`: detection 5 s,"
         " checkpoint every 30 min (free), restart 5 min, no spares, repair after 1 h, Oobleck"
-        " reconfiguration 2 / 5 / 10 s by size, SWIFT logging 2%, half of Bamboo's redundant"
+        " reconfiguration 2 / 5 / 10 s by size, boundary logging 1% (swift-replay's and"
+        " ReCycle's, as measured: swift.md), half of Bamboo's redundant"
         " forward hidden in bubbles, Bamboo placed on its own (a stage and its shadow on"
-        " different nodes). `ReCycle` is the `recycle` policy (roles: workers move between"
-        " stages); `recycle-fixed` is the paper's fixed roles. cpu / wall: the simulation of all 10 policies on that trace (cpu: CPU"
+        " different nodes). `ReCycle` is the `recycle` policy (roles and shapes: workers move"
+        " between stages, the partition follows the live workers, a stage lost whole is"
+        " replayed); `recycle-roles` keeps the job's partition; `recycle-fixed` is the"
+        " paper's fixed roles. cpu / wall: the simulation of all 10 policies on that trace (cpu: CPU"
         " seconds, what it takes on an idle core; wall was measured on a shared 2-core"
         " machine); sets planned: distinct canonical failed sets, each planned once.",
         "",
