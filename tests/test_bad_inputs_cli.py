@@ -105,6 +105,8 @@ TRAIN = [
     (["--snapshot-every", "often"], "--snapshot-every must be auto, off or a number of iterations (0: off), not 'often'"),
     (["--snapshot-memory", "150%"], "--snapshot-memory must be a share of the host's memory in (0, 100]% or a size like 8G, not '150%'"),
     (["--snapshot-memory", "lots"], "--snapshot-memory must be a share of the host's memory like 25% or a size like 8G, not 'lots'"),
+    (["--log-memory", "lots"], "--log-memory must be a share of the host's memory like 25% or a size like 8G, not 'lots'"),
+    (["--log-memory", "150%"], "--log-memory must be a share of the host's memory in (0, 100]% or a size like 8G, not '150%'"),
     # already one line on main; kept so that they stay so
     (["-d", "0"], "replicas: Input should be greater than or equal to 1"),
     (["--reference", "-d", "0"], "replicas: Input should be greater than or equal to 1"),
