@@ -58,37 +58,44 @@ def _worker(port: int, me, spec: LaunchSpec, die_at, out: dict, **conf_fields) -
     conn = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
     source = (DyingSource(conn, me, inc, at=die_at) if die_at is not None
               else StorePlanSource(conn, me, inc))
-    fields = {"snapshot_every": 0, "local_workers": D * S, **conf_fields}
     conf = WorkerConfig(spec.cfg, spec.job, spec.iterations, training=spec.training,
-                        timeouts=Timeouts(TIMEOUT), **fields)
+                        timeouts=Timeouts(TIMEOUT), **conf_fields)
     try:
         out[me] = Agent(conf, me, source, store, inc).run()
     except Killed:
         out[me] = "killed"
 
 
-def test_a_worker_dies_between_iterations_and_the_survivors_train_on_exact(tmp_path):
-    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), ITERATIONS, external=True,
-                      timeout=TIMEOUT, snapshot_every=0, deadline_s=60, run_dir=str(tmp_path),
-                      detect_stragglers=False)
+def _run(tmp_path, D_, S_, iterations, dies, snapshot_every=0, **conf_fields):
+    """The coordinator (external workers) and one Agent thread per worker; `dies(w)`: the
+    iteration before which worker w's thread ends, or None. (result, exits, console text)"""
+    spec = LaunchSpec(CFG, JobSpec.uniform(D_, S_, M), iterations, external=True,
+                      timeout=TIMEOUT, snapshot_every=snapshot_every, deadline_s=60,
+                      run_dir=str(tmp_path), detect_stragglers=False)
     text = io.StringIO()
     coord = Coordinator(spec, console=Console(file=text, width=200))
     exits: dict = {}
     threads = [threading.Thread(target=_worker, daemon=True, name=f"agent-{r}:{s}",
-                                args=(coord.store.port, (r, s), spec,
-                                      3 if (r, s) == (1, 1) else None, exits))
-               for r in range(D) for s in range(S)]
+                                args=(coord.store.port, (r, s), spec, dies((r, s)), exits),
+                                kwargs={"snapshot_every": snapshot_every,
+                                        "local_workers": D_ * S_, **conf_fields})
+               for r in range(D_) for s in range(S_)]
     for t in threads:
         t.start()
     res = coord.run()
     for t in threads:
         t.join(10)
     assert res.summary is not None, f"halted: {res.halted}\n{text.getvalue()}"
+    return res, exits, text.getvalue()
+
+
+def test_a_worker_dies_between_iterations_and_the_survivors_train_on_exact(tmp_path):
+    res, exits, text = _run(tmp_path, D, S, ITERATIONS, lambda w: 3 if w == (1, 1) else None)
     assert exits == {(0, 0): 0, (0, 1): 0, (1, 0): 0, (1, 1): "killed"}, exits
     assert any("worker 1:1 failed (heartbeat stopped" in e for e in res.events), res.events
     assert [tuple(w) for w in res.summary.plans[-1]["failed"]] == [(1, 1)]
     diffs = compare(res.summary, train_reference(CFG, D, M, ITERATIONS, S), 1e-5)
-    assert not diffs, "\n".join(diffs) + "\n" + text.getvalue()
+    assert not diffs, "\n".join(diffs) + "\n" + text
 
 
 @pytest.mark.parametrize("D3,S3,lost,replayers", [(2, 3, 1, 1), (4, 2, 0, 2)],
@@ -101,27 +108,11 @@ def test_a_stage_lost_whole_is_replayed_in_one_process(tmp_path, D3, S3, lost, r
     processes the kills of a stage land one by one, and with four replicas the plan may
     move a worker in before the last one dies: then no stage is lost whole.)"""
     iters = 7
-    spec = LaunchSpec(CFG, JobSpec.uniform(D3, S3, M), iters, external=True,
-                      timeout=TIMEOUT, snapshot_every=2, deadline_s=60,
-                      run_dir=str(tmp_path), detect_stragglers=False)
-    text = io.StringIO()
-    coord = Coordinator(spec, console=Console(file=text, width=200))
-    exits: dict = {}
-    threads = [threading.Thread(target=_worker, daemon=True, name=f"agent-{r}:{s}",
-                                args=(coord.store.port, (r, s), spec,
-                                      5 if s == lost else None, exits),
-                                kwargs={"snapshot_every": 2, "local_workers": D3 * S3,
-                                        "log_budget": 2 ** 24})
-               for r in range(D3) for s in range(S3)]
-    for t in threads:
-        t.start()
-    res = coord.run()
-    for t in threads:
-        t.join(10)
-    assert res.summary is not None, f"halted: {res.halted}\n{text.getvalue()}"
+    res, _, text = _run(tmp_path, D3, S3, iters, lambda w: 5 if w[1] == lost else None,
+                        snapshot_every=2, log_budget=2 ** 24)
     el = res.summary.elastic
     assert (el["replays"], el["replayed_iterations"], el["retrained_iterations"]) == (1, 1, 0), el
     assert any(f"stage {lost} replayed iterations 4..4 from the boundary logs on {replayers} "
                f"worker(s)" in e for e in res.events), res.events
     diffs = compare(res.summary, train_reference(CFG, D3, M, iters, S3), 1e-5)
-    assert not diffs, "\n".join(diffs) + "\n" + text.getvalue()
+    assert not diffs, "\n".join(diffs) + "\n" + text
