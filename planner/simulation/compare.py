@@ -94,7 +94,8 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
                                    checkpoint_every_s, 0.0 if free else checkpoint_cost_s,
                                    tick, snapshot_iters=params.snapshot_every))
         if name in ("recycle", "recycle-roles"):
-            stats[name] = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores}
+            stats[name] = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores,
+                           "replays": policy.replays}
         if name == "oobleck" and policy.full_T:  # its best grid against the user's
             stats[name] = {"full_factor": ctx.DM / policy.full_T / ctx.base}
         if name == "recycle":

@@ -81,7 +81,8 @@ def carry_out(agent, plan, rp: ReplayPlan, r: int, held_by: dict) -> Outcome:
     return Outcome(rp.iterations, time.perf_counter() - t0, source)
 
 
-def _inputs(agent, rp: ReplayPlan, inbox: dict, key):
+def _inputs(agent, inbox: dict, key):
+    """A logged message: moved here for the replay, or kept here all along."""
     return inbox[key] if key in inbox else agent.boundaries.get(*key)
 
 
@@ -104,9 +105,9 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
             x, targets = (conf.workload.microbatch(conf.model, it, g)
                           if u in (0, S - 1) else (None, None))
             if u > 0:
-                x = _inputs(agent, rp, inbox, (u, FWD, it, g))
+                x = _inputs(agent, inbox, (u, FWD, it, g))
             out = comp.forward(g, x, targets if last else None)
-            gx = comp.backward_full(g, None if last else _inputs(agent, rp, inbox, (u, BWD, it, g)))
+            gx = comp.backward_full(g, None if last else _inputs(agent, inbox, (u, BWD, it, g)))
             if not last:  # what it sends, logged again: a later loss may need it
                 log.keep(u + 1, FWD, it, g, out)
             if u > 0:
@@ -115,7 +116,7 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
                               conf.device)
         if last:
             losses[it] = got
-        tied = {(d, g): _inputs(agent, rp, inbox, (u, d, it, g)) for d, gs in rp.inputs[u]
+        tied = {(d, g): _inputs(agent, inbox, (u, d, it, g)) for d, gs in rp.inputs[u]
                 if d in (TIED_GRAD, TIED_VALUE) for g in gs}
         _step(stage.stepper, u, it, rp.norms.get(it), conf.training.clip, tied, log)
         comp.reset()
