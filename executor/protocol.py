@@ -18,7 +18,8 @@ Keys (the coordinator hosts the store):
   recycle/clip/...       the stages' squared gradient norms (optim/clip.py)
   recycle/tied/...       tied weights' gradients and values (runtime/steps/tied.py)
   snap/...               peer-memory snapshots: hosts' addresses, holders' marks, auto K
-  replay/v{v}/s{s}/i{it} a lost stage's iteration replayed on entering version v
+  replay/v{v}/s{s}/...   a lost stage's replay on entering version v: each iteration
+                         done (i{it}), micro-batches computed (mbs, a counter)
   torchrun/placement     the placement torchrun'd workers agreed on
 """
 from __future__ import annotations
@@ -87,6 +88,11 @@ def tied_key(version: int, it: int, kind: str, stage: int) -> str:
 def replay_key(version: int, stage: int, it: int) -> str:
     """Set when entering `version` replayed iteration `it` of lost stage `stage`."""
     return f"replay/v{version}/s{stage}/i{it}"
+
+
+def replay_progress_key(version: int, stage: int) -> str:
+    """Counter: micro-batches the replay of `stage` on entering `version` has computed."""
+    return f"replay/v{version}/s{stage}/mbs"
 
 
 # ---- worker -> coordinator ------------------------------------------------------------------

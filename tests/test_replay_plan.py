@@ -157,3 +157,46 @@ def test_a_loss_right_after_its_snapshot_replays_nothing_and_still_keeps_the_sur
     rp, why = plan_replay([2], {2: Window(2, 7, 7)}, {2: inputs_of(2, 3, 4)}, {(0, 2): Report()},
                           {(0, 2): 2}, 4, clip=True)
     assert why == "" and rp.iterations == 0 and rp.transfers(4) == []
+
+
+def test_a_survivor_waits_for_a_long_replay_while_it_progresses_and_not_longer():
+    """The survivors' wait (replayer._await_replays): a replay longer than the per-step
+    limit is waited for while its micro-batch counter moves; one that stops is given up."""
+    import threading
+    import time
+    from datetime import timedelta
+    from types import SimpleNamespace
+
+    import torch.distributed as dist
+
+    from executor.protocol import replay_key, replay_progress_key
+    from executor.runtime.replay.replay_plan import ReplayPlan
+    from executor.runtime.replay.replayer import _await_replays
+    from executor.runtime.transport.waiting import WaitEnded
+
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    agent = SimpleNamespace(store=store, conf=SimpleNamespace(
+        timeouts=SimpleNamespace(other_stages=0.3)), fence=SimpleNamespace(
+        next_plan=lambda wait: None))
+    plan = SimpleNamespace(version=7)
+    rp = ReplayPlan({1: Window(1, 4, 5)}, {1: ((0, 1),)}, {}, {})
+
+    def replay(steps: int, done: bool):
+        for _ in range(steps):  # 1.2 s in all, a micro-batch every 0.1 s
+            time.sleep(0.1)
+            store.add(replay_progress_key(7, 1), 1)
+        if done:
+            store.set(replay_key(7, 1, 5), "1")
+
+    t = threading.Thread(target=replay, args=(12, True))
+    t0 = time.monotonic()
+    t.start()
+    _await_replays(agent, plan, rp)
+    assert time.monotonic() - t0 > 1.0  # past the 0.3 s limit, four times over
+    t.join()
+    plan.version = 8  # a replay that stops after two micro-batches
+    t = threading.Thread(target=lambda: (time.sleep(0.1), store.add(replay_progress_key(8, 1), 2)))
+    t.start()
+    with pytest.raises(WaitEnded, match="the replay of stage 1, iteration 5"):
+        _await_replays(agent, plan, rp)
+    t.join()

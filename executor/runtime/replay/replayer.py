@@ -20,7 +20,7 @@ import torch
 from typing import Optional
 
 from executor.optim.clip import coefficient, global_norm, scale_
-from executor.protocol import Replayed, replay_key
+from executor.protocol import Replayed, replay_key, replay_progress_key
 from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.replay.boundary_log import BWD, FWD, TIED_GRAD, TIED_VALUE
@@ -28,7 +28,7 @@ from executor.runtime.replay.replay_plan import (ReplayPlan, decode, encode, inp
                                                  plan_replay, windows_of)
 from executor.runtime.steps.grad_sum import allreduce_grads
 from executor.runtime.steps.tied import shared, tied_inputs
-from executor.runtime.transport.waiting import wait_until
+from executor.runtime.transport.waiting import DEADLINE, WaitEnded, wait_until
 
 
 @dataclass(frozen=True)
@@ -112,6 +112,7 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
                 log.keep(u + 1, FWD, it, g, out)
             if u > 0:
                 log.keep(u - 1, BWD, it, g, gx)
+            agent.store.add(replay_progress_key(plan.version, u), 1)  # alive, and busy
         got = allreduce_grads(stage.params, world, comp.losses() if last else None, M,
                               conf.device)
         if last:
@@ -184,11 +185,23 @@ def _snapshot(agent, plan, u: int, k: int, held_by: dict) -> tuple[dict, str]:
 
 
 def _await_replays(agent, plan, rp: ReplayPlan) -> None:
-    """A survivor waits for every lost stage's replay, an iteration at a time: each within
-    the time another stage's step may take (a newer plan ends the wait)."""
+    """A survivor waits for every lost stage's replay, an iteration at a time, as long as
+    it makes progress: a replay of many iterations of a wide stage may take minutes, but
+    not one of its micro-batches more than another stage's step may take (the replayers
+    count them in the store). A newer plan (a replayer died) ends the wait."""
+    limit = agent.conf.timeouts.other_stages
     for u, win in sorted(rp.windows.items()):
+        progress = replay_progress_key(plan.version, u)
         for it in win.iterations:
-            key = replay_key(plan.version, u, it)
-            wait_until(lambda: agent.store.check([key]), f"the replay of stage {u}, "
-                       f"iteration {it}", limit_s=agent.conf.timeouts.other_stages,
-                       newer=lambda: agent.fence.next_plan(0))
+            key, seen = replay_key(plan.version, u, it), -1
+            while True:
+                try:
+                    wait_until(lambda: agent.store.check([key]), f"the replay of stage {u}, "
+                               f"iteration {it}", limit_s=limit,
+                               newer=lambda: agent.fence.next_plan(0))
+                    break
+                except WaitEnded as exc:
+                    done = int(agent.store.add(progress, 0))
+                    if exc.reason != DEADLINE or done == seen:
+                        raise  # superseded, or not one micro-batch more in `limit`
+                    seen = done
