@@ -34,9 +34,9 @@ def test_dry_run_reports_every_section_with_numbers_and_none_failed(tmp_path):
         numbered = [r for r in rows if re.search(r"\d", r)]  # the machine's: some rows
         assert numbered and (letter == "e" or numbered == rows), m.group(0)
     assert "FAIL" not in text and "dry run on the CPU" in text
-    assert text.count("| PASS |") == 4  # a: fp32, bf16; b: fp32; randomness: full
+    assert text.count("| PASS |") == 5  # a: fp32, bf16; b: fp32; randomness: full; replay
     assert re.search(r"\| \d+\.\d% \|", text)  # an MFU against --peak-tflops
-    assert re.search(r"^Total: [\d.]+ s, 8 of 8 sections", text, re.M)
+    assert re.search(r"^Total: [\d.]+ s, 9 of 9 sections", text, re.M)
     assert re.search(r"total [\d.]+ s; wrote", p.stdout)
 
 

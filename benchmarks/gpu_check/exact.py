@@ -102,9 +102,11 @@ def transport(device: str, workers: int) -> str:
             f"(World.nccl: torch.cuda.device_count() >= local workers)")
 
 
-def _against_reference(st: dict, model: str, precision: str, extra: list) -> dict:
-    """`recycle train` of `model` on the grid with the kill and rejoin, against `--reference`
-    on the device (`extra`: flags for the workers' run only); the table row's figures."""
+def _against_reference(st: dict, model: str, precision: str, extra: list,
+                       faults: list | None = None) -> dict:
+    """`recycle train` of `model` on the grid with the kill and rejoin (or `faults`),
+    against `--reference` on the device (`extra`: flags for the workers' run only); the
+    table row's figures."""
     D, S, M = (str(v) for v in st["grid"])
     with tempfile.TemporaryDirectory(prefix="gpu_check_b_") as tmp:
         common = ["--model", model, "-d", D, "-s", S, "-m", M, "--iterations",
@@ -112,12 +114,16 @@ def _against_reference(st: dict, model: str, precision: str, extra: list) -> dic
                   st["device"]]
         recycle("train", "--reference", *common, "--summary", f"{tmp}/ref.json")
         t0 = time.perf_counter()
-        recycle("train", *common, *extra, "--kill", st["kill"], "--rejoin", st["rejoin"],
+        faults = faults if faults is not None else ["--kill", st["kill"], "--rejoin",
+                                                    st["rejoin"]]
+        recycle("train", *common, *extra, *faults,
                 "--timeout", "10", "--run-dir", f"{tmp}/run", "--summary", f"{tmp}/run.json")
         secs = time.perf_counter() - t0
         ref, got = Summary.load(f"{tmp}/ref.json"), Summary.load(f"{tmp}/run.json")
         with open(f"{tmp}/run.json") as fh:
-            recovery = json.load(fh).get("recovery") or []
+            doc = json.load(fh)
+        recovery = doc.get("recovery") or []
+        lost = (doc.get("elastic") or {}).get("lost_stages") or []
         logs = "".join(p.read_text() for p in Path(tmp, "run").glob("worker-*.log"))
     tol = RUN_TOL[precision]
     bad = compare(got, ref, tol)
@@ -126,7 +132,7 @@ def _against_reference(st: dict, model: str, precision: str, extra: list) -> dic
     return {"secs": secs, "bad": bad, "diff": diff, "tol": tol,
             "devices": sorted(set(re.findall(r"started \(incarnation \d+\) on (\S+)", logs))),
             "recovery": ", ".join(f"{r['kind']} {r['seconds']:.2f}" for r in recovery)
-            or "none recorded"}
+            or "none recorded", "lost": [x["kind"] for x in lost]}
 
 
 def _row(label: str, r: dict) -> str:
@@ -175,3 +181,20 @@ def randomness(st: dict) -> dict:
         lines.append(_row(policy, r))
         numbers[f"{policy}_diff"] = r["diff"]
     return {"lines": lines + DIFF_NOTE, "numbers": numbers, "ok": ok}
+
+
+def replay(st: dict) -> dict:
+    """A stage lost whole on the device (both workers of the last stage SIGKILLed): its
+    snapshot loaded and the stage replayed alone from the boundary logs (pinned host
+    copies of CUDA tensors), against the reference."""
+    D, S, M = st["grid"]
+    dev, model, it = st["device"], st["small_model"], st["worker_iterations"] - 1
+    kills = [x for r in range(D) for x in ("--kill", f"{r}:{S - 1}@{it}")]
+    lines = [f"`recycle train --model {model} -d {D} -s {S} -m {M} --device {dev} "
+             f"--snapshot-every 2 {' '.join(kills)}` against `recycle train --reference "
+             f"--device {dev}`: the last stage lost whole, replayed from the logs.", "",
+             HEAD[0].format("recovered by"), HEAD[1]]
+    r = _against_reference(st, model, "fp32", ["--snapshot-every", "2"], kills)
+    ok = not r["bad"] and r["lost"] == ["replay"]
+    lines.append(_row(", ".join(r["lost"]) or "nothing lost?", r))
+    return {"lines": lines + DIFF_NOTE, "numbers": {"replay_diff": r["diff"]}, "ok": ok}

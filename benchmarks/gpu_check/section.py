@@ -24,6 +24,8 @@ SECTIONS = {
     "rates": ("c", "Tokens/s and MFU: the whole model and each stage (bf16)", "speed:rates"),
     "split": ("d", "The I/W split's cost over fused B on the device", "speed:split"),
     "snapshot": ("d", "The peer-memory snapshot's copy", "speed:snapshot"),
+    "replay": ("b", "A stage lost whole, replayed from the boundary logs on the device",
+               "exact:replay"),
 }
 
 

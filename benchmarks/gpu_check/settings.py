@@ -30,8 +30,8 @@ GPU = {
     "rate_steps": 3,  # timed steps, after one warm-up step
     "split_repeats": 5,
     "snapshot_takes": 3,
-    "boxes": {"machine": 30, "reference": 90, "workers": 150, "randomness": 120, "profile": 150,
-              "rates": 150, "split": 90, "snapshot": 90},
+    "boxes": {"machine": 30, "reference": 90, "workers": 150, "randomness": 120, "replay": 90,
+              "profile": 150, "rates": 150, "split": 90, "snapshot": 90},
 }
 
 # the dry run's b runs fp32 only: bf16 is the same code with another flag (a runs both)
