@@ -14,10 +14,9 @@ world takes part (docs/executor.md, "Replay of a lost stage").
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from typing import Optional
 
 import torch
-from typing import Optional
 
 from executor.optim.clip import coefficient, global_norm, scale_
 from executor.protocol import Replayed, replay_key, replay_progress_key
@@ -29,13 +28,6 @@ from executor.runtime.replay.replay_plan import (ReplayPlan, decode, encode, inp
 from executor.runtime.steps.grad_sum import allreduce_grads
 from executor.runtime.steps.tied import shared, tied_inputs
 from executor.runtime.transport.waiting import DEADLINE, WaitEnded, wait_until
-
-
-@dataclass(frozen=True)
-class Outcome:
-    iterations: int  # replayed, summed over the lost stages
-    seconds: float
-    source: str  # where this worker's state came from ("" for a survivor)
 
 
 def decide(agent, lost: list[int], r: int, held: dict) -> tuple[Optional[ReplayPlan], str]:
@@ -60,12 +52,11 @@ def decide(agent, lost: list[int], r: int, held: dict) -> tuple[Optional[ReplayP
     return rp, why
 
 
-def carry_out(agent, plan, rp: ReplayPlan, r: int, held_by: dict) -> Outcome:
-    """Steps 2-4 for this member. `held_by`: (stage, iteration) -> the lowest member
-    holding that snapshot."""
+def carry_out(agent, plan, rp: ReplayPlan, held_by: dict) -> str:
+    """Steps 2-4 for this member; where its state came from ("" for a survivor).
+    `held_by`: (stage, iteration) -> the lowest member holding that snapshot."""
     world, st, conf = agent.world, agent.state, agent.conf
     me, M = st.me, conf.job.num_microbatches
-    t0 = time.perf_counter()
     inbox: dict = {}
     for src, dst, keys in rp.transfers(M):
         if src == me:
@@ -78,7 +69,7 @@ def carry_out(agent, plan, rp: ReplayPlan, r: int, held_by: dict) -> Outcome:
         source = _replay_stage(agent, plan, rp, u, inbox, held_by)
     else:
         _await_replays(agent, plan, rp)
-    return Outcome(rp.iterations, time.perf_counter() - t0, source)
+    return source
 
 
 def _inputs(agent, inbox: dict, key):

@@ -38,7 +38,6 @@ class Synced:
     #           "loaded" (from a live peer), "restored" (the job rolled back to snapshots),
     #           "replayed" (its stage was lost: snapshot + replay)
     source: str = ""  # where a loaded or restored state came from
-    replay: object = None  # replayer.Outcome when the version replayed a lost stage
 
 
 def sync_state(agent, plan) -> Synced:
@@ -61,12 +60,12 @@ def sync_state(agent, plan) -> Synced:
         k, source = restore_from_snapshots(agent, plan, members, why)
         return Synced(k + 1, "restored", source)
     synced = _resume(agent, info, r) if st.me[1] not in lost else None
-    out = replayer.carry_out(agent, plan, rp, r, _held_by(members))
+    source = replayer.carry_out(agent, plan, rp, _held_by(members))
     agent.boundaries.forget_from(r)
     if synced is None:
         agent.stage.stepper.reset(r)
-        return Synced(r, "replayed", out.source, out)
-    return Synced(r, synced.how, synced.source, out)
+        return Synced(r, "replayed", source)
+    return synced
 
 
 def _settled(agent) -> int:
