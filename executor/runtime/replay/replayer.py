@@ -16,8 +16,6 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-import torch
-
 from executor.optim.clip import coefficient, global_norm, scale_
 from executor.protocol import Replayed, replay_key, replay_progress_key
 from executor.runtime.peer_snapshots import fetch
@@ -110,7 +108,7 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
             losses[it] = got
         tied = {(d, g): _inputs(agent, inbox, (u, d, it, g)) for d, gs in rp.inputs[u]
                 if d in (TIED_GRAD, TIED_VALUE) for g in gs}
-        _step(stage.stepper, u, it, rp.norms.get(it), conf.training.clip, tied, log)
+        _step(stage.stepper, u, it, rp.norms.get(it), conf.training.clip, tied)
         comp.reset()
         if writer:
             agent.store.set(replay_key(plan.version, u, it), "1")
@@ -127,40 +125,28 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
     return f"{source}, replayed {len(win.iterations)} iterations"
 
 
-def _step(stepper, u: int, it: int, sums, clip: float, tied: dict, log) -> None:
+def _step(stepper, u: int, it: int, sums, clip: float, tied: dict) -> None:
     """The optimizer step of a replayed iteration of stage u, as StageStepper.step took it:
     the tied weights' shares added in (an owner) or left out (a mirror), the learning rate
     of `it`, the clip the run applied (every stage's norm as logged), the step; then a
     mirror copies the owner's stepped value in. What it would have published is logged
-    again. `tied`: (TIED_GRAD, mirror stage) / (TIED_VALUE, owner stage) -> tensors."""
+    again (the exchange's `on_publish`). `tied`: (TIED_GRAD, mirror stage) / (TIED_VALUE, owner stage) -> tensors."""
     ex = stepper.tied
-    ties = ex.ties
-    for o in sorted({so for _, _, so in ex.mirrored}):  # the mirror's shares, as sent
-        ps = [_tied_param(ex.mirrored, k) for k in shared(ties, u, o)]
-        log.keep(o, TIED_GRAD, it, u,
-                 tuple(p.grad if p.grad is not None else torch.zeros_like(p) for p in ps))
-    for _, p, _ in ex.mirrored:  # the share went to the owner: not stepped here
-        p.grad = None
-    for k, p, mirrors in ex.owned:  # g_owner + every mirror's share, in stage order
-        for s, _ in mirrors:
-            g = tied[(TIED_GRAD, s)][shared(ties, u, s).index(k)]
-            p.grad.add_(g.to(p.device, p.dtype))
+    shares = ex.take_shares()  # a mirror's: sent to the owner, not stepped here
+    if shares:
+        ex.tell("grad", it, shares)
+    blobs = lambda d: {s: dict(zip(shared(ex.ties, u, s), ts))  # noqa: E731
+                       for (dd, s), ts in tied.items() if dd == d}
+    ex.add_shares(blobs(TIED_GRAD))  # an owner's: g_owner + every mirror's share
     stepper.lr.at(it)
     if clip > 0:
         c = coefficient(global_norm(sums), clip)
         if c < 1.0:
             scale_([p.grad for p in stepper.params], c)
     stepper.opt.step()
-    with torch.no_grad():
-        for k, p, so in ex.mirrored:
-            p.copy_(tied[(TIED_VALUE, so)][shared(ties, u, so).index(k)])
-    for m in sorted({s for _, _, ms in ex.owned for s, _ in ms}):
-        log.keep(m, TIED_VALUE, it, u, tuple(
-            _tied_param(ex.owned, k).detach() for k in shared(ties, u, m)))
-
-
-def _tied_param(rows, k: int):
-    return next(p for kk, p, _ in rows if kk == k)
+    ex.copy_values(blobs(TIED_VALUE))
+    if ex.owned:
+        ex.tell("value", it, ex.values())
 
 
 def _snapshot(agent, plan, u: int, k: int, held_by: dict) -> tuple[dict, str]:

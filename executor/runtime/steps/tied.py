@@ -206,13 +206,19 @@ class TiedExchange:
         stage's step (grad None)."""
         if not self.mirrored:
             return
+        grads = self.take_shares()
+        self._publish(self.key("grad", version, it, self.stage), grads)
+        self.tell("grad", it, grads)
+        self.pending = (version, it)
+
+    def take_shares(self) -> dict:
+        """{tie index: the mirrored weight's summed gradient (zeros where none)}, taken out
+        of this stage's step (grad None)."""
         grads = {k: p.grad if p.grad is not None else torch.zeros_like(p)
                  for k, p, _ in self.mirrored}
         for _, p, _ in self.mirrored:
             p.grad = None
-        self._publish(self.key("grad", version, it, self.stage), grads)
-        self._told("grad", it, grads, {so for _, _, so in self.mirrored})
-        self.pending = (version, it)
+        return grads
 
     def receive_values(self, wait: Callable[[list[str]], None]) -> None:
         """Copy the owner's stepped value into each mirrored weight (the step it awaits)."""
@@ -221,11 +227,14 @@ class TiedExchange:
         version, it = self.pending
         keys = {so: self.key("value", version, it, so) for _, _, so in self.mirrored}
         wait(sorted(set(keys.values())))
-        blobs = {so: _unpack(self.store.get(key)) for so, key in keys.items()}
+        self.copy_values({so: _unpack(self.store.get(key)) for so, key in keys.items()})
+        self.pending = None
+
+    def copy_values(self, blobs: dict) -> None:
+        """blobs: owner stage -> {tie index: its stepped value}, copied into the mirrors."""
         with torch.no_grad():
             for k, p, so in self.mirrored:
                 p.copy_(blobs[so][k])
-        self.pending = None
 
     # owner
     def add_grads(self, version: int, it: int, wait: Callable[[list[str]], None]) -> None:
@@ -235,7 +244,11 @@ class TiedExchange:
         stages = sorted({s for _, _, mirrors in self.owned for s, _ in mirrors})
         keys = {s: self.key("grad", version, it, s) for s in stages}
         wait(list(keys.values()))
-        blobs = {s: _unpack(self.store.get(key)) for s, key in keys.items()}
+        self.add_shares({s: _unpack(self.store.get(key)) for s, key in keys.items()})
+
+    def add_shares(self, blobs: dict) -> None:
+        """blobs: mirror stage -> {tie index: its gradient share}, added to the owned
+        weights' gradients in stage order."""
         for k, p, mirrors in self.owned:
             for s, _ in mirrors:
                 g = blobs[s][k].to(p.device, p.dtype)
@@ -246,13 +259,21 @@ class TiedExchange:
 
     def send_values(self, version: int, it: int) -> None:
         if self.owned:
-            values = {k: p.detach() for k, p, _ in self.owned}
+            values = self.values()
             self._publish(self.key("value", version, it, self.stage), values)
-            self._told("value", it, values, {s for _, _, ms in self.owned for s, _ in ms})
+            self.tell("value", it, values)
 
-    def _told(self, kind: str, it: int, tensors: dict, stages: set) -> None:
+    def values(self) -> dict:
+        """{tie index: the owned weight's value}."""
+        return {k: p.detach() for k, p, _ in self.owned}
+
+    def tell(self, kind: str, it: int, tensors: dict) -> None:
+        """`on_publish` what was (or, in a replay, would have been) published: for each
+        stage it is for, the tensors of the ties the two share, in tie order."""
         if self.on_publish is None:
             return
+        stages = ({so for _, _, so in self.mirrored} if kind == "grad"
+                  else {s for _, _, ms in self.owned for s, _ in ms})
         for s in sorted(stages):
             ks = shared(self.ties, self.stage, s)
             self.on_publish(kind, s, it, tuple(tensors[k] for k in ks))
