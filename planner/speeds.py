@@ -16,7 +16,11 @@ compute time over the micro-batches it ran) into a speed grid, with these guards
   - a nominal worker becomes slow only below `enter` (0.7), a slow one is nominal again
     only above `leave` (0.85): between the two, nothing changes (hysteresis). The bar is
     high because compute times of tiny models on shared cores vary by 20% between peers;
-  - a slow worker's level moves only when the estimate differs from it by two steps;
+  - a slow worker's level moves only when the estimate, quantised, is two steps from it
+    (levels are quantised: the raw estimate of a recovered worker at 0.6 that the plan
+    gave one micro-batch where its peers got 2 and 3 read 0.74-0.8 on a loaded CI
+    machine -- cold caches after each wait, paid per micro-batch, cost more per
+    micro-batch when there are fewer -- and, compared raw, never moved it);
   - reports that name their iteration (the local coordinator's) are compared with the
     stage peers' reports of the same iteration, and the worker's best showing over the
     window is its estimate (see estimates());
@@ -25,9 +29,12 @@ compute time over the micro-batches it ran) into a speed grid, with these guards
     iterations. On a 2-core VM beside two CPU hogs, a worker's CPU time rose by up to 1.6x
     for 3-4 iterations in a row now and then (the VM's neighbours), and the window of
     unpaired reports alone re-planned 4-8 times in 40-80 iterations; the local
-    coordinator pairs and uses persist 2 (a straggler is found one iteration later).
-Seconds per micro-batch stay the same when the plan moves micro-batches away from a slow
-worker, so re-planning does not feed back into the estimate. Pure Python: the local
+    coordinator pairs and uses persist 3 (persist 2 still re-planned a 2x2 run beside two
+    hogs on a busy CI machine, its healthy worker read 0.6-0.7 four iterations in a row;
+    a straggler is found two iterations later than with 1).
+Seconds per micro-batch barely change when the plan moves micro-batches away from a slow
+worker (on shared cores a worker with fewer pays its cold start after each wait over fewer
+of them: see the quantised level rule above), so re-planning hardly feeds back. Pure Python: the local
 coordinator and the service both run it.
 """
 from __future__ import annotations
@@ -141,7 +148,7 @@ class SpeedDetector:
                 new = quantize(est, self.step) if est < self.enter else 1.0
             elif est > self.leave:
                 new = 1.0
-            elif abs(est - cur) >= 2 * self.step - 1e-9:
+            elif abs(quantize(est, self.step) - cur) >= 2 * self.step - 1e-9:
                 new = quantize(est, self.step)
             else:
                 new = cur

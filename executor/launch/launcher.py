@@ -116,9 +116,9 @@ class Coordinator:
         self.faults = Injector(spec.faults.kills, spec.faults.stalls, self.event)
         # Stragglers (planner/speeds.py): the detector fed by the workers' compute times,
         # which re-plans (Membership.measured) when they change.
-        # persist 2: a change must be asked for by 2 iterations in a row (planner/speeds.py:
+        # persist 3: a change must be asked for by 3 iterations in a row (planner/speeds.py:
         # beside CPU hogs, noise alone re-planned 4-8 times in 40-80 iterations).
-        self.detector = (SpeedDetector(self.D, self.S, persist=2) if spec.detect_stragglers
+        self.detector = (SpeedDetector(self.D, self.S, persist=3) if spec.detect_stragglers
                          else None)
         self.lost_worker: Optional[Worker] = None  # died while the service had lost the job
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
