@@ -11,7 +11,9 @@ LayerNorm = nn.LayerNorm
 
 def Linear(d_in: int, d_out: int, bias: bool = True) -> nn.Linear:
     """An nn.Linear left uninitialised (no draw from the global RNG): the model seeds it."""
-    return nn.utils.skip_init(nn.Linear, d_in, d_out, bias=bias)
+    # on the default device: a model built under torch.device("meta") holds no memory
+    return nn.utils.skip_init(nn.Linear, d_in, d_out, bias=bias,
+                              device=torch.get_default_device())
 
 
 class Embedding(nn.Module):
@@ -27,5 +29,7 @@ class Embedding(nn.Module):
 
 
 def normal_(t: Tensor, std: float, gen: torch.Generator) -> None:
+    if t.is_meta:  # built for its names and shapes only (runtime/stage_state/shape.py)
+        return
     with torch.no_grad():
         t.copy_(torch.randn(t.shape, generator=gen, dtype=t.dtype) * std)

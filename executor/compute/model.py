@@ -154,6 +154,9 @@ class Workload:
     # The first stage takes LongTensor[b, seq_len] token ids and loss_fn next-token targets
     # of the same shape: `recycle train --data FILE` may then feed it a token file.
     reads_tokens: bool = False
+    # build_stage cuts the model at cfg.boundaries (stages may hold any run of blocks): a
+    # plan may then change the pipeline's shape at run time (runtime/stage_state/shape.py)
+    reshapes: bool = False
 
 
-DEFAULT_WORKLOAD = Workload(reads_tokens=True)
+DEFAULT_WORKLOAD = Workload(reads_tokens=True, reshapes=True)

@@ -211,4 +211,5 @@ def workload(name: str) -> Workload:
                              f"{positions} positions")
         return build(config, cfg, stage, stages)
 
-    return Workload(build_stage=build_stage, microbatch=data.microbatch, reads_tokens=True)
+    return Workload(build_stage=build_stage, microbatch=data.microbatch, reads_tokens=True,
+                    reshapes=True)

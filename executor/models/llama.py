@@ -194,4 +194,4 @@ def build_full(cfg: ModelConfig) -> nn.Module:
 
 def workload() -> Workload:
     """Llama with the GPT's loss, data and optimizer (next-token cross-entropy, AdamW)."""
-    return Workload(build_stage=build_stage, reads_tokens=True)
+    return Workload(build_stage=build_stage, reads_tokens=True, reshapes=True)

@@ -38,6 +38,7 @@ from executor.runtime.replay import BoundaryLog
 from executor.runtime.replay.boundary_log import TIED_GRAD, TIED_VALUE
 from executor.runtime.role import Role, next_role
 from executor.runtime.steps.stage_runtime import StageRuntime
+from executor.runtime.stage_state.shape import bounds_key, shaped_config
 from executor.runtime.stage_state.sync import NoCopy, sync_state
 from executor.runtime.transport.waiting import CommError
 from executor.runtime.transport.wire import ActivationSpecError
@@ -50,7 +51,10 @@ from planner.plan import Plan, home_id
 class Agent:
     def __init__(self, conf: WorkerConfig, me: tuple[int, int], source, store,
                  incarnation: int = 1):
-        self.conf, self.source, self.store = conf, source, store
+        # `base`: the run's own configuration; `conf`: the one of the shape in force (the
+        # plan's partition: stage_state/shape.py), the base until a plan changes shape
+        self.base = self.conf = conf
+        self.source, self.store = source, store
         self.state = WorkerState(tuple(me), incarnation,
                                  done=conf.start_iteration - 1,
                                  origin=-1 if conf.from_seed else None)
@@ -72,8 +76,24 @@ class Agent:
         self.boundaries = BoundaryLog(conf.log_budget if self.snaps is not None else 0,
                                       origin=self.state.origin)
 
-    def _new_stage(self, s: int) -> StageRuntime:
-        stage = StageRuntime(self.conf, s, self.store, self.log)
+    def build_stage(self, conf: WorkerConfig, s: int) -> StageRuntime:
+        """Stage `s` of the shape `conf` (taken by take_shape once its state is in)."""
+        return self._new_stage(s, conf)
+
+    def take_shape(self, conf: WorkerConfig, stage: StageRuntime, k: int) -> None:
+        """Run `stage` of the shape `conf` from the state after step k on: the old
+        stage, its snapshots and boundary logs go (stage_state/reshape.py)."""
+        old, self.stage, self.conf = self.stage, stage, conf
+        old.close()
+        self.state.fresh = False
+        self.state.done = k
+        if self.snaps is not None:
+            self.snaps.reshaped(conf.stages, k + 1)
+        self.boundaries.reshaped()
+        self.iteration.forget_lowered()
+
+    def _new_stage(self, s: int, conf: Optional[WorkerConfig] = None) -> StageRuntime:
+        stage = StageRuntime(conf or self.conf, s, self.store, self.log)
         # a wait in settle() (other stages' norms, tied weights) leaves for a newer plan
         stage.stepper.newer = lambda: self.fence.next_plan(0)
         stage.stepper.on_norms = lambda it, sums: self.boundaries.note_norms(it, sums)
@@ -189,7 +209,7 @@ class Agent:
         if self.world is not None:
             self.world.close()
             self.world = None
-        self._move(plan.slot_of(st.name), plan)
+        self._take_slot(plan)
         live = [w.key for w in plan.workers]
         self.world = World(self.store, plan.version, st.me, live, self.conf.timeouts.comm,
                            self.conf.device, self.conf.local_workers,
@@ -210,6 +230,22 @@ class Agent:
         self.source.send(Done(it=st.done, checksum=checksum(self.stage.module), sync=True,
                               at=time.time(), slot=list(st.me)))
         st.in_version = plan.version  # entered with the stage's state in place
+
+    def _take_slot(self, plan: Plan) -> None:
+        """The slot the plan's roles give us, in the plan's shape: a worker with state of
+        another shape keeps it until sync_state moves it by name (stage_state/reshape.py);
+        one with none builds its new stage at once."""
+        st, slot = self.state, plan.slot_of(self.state.name)
+        target = shaped_config(self.base, plan)
+        if bounds_key(target) == bounds_key(self.conf):
+            return self._move(slot, plan)
+        if st.fresh:
+            self.log(f"building stage {slot[1]} of {target.stages} (plan v{plan.version}'s shape)")
+            self.stage.close()
+            self.conf = target
+            self.stage = self._new_stage(slot[1])
+            self.iteration.forget_lowered()
+        st.me = slot
 
     def _move(self, slot: tuple[int, int], plan: Plan) -> None:
         """Take the slot the plan's roles give us; a new stage is built empty (fresh)."""

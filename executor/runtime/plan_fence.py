@@ -16,7 +16,8 @@ class PlanFence:
     def admit(self, plan: Plan) -> bool:
         """Is `plan` one to act on: this job's, and newer than any seen?"""
         st = self.state
-        got = plan.job.identity_hash()
+        # a plan of another shape runs a job cut from this one (planner/shapes/)
+        got = plan.partition.base if plan.partition is not None else plan.job.identity_hash()
         if got != self.job_hash:
             self.log(f"refusing plan v{plan.version}: it is for job {got}, "
                      f"this worker runs job {self.job_hash}")

@@ -51,6 +51,7 @@ class SnapshotHost:
         self._lock = threading.Lock()
         self._held: dict[int, list[Held]] = {}
         self.receiving = 0  # bytes of transfers in progress (not yet complete)
+        self.floor = -(2 ** 62)  # older snapshots are of a shape left behind (reset)
         self.peak_bytes = 0
         self.sock = socket.create_server((bind_host, 0))
         self.address = (bind_host, self.sock.getsockname()[1])
@@ -77,10 +78,20 @@ class SnapshotHost:
 
     def put(self, stage: int, item: Held) -> None:
         with self._lock:
+            if item.iteration < self.floor:  # of a shape the job left (reset)
+                return
             hs = [h for h in self._held.get(stage, []) if h.iteration < item.iteration]
             hs.append(item)  # an equal or older one replaced; newer ones were undone
             self._held[stage] = hs[-KEEP:]
             self._note_peak()
+
+    def reset(self, floor: int) -> None:
+        """The job changed shape before iteration `floor`: stage numbers mean other units
+        now, so every snapshot held goes, and one of an older iteration still on its way
+        is dropped when it lands."""
+        with self._lock:
+            self.floor = floor
+            self._held.clear()
 
     def forget(self, stage: Optional[int], after: int) -> None:
         """Drop snapshots of iterations > `after` (of one stage, or all)."""

@@ -108,6 +108,14 @@ class PeerSnapshots:
             self._cv.notify()
         return copy
 
+    def reshaped(self, stages: int, floor: int) -> None:
+        """The job now runs `stages` stages of other units from iteration `floor` on: the
+        copies and snapshots of the old shape go (stage_state/reshape.py)."""
+        self.stages = self.cadence.stages = stages
+        self.local.drop_after(-(2 ** 62))
+        self.local.stage = None
+        self.host.reset(floor)
+
     def close(self) -> None:
         with self._cv:
             self._closed = True

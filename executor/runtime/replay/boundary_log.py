@@ -115,6 +115,12 @@ class BoundaryLog:
         sent again, from the same state, so what is kept of them goes."""
         self._drop(lambda i: i >= it)
 
+    def reshaped(self) -> None:
+        """The job changed shape: stage numbers mean other units, and no replay reaches
+        back past the change (the next snapshot is the new shape's)."""
+        self._drop(lambda i: True)
+        self.snapshots = []
+
     def rolled_back_to(self, k: int) -> None:
         """The job went back to the state after step k: the later past is trained again."""
         self.forget_from(k + 1)

@@ -23,11 +23,10 @@ from executor.protocol import RolledBack
 from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.replay import replayer
+from executor.runtime.stage_state import reshape
 from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore
-
-
-class NoCopy(RuntimeError):
-    """No live worker holds some stage's state, in training or in a snapshot."""
+from executor.runtime.stage_state.settled import NoCopy, settled as _settled
+from executor.runtime.stage_state.shape import shaped_config
 
 
 @dataclass(frozen=True)
@@ -44,6 +43,10 @@ def sync_state(agent, plan) -> Synced:
     """Agree with the members of the new world on the iteration to train next; `agent`
     holds its stage's state after the one before when this returns."""
     world, st = agent.world, agent.state
+    if reshape.needed(agent, plan):
+        synced = reshape.reshape(agent, plan, shaped_config(agent.base, plan), Synced)
+        if synced is not None:
+            return synced
     info = world.allgather_ints([_settled(agent), int(st.fresh)])
     served = {w[1] for w, (_, fresh) in info.items() if not fresh}
     lost = sorted(set(range(agent.conf.stages)) - served)
@@ -66,16 +69,6 @@ def sync_state(agent, plan) -> Synced:
         agent.stage.stepper.reset(r)
         return Synced(r, "replayed", source)
     return synced
-
-
-def _settled(agent) -> int:
-    """The last iteration this worker stepped for good: a step still waiting for what a
-    stage that died never published (its gradient norm, with the clip on; a tied weight's
-    new value, on a mirror) cannot be settled, and is rolled back (the stage's replay
-    steps it again)."""
-    st = agent.state
-    stuck = None if st.fresh else agent.stage.stepper.unsettled()
-    return st.done if stuck is None else min(st.done, stuck - 1)
 
 
 def _resume(agent, info: dict, r: int) -> Synced:

@@ -21,6 +21,7 @@ class StageRuntime:
         self.module = wl.build_stage(cfg, stage, S).to(conf.device)
         self.opt = wl.make_optimizer(conf.training, self.module.parameters())
         self.params = list(self.module.parameters())  # walking the module tree costs 0.1 ms
+        self.names = [n for n, _ in self.module.named_parameters()]
         self.compute = StageCompute(self.module, stage == 0, stage == S - 1,
                                     1.0 / conf.job.num_microbatches, wl.loss_fn,
                                     precision=conf.training.precision, stage=stage,
@@ -38,7 +39,10 @@ class StageRuntime:
         load_stage(self.module, self.opt, path, lr=self.conf.training.lr)
 
     def state(self) -> dict:
-        return {"model": self.module.state_dict(), "optim": self.opt.state_dict()}
+        """Module and optimizer state dicts, and the parameter names in the optimizer's
+        order (a shape change moves the state by name: stage_state/by_name.py)."""
+        return {"names": self.names, "model": self.module.state_dict(),
+                "optim": self.opt.state_dict()}
 
     def load_state(self, state: dict) -> None:
         self.module.load_state_dict(state["model"])
@@ -49,7 +53,8 @@ class StageRuntime:
         wl, conf = self.conf.workload, self.conf
         module = wl.build_stage(conf.model, stage, conf.stages)
         opt = wl.make_optimizer(conf.training, module.parameters())
-        return {"model": module.state_dict(), "optim": opt.state_dict()}
+        return {"names": [n for n, _ in module.named_parameters()],
+                "model": module.state_dict(), "optim": opt.state_dict()}
 
     def close(self) -> None:
         """Before it is replaced (a move) or the process ends: the last step settled where

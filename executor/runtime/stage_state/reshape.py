@@ -1,0 +1,196 @@
+"""Entering a plan of another shape (docs/executor.md, "Shapes"): every member ends up
+with its new stage's state after one agreed iteration, assembled by parameter name from
+the old shape's stages.
+
+One all-gather of (old shape, old stage, last settled iteration, needs state, old
+boundaries) decides, the same on every member:
+- every old stage has a live member with state: the job goes on at 1 + the lowest
+  iteration such a member stepped (members ahead roll back with their pre-step copies),
+  and the lowest member of each old stage provides it;
+- some old stage has none (every holder died: what shrinks a shape most often): every
+  old stage goes back to the newest iteration all of them have a copy of among the live
+  workers (restore_plan.py's rule: own host copies, held peer-memory snapshots, or the
+  run's start rebuilt from the seed), and the lowest member holding each provides it.
+Each provider then sends every member whose new stage runs some of its stage's
+parameters those pieces (one blob per pair, in one global order: no cycle of blocking
+sends), each member builds its new stage (the model cut at the plan's partition), loads
+what it received and, once all have (one more all-gather), takes it. A member that fails
+before then keeps the old shape, so a later plan finds every member with state in one
+shape. The old shape's snapshots and boundary logs go: their stage numbers mean other
+units now (the next snapshot is of the new shape; until then a stage lost whole rolls the
+job back to the run's start).
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import torch
+
+from executor.protocol import RolledBack
+from executor.runtime.peer_snapshots.wire import held_state
+from executor.runtime.stage_state import by_name
+from executor.runtime.stage_state.restore_plan import Has, decode, encode
+from executor.runtime.stage_state.settled import NoCopy, settled
+from executor.runtime.stage_state.shape import bounds_key
+from executor.runtime.worker_config import WorkerConfig
+
+NONE = -2
+
+
+class ShapeMismatch(RuntimeError):
+    """Members hold state of different shapes (cannot happen: a change commits on all)."""
+
+
+def shape_id(conf: WorkerConfig) -> int:
+    return zlib.crc32(repr(bounds_key(conf)).encode()) & 0x7FFFFFFF
+
+
+def names_of(conf: WorkerConfig, stages: int) -> list[set[str]]:
+    """The parameter names of each stage of the model `conf` cut into `stages` stages
+    (built on the meta device: no memory, no initialisation)."""
+    wl = conf.workload
+    with torch.device("meta"):
+        return [{n for n, _ in wl.build_stage(conf.model, s, stages).named_parameters()}
+                for s in range(stages)]
+
+
+def needed(agent, plan) -> bool:
+    """Is entering `plan` a change of shape? Decided by all members alike: a plan with a
+    partition asks every member (the one all-gather of `reshape`); one without keeps the
+    job's own shape, which a run that changed shape never goes back to (the coordinator
+    keeps a partition on every later plan)."""
+    return plan.partition is not None
+
+
+def reshape(agent, plan, new: WorkerConfig, synced_cls):
+    """Enter `plan` (its shape `new`); returns `synced_cls(iteration, how, source)`, or
+    None when every member with state holds the new shape already (plain sync then)."""
+    world, st = agent.world, agent.state
+    old = agent.conf
+    L = old.model.n_layers
+    mine_id = shape_id(old)
+    row = [mine_id, old.stages, agent.stage.stage, _settled(agent), int(st.fresh),
+           *_padded(old.model.boundaries, L + 1)]
+    info = world.allgather_ints(row)
+    holders = {w: r for w, r in info.items() if not r[4]}
+    ids = {r[0] for r in holders.values()}
+    if len(ids) > 1:
+        raise ShapeMismatch(f"members hold state of {len(ids)} shapes")
+    if not holders or ids == {shape_id(new)}:
+        return None  # nothing moves by name: the plain sync (fresh members load a peer's)
+    first = next(iter(holders.values()))
+    S_old = first[1]
+    old_conf = dataclasses.replace(old, model=dataclasses.replace(
+        old.model, boundaries=tuple(b for b in first[5:] if b != NONE)))
+    served = {r[2] for r in holders.values()}
+    if served == set(range(S_old)):
+        k = min(r[3] for r in holders.values())
+        providers = {s: min(w for w, r in holders.items() if r[2] == s) for s in range(S_old)}
+        if not st.fresh:
+            _settle_at(agent, k)
+        how, source = "reshaped", "live workers"
+    else:
+        k, providers = _restore_point(agent, info, S_old)
+        how, source = "reshaped", "peer-memory snapshots"
+    me = st.me
+    old_names = names_of(old_conf, S_old)
+    new_names = names_of(new, new.stages)
+    pieces: by_name.Pieces = {}
+    for s in range(S_old):
+        p = providers[s]
+        src = by_name.split(_state_of(agent, s, k, holders)) if me == p else None
+        for t in sorted(world.workers):
+            if not old_names[s] & new_names[t[1]]:
+                continue
+            if t == p == me:
+                pieces.update(by_name.only(src, new_names[t[1]]))
+            elif me == p:
+                world.send_blob(by_name.only(src, new_names[t[1]]), t)
+            elif me == t:
+                pieces.update(world.recv_blob(p))
+    stage = agent.build_stage(new, me[1])
+    try:
+        stage.load_state(by_name.assemble(stage.module, stage.opt, pieces))
+        stage.stepper.reset(k + 1)
+        world.allgather_ints([1])  # every member has its new stage: take them
+    except BaseException:
+        stage.close()
+        raise
+    agent.take_shape(new, stage, k)
+    if source != "live workers":
+        st.restored_at = k
+        if me == world.workers[0]:
+            agent.source.send(RolledBack(to=k, why="a stage lost whole before a change of "
+                                                   "shape: its state came from a snapshot"))
+    agent.log(f"changed shape to {new.stages} stages (blocks from {list(new.model.boundaries)}) "
+              f"at iteration {k + 1}: stage {me[1]} from {source}")
+    return synced_cls(k + 1, how, source)
+
+
+def _padded(values, width: int) -> list[int]:
+    return list(values)[:width] + [NONE] * (width - len(values))
+
+
+def _settled(agent) -> int:
+    return settled(agent) if not agent.state.fresh else -1
+
+
+def _settle_at(agent, k: int) -> None:
+    """Own (old) stage at its state after step k: rolled back if ahead, else settled."""
+    st, stepper = agent.state, agent.stage.stepper
+    if st.done > k:
+        stepper.rollback(k + 1)
+        agent.log(f"rolled back iterations {k + 1}..{st.done} to change shape")
+        st.done = k
+    else:
+        stepper.settle()
+
+
+def _restore_point(agent, info: dict, S_old: int):
+    """The newest iteration every old stage has a copy of, and a provider of each."""
+    world = agent.world
+    mine = _has(agent)
+    rows = world.allgather_ints(encode(mine, S_old))
+    members = {w: decode(r, S_old) for w, r in rows.items()}
+    have: dict[int, set[int]] = {s: set() for s in range(S_old)}
+    for h in members.values():
+        for s, its in h.copies.items():
+            have.setdefault(s, set()).update(its)
+        if h.origin is not None and h.stage >= 0:
+            have[h.stage].add(h.origin)
+    common = set.intersection(*have.values())
+    if not common:
+        raise NoCopy("a stage lost whole before a change of shape and no iteration has a "
+                     "copy of every stage among the live workers: resume from a checkpoint")
+    k = max(common)
+    providers = {s: min(w for w, h in members.items() if h.can_give(s, k))
+                 for s in range(S_old)}
+    return k, providers
+
+
+def _has(agent) -> Has:
+    snaps, st = agent.snaps, agent.state
+    stage = -1 if st.fresh else agent.stage.stage
+    out: dict[int, set] = {}
+    if snaps is not None:
+        if stage >= 0 and snaps.local.stage == stage:
+            out[stage] = set(snaps.local.iterations())
+        for s, its in snaps.host.held().items():
+            out.setdefault(s, set()).update(its)
+    return Has(stage, {s: tuple(sorted(i)) for s, i in out.items() if i},
+               st.origin if stage >= 0 else None)
+
+
+def _state_of(agent, s: int, k: int, holders: dict) -> dict:
+    """Old stage s's state after step k, from this provider: its own stage (live, or its
+    host copy), the seed at the run's start, or a snapshot it holds."""
+    st, snaps = agent.state, agent.snaps
+    own = not st.fresh and agent.stage.stage == s
+    if own and st.done == k:
+        return agent.stage.state()
+    if own and snaps is not None and snaps.local.stage == s and k in snaps.local.iterations():
+        return snaps.local.state(k)
+    if own and k == st.origin:
+        return agent.stage.initial_state(s)
+    return held_state(snaps.host.get(s, k))

@@ -1,0 +1,143 @@
+"""Workers change the pipeline's shape at run time (issue 33, the runtime's half): real
+Agents in threads of one process (their own store connections and gloo groups), plans
+published by the test as a coordinator would, with a partition that cuts the model into
+fewer stages. The workers build their new stages, move the state by parameter name from
+the old stages' holders (or their peer-memory snapshots, when a stage was lost whole) and
+train on; the final parameters equal the one-process reference's, name by name."""
+import threading
+import time
+
+import torch
+
+from executor.compute.model import ModelConfig
+from executor.compute.one_process.reference import snapshot, train_reference
+from executor.protocol import Done, incarnation_key
+from executor.runtime.agent import Agent
+from executor.runtime.transport.comm import connect_store
+from executor.runtime.transport.rendezvous import Mailbox, StorePlanSource, publish_plan
+from executor.runtime.worker_config import WorkerConfig
+from executor.timeouts import Timeouts
+from planner.job import JobSpec
+from planner.plan import Plan, home_id
+from planner.shapes.planning import plan_shape
+from planner.solvers.backends import solve
+
+CFG = ModelConfig(vocab=32, seq_len=8, d_model=16, n_heads=2, n_layers=4, micro_batch_size=2)
+D, S, M, TIMEOUT = 2, 4, 4, 5.0
+
+
+def _agent(port, me, job, iterations, agents, snapshot_every):
+    store = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
+    inc = int(store.add(incarnation_key(me), 1))
+    conn = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
+    conf = WorkerConfig(CFG, job, iterations, timeouts=Timeouts(TIMEOUT),
+                        snapshot_every=snapshot_every, local_workers=D * S)
+    agents[me] = a = Agent(conf, me, StorePlanSource(conn, me, inc), store, inc)
+    a.exit = a.run()
+
+
+def _drive(iterations: int, plans: list[tuple[int, Plan]], snapshot_every: int = 0):
+    """Publish plans[0] (from iteration 0), each next one once every worker of the one in
+    force reported the iteration before its first, then the final empty plan. -> agents"""
+    job = JobSpec.uniform(D, S, M)
+    store = connect_store("127.0.0.1", 0, timeout_s=TIMEOUT, is_master=True)
+    mailbox = Mailbox(store)
+    agents: dict = {}
+    threads = [threading.Thread(target=_agent, daemon=True, name=f"agent-{r}:{s}",
+                                args=(store.port, (r, s), job, iterations, agents,
+                                      snapshot_every))
+               for r in range(D) for s in range(S)]
+    grid = [[1] * S for _ in range(D)]
+    try:
+        for t in threads:
+            t.start()
+        done: dict = {}
+        steps = [*plans, (iterations, None)]
+        for v, (first, plan) in enumerate(steps):
+            if v > 0:  # wait until every worker of the plan in force reached `first - 1`
+                live = [home_id(*w) for w in current.live_workers()] if current.roles is None \
+                    else [r.worker for r in current.roles]
+                deadline = time.monotonic() + 60
+                while not all(done.get(w, -1) >= first - 1 for w in live):
+                    assert time.monotonic() < deadline, (done, live)
+                    for m in mailbox.drain():
+                        if isinstance(m, Done) and not m.sync:
+                            done[home_id(m.r, m.s)] = max(done.get(home_id(m.r, m.s), -1), m.it)
+                    mailbox.wait(0.05)
+            if plan is None:
+                publish_plan(store, current.model_copy(update={"version": v, "workers": []}))
+            else:
+                current = plan.stamped(v, grid)
+                publish_plan(store, current)
+        for t in threads:
+            t.join(60)
+        assert not any(t.is_alive() for t in threads)
+    finally:
+        mailbox.close()
+    return agents
+
+
+def _final(agents) -> dict:
+    out = {}
+    for a in agents.values():
+        if a.state.done >= 0 and not a.state.fresh and a.stage is not None:
+            out.update(snapshot(a.stage.module))
+    return out
+
+
+def _reference(iterations) -> dict:
+    got = {}
+
+    def after(it, modules, _opts):
+        if it == iterations - 1:
+            for m in modules:
+                got.update(snapshot(m))
+    train_reference(CFG, D, M, iterations, S, after_step=after)
+    return got
+
+
+def _assert_equal(got: dict, want: dict):
+    assert set(got) == set(want), sorted(set(got) ^ set(want))
+    worst = max(float((got[n] - want[n]).abs().max()) for n in want)
+    assert worst <= 1e-5, worst
+
+
+def test_five_of_eight_lost_the_three_left_train_on_three_stages_exact():
+    """The issue's run, its plans as the coordinator would publish them: 2x4, and before
+    iteration 5 five workers gone for good, stage 3 with both its workers. The three left
+    train on in the shape the planner chose for them, stage 3's state from its snapshot."""
+    job = JobSpec.uniform(D, S, M)
+    failed = [(0, 0), (0, 1), (1, 2), (0, 3), (1, 3)]
+    shaped, choice = plan_shape(job, failed, horizon=100.0)
+    assert shaped.partition is not None and shaped.job.stages < S
+    iterations = 9
+    agents = _drive(iterations, [(0, solve(job, [])), (5, shaped)], snapshot_every=2)
+    left = [a for w, a in agents.items() if list(w) not in [list(f) for f in failed]]
+    assert all(a.exit == 0 for a in agents.values())
+    assert all(a.conf.stages == shaped.job.stages for a in left)
+    _assert_equal(_final({w: a for w, a in agents.items() if a in left}), _reference(iterations))
+
+
+def test_all_eight_move_to_two_stages_by_name_from_live_holders():
+    """No loss: a plan that cuts the same model into 2 stages (4 replicas): every stage's
+    state comes from a live worker of the old shape, nothing is re-trained."""
+    job = JobSpec.uniform(D, S, M)
+    shaped, choice = plan_shape(job, [], horizon=100.0)
+    if shaped.partition is None:  # the planner keeps the job's shape: cut it ourselves
+        shaped = _two_stages(job)
+    iterations = 7
+    agents = _drive(iterations, [(0, solve(job, [])), (3, shaped)])
+    assert all(a.exit == 0 for a in agents.values())
+    assert {a.conf.stages for a in agents.values()} == {shaped.job.stages}
+    _assert_equal(_final(agents), _reference(iterations))
+
+
+def _two_stages(job: JobSpec) -> Plan:
+    from planner.shapes.choose import ShapeChooser
+    from planner.shapes.units import units_of_job
+    from planner.control.roles import live_from_failed
+    ch = ShapeChooser(job, units_of_job(job))
+    two = next(s for s in ch.candidates(D * S) if s.stages == 2)
+    c = ch.choose(two, live_from_failed(job, [], ()), 1e9)
+    plan = solve(c.shape.job, c.failed).with_roles(c.roles, c.moves)
+    return plan.model_copy(update={"partition": c.shape.partition(job, ch.units)})
