@@ -130,6 +130,9 @@ class Done(Message):
     compute: Optional[float] = None  # seconds per micro-batch (the straggler detector)
     slot: Optional[list] = None  # the slot it fills (a plan's roles may move it)
     checksum: Optional[float] = None  # of its parameters, after the last iteration
+    # after a change of shape: its parameters' checksum per stage of the job's own split
+    # (the summary's checksums compare with a reference of that split)
+    base_checksums: Optional[list[float]] = None
     sync: bool = False
     at: Optional[float] = None  # wall time it entered the version (sync)
     snap_every: Optional[int] = None  # K in force (the last iteration)

@@ -88,6 +88,9 @@ class LaunchSpec:
     snapshot_every: int = AUTO
     snapshot_memory: str = DEFAULT_BUDGET
     log_memory: str = DEFAULT_LOG_MEMORY  # boundary logs for replay (runtime/replay/)
+    # auto: fewer live workers than stages train on fewer, deeper stages (planner/shapes/,
+    # runtime/stage_state/reshape.py) where the model allows; fixed: they pause or halt
+    shape: str = "auto"
 
     def __post_init__(self):
         self.check()
@@ -110,6 +113,8 @@ class LaunchSpec:
         if self.solver not in BACKENDS:
             raise UserError(f"unknown solver {self.solver!r}; choose one of "
                             f"{', '.join(BACKENDS)}")
+        if self.shape not in ("auto", "fixed"):
+            raise UserError(f"--shape must be auto or fixed, not {self.shape!r}")
         if not 0 <= self.store_port <= 65535:
             raise UserError(f"--store-port must be a port number 0..65535 (0: any free), "
                             f"not {self.store_port}")

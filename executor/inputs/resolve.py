@@ -125,7 +125,7 @@ def resolve(run: RunConfig, *, resumed=None, token: Optional[str] = None) -> Res
         checkpoint_every=ck.checkpoint_every, resume=ck.resume, external=comm.external,
         store_port=comm.store_port, device=comm.device, model=run.model.model,
         summary_path=out.summary, snapshot_every=parse_every(ck.snapshot_every),
-        snapshot_memory=ck.snapshot_memory, log_memory=ck.log_memory)
+        snapshot_memory=ck.snapshot_memory, log_memory=ck.log_memory, shape=plan.shape)
     from executor.models.balance import split_config
     cfg = split_config(cfg, run.model.split, job, run.grid.job, run.service.service)
     if resumed and run.model.split is None and not run.grid.job and job.stages == resumed.stages:

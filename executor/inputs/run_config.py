@@ -111,6 +111,7 @@ class PlanSection:
     solver: str = "greedy"
     no_split: bool = False
     sync: bool = False
+    shape: str = "auto"
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,21 @@ def _module_factory(name: str, query: str):
     return lambda: module_workload(target, value.split(","), reads_tokens=True)
 
 
+def reshapes(name: str) -> bool:
+    """Does workload NAME cut its stages at cfg.boundaries (Workload.reshapes), so that a
+    run may change its pipeline's shape? Built-ins by name, without loading them."""
+    if name.startswith("hf:"):
+        return True
+    if "?" in name:  # a module factory's pieces: cut by count, not at boundaries
+        return False
+    if split_name(name) is not None:
+        return True
+    try:
+        return load_workload(name).reshapes
+    except ValueError:
+        return False
+
+
 def load_workload(name: str) -> Workload:
     """The Workload NAME stands for; ValueError with one line if it cannot be had."""
     target = _factory(name)

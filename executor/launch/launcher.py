@@ -45,6 +45,7 @@ from executor.protocol import wkey
 from executor.runtime.transport.rendezvous import set_counter
 from executor.timeouts import Timeouts
 from planner.control.elastic import LOCAL_HORIZON
+from executor.inputs.workload_name import reshapes
 from planner.control.membership import Membership
 from planner.control.timing import resync_due
 from planner.failures import NoPlanError
@@ -96,7 +97,8 @@ class Coordinator:
         members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=spec.job,
             snapshots=spec.snapshot_every != 0, horizon=LOCAL_HORIZON,
-            pause=True).with_speeds(spec.job.speed)
+            pause=True, shapes=spec.shape == "auto" and reshapes(spec.model)
+        ).with_speeds(spec.job.speed)
         self.plans = Plans(self.store, spec.job, members, solver=spec.solver, mode=spec.mode,
                            record=self.record, event=self.event)
         # --rejoin/--restart (rejoins.py); through a service, admission may wait for it to

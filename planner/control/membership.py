@@ -34,6 +34,7 @@ from planner.control.roles import failed_of
 from planner.failures import NoPlanError, Worker
 from planner.job import JobSpec
 from planner.plan import Move, Plan, Role, home_id, home_of
+from planner.shapes.partition import Partition
 
 State = Literal["running", "paused", "halted", "finished"]
 Grid = tuple[tuple[int, ...], ...]
@@ -52,6 +53,10 @@ class Publish:
     same_plan: bool = False
     roles: Optional[tuple[Role, ...]] = None
     moves: tuple[Move, ...] = ()
+    # A plan of another shape: the job the partition cuts (planned with `failed` as its
+    # empty slots, roles naming slots of its grid) and the partition the plan carries.
+    shape_job: Optional[JobSpec] = None
+    partition: Optional[Partition] = None
 
     def incarnation_rows(self) -> list[list[int]]:
         return [list(row) for row in self.incarnations]
@@ -114,6 +119,13 @@ class Membership:
     # With snapshots: fewer live workers than stages pauses rather than halts (the local
     # coordinator waits for its restarts; the service halts, it has no paused state).
     pause: bool = False
+    # Shapes (docs/design.md section 12): where fewer live workers are left than stages,
+    # the pipeline is cut into fewer stages (planner/shapes/) instead of pausing or halting;
+    # once cut, every later version is planned on a shape (it carries a partition, the
+    # job's own one included: the workers then know to compare shapes, reshape.py).
+    shapes: bool = False
+    partition: Optional[Partition] = None  # of the newest version (None: the job's own)
+    shape_job: Optional[JobSpec] = None  # the job that partition cuts
 
     # ---- construction and lookups -----------------------------------------------------
     @classmethod
@@ -122,13 +134,13 @@ class Membership:
               state: State = "running", reason: Optional[str] = None,
               job: Optional[JobSpec] = None, roles: Optional[Iterable[Role]] = None,
               snapshots: bool = False, horizon: float = 0.0,
-              pause: bool = False) -> "Membership":
+              pause: bool = False, shapes: bool = False) -> "Membership":
         grid = (tuple(tuple(row) for row in incarnations) if incarnations is not None
                 else tuple((1,) * stages for _ in range(replicas)))
         return cls(replicas, stages, grid, frozenset(tuple(w) for w in failed), version,
                    state=state, reason=reason, job=job,
                    roles=None if roles is None else tuple(roles), snapshots=snapshots,
-                   horizon=horizon, pause=pause)
+                   horizon=horizon, pause=pause, shapes=shapes)
 
     @classmethod
     def following(cls, plan: Plan, **kw) -> "Membership":
@@ -162,7 +174,9 @@ class Membership:
         """The slots no live worker fills: the failed set plans are made for."""
         if self.roles is None:
             return tuple(sorted(self.failed))
-        return tuple(failed_of(list(self.roles), self.replicas, self.stages))
+        grid = self.shape_job or self.job
+        R, S = (grid.replicas, grid.stages) if grid is not None else (self.replicas, self.stages)
+        return tuple(failed_of(list(self.roles), R, S))
 
     def dead_stage(self, failed: Iterable[Worker]) -> Optional[int]:
         count = [0] * self.stages
@@ -304,6 +318,8 @@ class Membership:
         stateless = tuple(fresh) + tuple(sorted(w for w in self.moving
                                                 if w not in failed and w not in fresh))
         live = self.replicas * self.stages - len(failed)
+        if self.shapes and (live < self.stages or self.partition is not None):
+            return self._reshaped(failed, stateless, grid, cause)
         if self.pause and self.snapshots and live < self.stages:
             why = f"{live} live worker{'s' if live != 1 else ''} cannot serve {self.stages} stages"
             paused = replace(self, failed=frozenset(failed), incarnations=grid, state="paused",
@@ -318,6 +334,31 @@ class Membership:
                       moving=frozenset(home_of(m.worker) for m in out.moves))
         return new._publish(failed, grid, cause, moves=out.moves)
 
+    def _reshaped(self, failed: frozenset, stateless: tuple, grid: Grid,
+                  cause: str) -> tuple["Membership", Decision]:
+        """The shape (planner/shapes/choose.py), slots and moves for the live set, from
+        the shape in force; a halt when no shape fits the live workers."""
+        from planner.shapes.planning import shaped_plan_parts
+        current = (self.partition, self.shape_job) if self.partition is not None else None
+        gone = {home_id(*w) for w in failed} | {home_id(*w) for w in stateless}
+        if self.roles is None:
+            live = {home_id(r, s): (r, s) for r in range(self.replicas)
+                    for s in range(self.stages) if home_id(r, s) not in gone}
+        else:
+            live = {x.worker: (x.replica, x.stage) for x in self.roles if x.worker not in gone}
+        for w in stateless:
+            if tuple(w) not in failed:
+                live[home_id(*w)] = None
+        out = shaped_plan_parts(self.job, current, live, self.horizon, self.snapshots)
+        if isinstance(out, str):
+            halted = replace(self, failed=frozenset(failed), state="halted", reason=out)
+            return halted, Halt(out)
+        choice, part = out
+        new = replace(self, roles=tuple(choice.roles), state="running", reason=None,
+                      partition=part, shape_job=choice.shape.job,
+                      moving=frozenset(home_of(m.worker) for m in choice.moves))
+        return new._publish(failed, grid, cause, moves=tuple(choice.moves))
+
     def entered(self, version: int) -> "Membership":
         """Every live worker entered `version`: its moves are done (the movers hold their
         stages now)."""
@@ -327,4 +368,4 @@ class Membership:
                  moves: tuple = ()) -> tuple["Membership", Publish]:
         new = replace(self, failed=frozenset(failed), incarnations=grid, version=self.version + 1)
         return new, Publish(new.version, new.empty_slots(), grid, cause, same_plan,
-                            new.roles, tuple(moves))
+                            new.roles, tuple(moves), new.shape_job, new.partition)

@@ -83,6 +83,7 @@ def train_cmd(
     snapshot_memory: str = typer.Option("25%", "--snapshot-memory", help="host memory the snapshots may take, shared by the workers of a host: a share (25%%) or a size (8G); auto turns them off above it"),
     log_memory: str = typer.Option("10%", "--log-memory", help="host memory each host's workers may keep boundary logs in (the activations and gradients they sent since the second-newest snapshot), so a stage lost whole is replayed alone from its snapshot while the others keep their work: a share (10%%), a size (2G), or off (the job then rolls back to the snapshot)"),
     solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
+    shape: str = typer.Option("auto", "--shape", help="auto: when fewer live workers are left than stages, the pipeline is cut into fewer, deeper stages (state moved by parameter name) instead of pausing; fixed: the stage count never changes (it pauses for restarts, or halts)"),
     no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
     sync: bool = typer.Option(False, "--sync", help="synchronous optimizer: plans for it, and a barrier after every iteration"),
     timeout: float = typer.Option(5.0, help="seconds before a silent peer counts as failed"),

@@ -59,6 +59,8 @@ class RunEnd:
             losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}
         self.losses = LossBook(job.num_microbatches, self.start, losses)
         self.final_checks: dict[int, float] = {}  # stage -> its last checksum
+        # stage -> its checksums per stage of the job's own split (after a change of shape)
+        self.final_parts: dict[int, Optional[list[float]]] = {}
         self.byes: set = set()  # external workers that said they are leaving
         self._ck_checked = 0.0
 
@@ -73,8 +75,9 @@ class RunEnd:
         under the plan in force, with its stage's checksum."""
         if self.losses.complete_through() < self.iterations - 1:
             return False
+        stages = plans.plan.job.stages  # the shape in force (the job's own, or a cut)
         return (steps.at(plans.live(), self.iterations - 1, plans.version)
-                and len(self.final_checks) == self.S)
+                and all(s in self.final_checks for s in range(stages)))
 
     def reap(self, processes: Processes, live: list, timeout: float, handle) -> None:
         end = time.monotonic() + timeout
@@ -99,9 +102,17 @@ class RunEnd:
     def summary(self, record: RunRecord, faults_log, elastic: dict) -> Summary:
         plans = record.plans_used(self.iterations)
         return Summary(losses=[self.losses.loss(i) for i in range(self.iterations)],
-                       param_checksums=[self.final_checks[s] for s in range(self.S)],
+                       param_checksums=self._checksums(),
                        recovery=record.recovery(faults_log), plans=plans,
                        elastic=elastic_counts(plans, record, elastic))
+
+    def _checksums(self) -> list[float]:
+        """Per stage of the job's own split: as reported, or, after a change of shape,
+        summed from every stage's parts."""
+        parts = [p for p in self.final_parts.values() if p is not None]
+        if not parts:
+            return [self.final_checks[s] for s in range(self.S)]
+        return [sum(p[s] for p in parts) for s in range(self.S)]
 
     def halted(self, reason: str, fatal: bool) -> Optional[str]:
         """The run halts: collect what checkpoints are complete, print why and where to

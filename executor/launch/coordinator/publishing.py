@@ -68,9 +68,18 @@ class Plans:
             self.record.paused_s += waited
             self.paused_since = None
             self.event(f"training resumes after {waited:.1f} s paused")
-        spec = with_speeds(self.job, members.speeds)
+        # a plan of another shape is planned on the job its partition cuts (measured
+        # speeds are of the job's own grid: a shaped plan is made for nominal ones)
+        spec = decision.shape_job or with_speeds(self.job, members.speeds)
         plan = plan_for(decision, self.plan, spec.spec_hash(),
                         lambda failed: solve(spec, failed, solver=self.solver, mode=self.mode))
+        if decision.partition is not None:
+            if self.plan is None or self.plan.partition != decision.partition:
+                self.event(f"plan v{decision.version}: the pipeline changes shape to "
+                           f"{decision.shape_job.stages} stages of {decision.partition.unit}s "
+                           f"{decision.partition.bounds} for {len(plan.workers)} live workers "
+                           "(checkpoint parts stop: they are of the job's own stages)")
+            plan = plan.model_copy(update={"partition": decision.partition})
         if decision.roles is not None:
             self.moved(plan)
         self.suspect_since = None

@@ -56,12 +56,29 @@ def shaped_config(base: WorkerConfig, plan: Plan) -> WorkerConfig:
                          f"{units} {part.unit} units of this model")
     firsts = tuple(blocks_of(base, part.unit, lo, hi)[0] for lo, hi in part.ranges()[1:])
     model = dataclasses.replace(base.model, boundaries=firsts)
-    return dataclasses.replace(base, model=model, job=plan.job)
+    # no checkpoint parts after a change of shape: a checkpoint's parts are the job's own
+    # stages (a resume reads them so), and a shaped stage's part would pass for one
+    return dataclasses.replace(base, model=model, job=plan.job, checkpoint_dir=None)
 
 
 def bounds_key(conf: WorkerConfig) -> tuple:
-    """What identifies the shape a configuration builds (equal: no state moves by name)."""
-    return conf.job.stages, tuple(conf.model.boundaries)
+    """What identifies the shape a configuration builds (equal: no state moves by name):
+    the stage count and each stage's first block, spelled out (the job's own split may
+    be given by count, its boundaries empty)."""
+    L, S, b = conf.model.n_layers, conf.job.stages, conf.model.boundaries
+    return S, tuple(layer_range(L, s, S, b)[0] for s in range(1, S))
+
+
+def base_checksums(base: WorkerConfig, module) -> list[float]:
+    """`module`'s parameters' checksum (reference.checksum's sum) per stage of the job's
+    own split: after a change of shape, what the run's summary compares."""
+    names = names_by_base_stage(base)
+    out = [torch.zeros((), dtype=torch.float64) for _ in names]
+    with torch.no_grad():
+        for n, p in module.named_parameters():
+            s = next(i for i, ns in enumerate(names) if n in ns)
+            out[s] += p.detach().double().sum()
+    return [float(x) for x in out]
 
 
 def names_by_base_stage(base: WorkerConfig) -> list[set[str]]:

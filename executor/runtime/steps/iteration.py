@@ -11,6 +11,7 @@ from typing import Optional
 
 from executor.compute.one_process.reference import checksum
 from executor.protocol import Done, Mid
+from executor.runtime.stage_state.shape import base_checksums
 from executor.runtime.steps.compute_clock import ComputeClock
 from executor.runtime.steps.grad_sum import allreduce_grads
 from executor.runtime.steps.interpreter import FAULT, StageSteps, run_steps, with_fault_point
@@ -129,6 +130,8 @@ class IterationRuntime:
         st.last_compute = (it, self.clock.per_microbatch(n, stage.stepper.idle_cpu_s))
         a.source.send(Done(it=it, losses=losses, compute=round(st.last_compute[1], 7),
                            slot=list(st.me), checksum=checksum(stage.module) if final else None,
+                           base_checksums=base_checksums(a.base, stage.module)
+                           if final and a.conf is not a.base else None,
                            **(self._snapshot_figures() if final else {})))
         if a.snaps is not None and a.snaps.due(it):
             a.boundaries.snapshot_at(it)  # every stage snapshots it: older logs may go
