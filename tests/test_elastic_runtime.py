@@ -90,7 +90,8 @@ def test_fewer_live_workers_than_stages_pause_until_a_restart_is_back(tmp_path):
     # stages: nothing is lost (stage 1's state is in peer memory or the seed), so the run
     # pauses instead of halting, and resumes when 1:1's restart is in, exact
     res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 0, 2), (0, 1, 3), (1, 1, 4)],
-                                               restarts=[(1, 1, 5)]), snapshot_every=1)
+                                               restarts=[(1, 1, 5)]), snapshot_every=1,
+              shape="fixed")
     assert_exact(res, 2, 2, 8, tmp_path)
     el = res.summary.elastic
     assert el["pauses"] == 1 and el["paused_s"] > 0 and el["snapshot_restores"] == 1, el
@@ -100,8 +101,18 @@ def test_fewer_live_workers_than_stages_pause_until_a_restart_is_back(tmp_path):
     assert any(e.startswith("training resumes after") for e in res.events), res.events
 
 
-def test_a_pause_nobody_comes_back_to_halts_with_the_reason(tmp_path):
+def test_one_worker_left_of_four_trains_the_whole_model_alone_exact(tmp_path):
+    """--shape auto (the default): the last live worker takes every stage's units (stage
+    1's from its snapshot), trains on as a one-stage pipeline to the end, exact."""
     res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 0, 2), (0, 1, 3), (1, 1, 4)]),
               snapshot_every=1)
+    assert_exact(res, 2, 2, 8, tmp_path)
+    assert res.summary.elastic["pauses"] == 0, res.events
+    assert res.summary.plans[-1]["partition"]["bounds"] == [0, 2], res.summary.plans[-1]
+
+
+def test_a_pause_nobody_comes_back_to_halts_with_the_reason(tmp_path):
+    res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 0, 2), (0, 1, 3), (1, 1, 4)]),
+              snapshot_every=1, shape="fixed")
     assert res.summary is None
     assert res.halted == "1 live worker cannot serve 2 stages, and no worker is due back"

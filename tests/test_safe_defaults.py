@@ -48,11 +48,23 @@ def test_2x3_kill_and_rejoin_schedule_at_default_flags_finishes_exact(tmp_path):
             "--rejoin", "0:2@6", "--rejoin", "1:2@9"])
 
 
+THREE_OF_FOUR = ["--kill", "0:0@2", "--kill", "0:1@2", "--kill", "1:1@2",
+                 "--rejoin", "0:1@4", "--rejoin", "1:1@5"]
+
+
 def test_a_rejoin_due_while_paused_starts_and_the_run_resumes_exact(tmp_path):
-    # three of four workers die in iteration 2: one live worker cannot serve two stages,
-    # the run pauses; the rejoin due at iteration 4 cannot wait for the run to get there
-    # (nothing trains while paused): it starts now (before, the run halted after 25 s)
-    got, out = _exact(tmp_path, ["-d", "2", "-s", "2", "-m", "4", "--iterations", "8"],
-                      ["--kill", "0:0@2", "--kill", "0:1@2", "--kill", "1:1@2",
-                       "--rejoin", "0:1@4", "--rejoin", "1:1@5"])
+    # --shape fixed: three of four workers die in iteration 2: one live worker cannot serve
+    # two stages, the run pauses; the rejoin due at iteration 4 cannot wait for the run to
+    # get there (nothing trains while paused): it starts now (before, it halted after 25 s)
+    got, out = _exact(tmp_path, ["-d", "2", "-s", "2", "-m", "4", "--iterations", "8",
+                                 "--shape", "fixed"], THREE_OF_FOUR)
     assert got["elastic"]["pauses"] == 1 and "training resumes after" in out, out
+
+
+def test_three_of_four_lost_at_default_flags_the_last_trains_alone_and_never_pauses(tmp_path):
+    # the same losses at default flags (--shape auto): the live worker trains the whole
+    # model as one stage, and the returning workers join the shape the planner chooses
+    got, out = _exact(tmp_path, ["-d", "2", "-s", "2", "-m", "4", "--iterations", "8"],
+                      THREE_OF_FOUR)
+    assert got["elastic"]["pauses"] == 0, out
+    assert "the pipeline changes shape to 1 stages" in out, out

@@ -99,7 +99,7 @@ def test_a_trace_that_leaves_fewer_workers_than_stages_pauses_until_a_node_is_ad
     tr = load_window(str(path), Placement(3, 2), 0, 1)
     replay = TraceReplay(tr, time_scale=10.0)
     res = run(tmp_path, 3, 2, 40, faults=Faults(trace=replay), snapshot_every=2,
-              detect_stragglers=False)
+              detect_stragglers=False, shape="fixed")
     assert_exact(res, 3, 2, 40, tmp_path)
     assert (replay.kills, replay.restarts) == (5, 1), res.events
     assert res.summary.elastic["pauses"] == 1, res.events

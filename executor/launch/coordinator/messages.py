@@ -34,7 +34,10 @@ def on_done(c, w, m: P.Done) -> None:
     if m.sync:
         c.record.entries.append((m.at, w, m.inc, m.v, m.it + 1))
     slot = tuple(m.slot or w)  # the slot it fills (a plan's roles may move it)
-    if m.compute and c.detector is not None and m.v == c.version:
+    # measured speeds are of the job's own grid: after a change of shape the slots are
+    # another grid's, and the detector waits (a shaped plan is made for nominal speeds)
+    if (m.compute and c.detector is not None and m.v == c.version
+            and c.plans.plan.partition is None):
         c.detector.observe(slot[0], slot[1], m.compute, m.it)  # paired by iteration
     c.steps.completed(w, m.it, m.v)
     if m.losses:

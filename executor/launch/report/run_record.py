@@ -58,6 +58,10 @@ class RunRecord:
                         **({"roles": {r.worker: [r.replica, r.stage] for r in plan.roles},
                             "moves": [m.model_dump() for m in plan.moves or []]}
                            if plan.roles is not None else {}),
+                        **({"partition": {"unit": plan.partition.unit,
+                                          "bounds": list(plan.partition.bounds),
+                                          "grid": [plan.job.replicas, plan.job.stages]}}
+                           if plan.partition is not None else {}),
                         "microbatches": {f"{x.replica}:{x.stage}": sum(
                             1 for a in x.actions if a.op == "F") for x in plan.workers}})
         return out
