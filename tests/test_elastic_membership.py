@@ -211,3 +211,45 @@ def test_the_membership_a_plan_says_is_the_one_that_published_it(steps):
         assert (back.failed, back.roles, back.incarnations, back.version) == \
             (m.failed, m.roles, m.incarnations, m.version)
         assert back.empty_slots() == m.empty_slots() == tuple(map(tuple, plan.failed))
+
+
+# ---- shapes (planner/shapes/ through membership.py's `shapes`) --------------------------
+
+def shaped(D, S, **kw):
+    job = JobSpec.uniform(D, S, 2 * D)
+    m, d = Membership.start(D, S, job=job, snapshots=True, horizon=1e9, pause=True,
+                            shapes=True, **kw).first()
+    assert isinstance(d, Publish) and d.partition is None
+    return m
+
+
+def test_fewer_live_workers_than_stages_cut_the_job_into_fewer_stages_instead_of_pausing():
+    m = shaped(2, 4)
+    for w in [(0, 0), (0, 1), (1, 2), (0, 3)]:
+        m, d = m.fail(w)
+        assert isinstance(d, Publish) and d.partition is None  # 4 live serve 4 stages
+    m, d = m.fail((1, 3))
+    assert isinstance(d, Publish) and d.partition is not None, d
+    assert d.shape_job.stages <= 3 and d.partition.bounds[-1] == 4  # the job's 4 stages as units
+    filled = {(r.replica, r.stage) for r in d.roles}
+    assert {r.worker for r in d.roles} == {"1.0", "1.1", "0.2"}
+    assert set(d.failed) == {(r, s) for r in range(d.shape_job.replicas)
+                             for s in range(d.shape_job.stages)} - filled
+    assert m.partition == d.partition and m.state == "running"
+
+
+def test_once_cut_every_later_version_carries_a_partition_the_jobs_own_included():
+    m = shaped(2, 2)
+    m, d = m.fail_many([((0, 0), None), ((0, 1), None), ((1, 1), None)])
+    assert d.partition is not None and d.shape_job.stages == 1, d
+    for w in [(0, 0), (0, 1), (1, 1)]:  # all back: a later version may go back to 2 stages
+        m = m.entered(m.version)
+        m, d = m.recover(w)
+        assert isinstance(d, Publish) and d.partition is not None, d
+        assert len(d.roles) == len({r.worker for r in d.roles})
+
+
+def test_fixed_shape_still_pauses():
+    m = elastic(2, 2, snapshots=True, pause=True)
+    m, d = m.fail_many([((0, 0), None), ((0, 1), None), ((1, 1), None)])
+    assert isinstance(d, Pause) and "1 live worker cannot serve 2 stages" in d.reason

@@ -320,3 +320,49 @@ def test_placement_maps_torchruns_ranks_and_every_node_must_agree():
     with pytest.raises(SystemExit, match="--placement stages, but another node started "
                                          "with --placement replicas"):
         slot_of_rank(0, "stages")(job, store)  # would be worker 0:0 twice
+
+
+def test_a_lost_torchrun_node_leaves_one_worker_that_trains_the_whole_model_exact(tmp_path):
+    """1x2, one node per stage; node 0 (torchrun's master, stage 0) is lost for good once
+    stage 0's snapshot has reached its holder (the worker of node 1). One live worker is
+    left for two stages: the coordinator cuts the model into one stage (--shape auto, the
+    default), and the survivor takes stage 0's units from the snapshot it holds and trains
+    the whole model alone to the end, exact. (Before: a pause for a restart that never
+    came, then a halt.)"""
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    from executor.runtime.peer_snapshots import DONE_KEY
+
+    env = dict(os.environ, PYTHONPATH=ROOT, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    summary, iters, d = tmp_path / "summary.json", 30, 1
+    procs, logs = [], []
+    try:
+        env["RECYCLE_STORE"] = start_coordinator(tmp_path, env, procs, logs, [
+            "-d", str(d), "-s", str(S), "-m", str(M), "--iterations", str(iters),
+            "--timeout", "4", "--snapshot-every", "2",
+            "--summary", str(summary), "--run-dir", str(tmp_path / "run")])
+        master_port = free_port()
+        nodes = [start_node(tmp_path, env, procs, logs, i, 2, master_port,
+                            ["--nproc-per-node", "1", "--max-restarts", "0"],
+                            ["--placement", "replicas"]) for i in range(2)]
+        host, port = env["RECYCLE_STORE"].rsplit(":", 1)
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=30))
+        assert wait_until(lambda: store.check([DONE_KEY.format(0)]), 120), \
+            (tmp_path / "coordinator.log").read_text()
+        victims = children(nodes[0].pid)
+        assert len(victims) == 1, victims
+        os.kill(victims[0], signal.SIGKILL)
+        rc = procs[0].wait(timeout=140)
+        out = (tmp_path / "coordinator.log").read_text()
+        both = "".join((tmp_path / f"node{i}.log").read_text() for i in range(2))
+        assert rc == 0, out + both
+        assert "the pipeline changes shape to 1 stages" in out, out
+        assert nodes[1].wait(timeout=30) == 0, both
+        got = Summary.load(str(summary))
+        assert got.elastic["pauses"] == 0 and got.plans[-1]["partition"]["grid"][1] == 1, got.plans
+        diffs = compare(got, train_reference(CFG, d, M, iters, S), 1e-5)
+        assert not diffs, "\n".join(diffs) + out
+    finally:
+        stop(procs, logs)
