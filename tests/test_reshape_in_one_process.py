@@ -141,3 +141,18 @@ def _two_stages(job: JobSpec) -> Plan:
     c = ch.choose(two, live_from_failed(job, [], ()), 1e9)
     plan = solve(c.shape.job, c.failed).with_roles(c.roles, c.moves)
     return plan.model_copy(update={"partition": c.shape.partition(job, ch.units)})
+
+
+def test_a_stage_lost_before_any_snapshot_restarts_the_new_shape_from_the_seed():
+    """No snapshot yet (here: none at all): stage 3's only copy is the run's start, which
+    every worker rebuilds from the seed; the three left start the new shape there and
+    re-train, exact. (It halted: no iteration had a copy of every stage.)"""
+    job = JobSpec.uniform(D, S, M)
+    failed = [(0, 0), (0, 1), (1, 2), (0, 3), (1, 3)]
+    shaped, _ = plan_shape(job, failed, horizon=100.0)
+    iterations = 6
+    agents = _drive(iterations, [(0, solve(job, [])), (3, shaped)])
+    left = {w: a for w, a in agents.items() if list(w) not in [list(f) for f in failed]}
+    assert all(a.exit == 0 for a in agents.values())
+    assert all(a.state.restored_at == -1 for a in left.values())
+    _assert_equal(_final(left), _reference(iterations))

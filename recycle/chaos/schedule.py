@@ -10,17 +10,18 @@ is known of the roles, moves or snapshot holders the runtime plans. What a user 
 is what the schedule respects: it never kills a dead worker nor rejoins a live one; a
 rejoin `R:S@J` lands before the kills of iteration J (its process is admitted before J
 trains), so the worker is killable again from J+1 on; and after every iteration's events
-at least S workers are live. Fewer would pause the run (nothing is lost), and a local
-`--rejoin` cannot fire while the run is paused, so that is the one limit a user must keep.
-With snapshots on and at least S live workers every stage always has a copy (in peer
-memory, or the run's start built from the seed), so any halt, crash or hang the schedule
-provokes is the runtime's fault.
+at least S workers are live, except in a local schedule that draws shape changes
+(P_SHRINK): there at least one. Through a service fewer would pause the job (nothing is
+lost; the service does not change shapes), and a rejoin cannot fire while it is paused;
+locally the pipeline is cut into fewer stages instead (`--shape auto`, the default). With
+snapshots on every stage always has a copy (in peer memory, or the run's start built from
+the seed), so any halt, crash or hang the schedule provokes is the runtime's fault.
 
 Its kinds of fault (`Fault.why`, reporting only): random kills; donor kills (a peer of
 the same home stage as a worker rejoining in that iteration); a whole home stage lost
 (every live worker whose home stage is s); a whole node lost (a replica row's live
-workers: one machine locally), maybe added back later as one; stalls; and with a service
-its SIGKILL and outage.
+workers: one machine locally), maybe added back later as one; stalls; fewer live workers
+than stages (a shape change, locally); and with a service its SIGKILL and outage.
 """
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ P_GROUP = 0.4  # a drawn kill becomes the loss of a whole home stage or node
 P_NODE_BACK = 0.75  # a lost node may come back (every worker of it at once), and then
 #                     does with P_REJOIN, as any rejoin
 GROUP_KINDS = ("stage", "node")
+P_SHRINK = 0.5  # a local schedule may leave fewer live workers than stages (a shape change)
 
 
 @dataclass(frozen=True)
@@ -108,11 +110,21 @@ class Schedule:
 
     def kinds(self) -> set[str]:
         """The group kinds of fault this schedule draws: a whole stage or node lost, a
-        node added back (see the module docstring)."""
+        node added back, fewer live workers than stages (see the module docstring)."""
         out = {f.why for f in self.faults if f.kind == "kill" and f.why in GROUP_KINDS}
         nodes = {(f.worker[0], f.iteration) for f in self.faults
                  if f.kind == "rejoin" and f.why == "node"}
-        return out | ({"node add"} if nodes else set())
+        return out | ({"node add"} if nodes else set()) | \
+            ({"shape"} if self.fewest_live() < self.stages else set())
+
+    def fewest_live(self) -> int:
+        """The fewest live workers after any iteration's events (the user's picture)."""
+        live, low = self.replicas * self.stages, self.replicas * self.stages
+        for i in range(self.iterations):
+            live += sum(1 for f in self.faults if f.kind == "rejoin" and f.iteration == i)
+            live -= sum(1 for f in self.faults if f.kind == "kill" and f.iteration == i)
+            low = min(low, live)
+        return low
 
     def describe(self) -> str:
         k = self.snapshot_every
@@ -148,7 +160,8 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
     # Fewer iterations with a service: a death is only declared there after a suspect
     # grace or a heartbeat timeout, so each fault costs seconds.
     N = rng.randint(8, 10) if service else rng.randint(12, 16)
-    faults = _faults(rng, D, S, N, service)
+    floor = 1 if not service and rng.random() < P_SHRINK else S
+    faults = _faults(rng, D, S, N, service, floor)
     outage = None
     if service:
         # Early enough to land inside the run (service runs last ~15-30 s here).
@@ -159,13 +172,16 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
 
 
 
-def _faults(rng: random.Random, D: int, S: int, N: int, service: bool) -> list[Fault]:
+def _faults(rng: random.Random, D: int, S: int, N: int, service: bool,
+            floor: int) -> list[Fault]:
+    """`floor`: the fewest live workers an iteration's events may leave."""
     grid = [(r, s) for r in range(D) for s in range(S)]
     live = set(grid)  # in the user's picture: started or rejoined, and not killed since
     back_at: dict[Worker, int] = {}  # dead worker -> the iteration it rejoins at
     # Iterations of the random kills (donor kills come on top); with replacement, so an
     # iteration may get two. The first always lands: everyone is live then and D >= 2.
-    targets = sorted(rng.randrange(N) for _ in range(rng.randint(1, 3 if service else 4)))
+    many = (3, 7) if floor < S else (1, 3 if service else 4)  # a shape change needs losses
+    targets = sorted(rng.randrange(N) for _ in range(rng.randint(*many)))
     stalls_left = rng.randint(0, 2)
     out: list[Fault] = []
 
@@ -190,9 +206,10 @@ def _faults(rng: random.Random, D: int, S: int, N: int, service: bool) -> list[F
             live.add(w)
         killed: list[Worker] = []
         # Killable now: live, not rejoined in this iteration (from the next one on), and
-        # at least S workers stay live (fewer pause the run, and a rejoin cannot fire then).
+        # at least `floor` workers stay live (S: fewer would pause a service's job, and a
+        # rejoin cannot fire then; 1: locally the pipeline is cut into fewer stages).
         fits = lambda ws: all(w in live and w not in back for w in ws) and \
-            len(live) - len(ws) >= S  # noqa: E731
+            len(live) - len(ws) >= floor  # noqa: E731
         for w in back:  # donor kills: a live peer of the rejoining worker's home stage
             donors = [p for p in grid if p[1] == w[1] and p != w and fits([p])]
             if donors and len(killed) < MAX_KILLS_PER_ITERATION and rng.random() < P_DONOR_KILL:

@@ -92,12 +92,13 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
         how, source = "reshaped", "live workers"
     else:
         k, providers = _restore_point(agent, info, S_old)
-        how, source = "reshaped", "peer-memory snapshots"
+        how, source = "reshaped", ("peer-memory snapshots" if providers is not None
+                                   else "the seed (the run's start)")
     me = st.me
     old_names = names_of(old_conf, S_old)
     new_names = names_of(new, new.stages)
     pieces: by_name.Pieces = {}
-    for s in range(S_old):
+    for s in range(S_old if providers is not None else 0):
         p = providers[s]
         src = by_name.split(_state_of(agent, s, k, holders)) if me == p else None
         for t in sorted(world.workers):
@@ -109,9 +110,10 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
                 world.send_blob(by_name.only(src, new_names[t[1]]), t)
             elif me == t:
                 pieces.update(world.recv_blob(p))
-    stage = agent.build_stage(new, me[1])
+    stage = agent.build_stage(new, me[1])  # as at the run's start: the seed's state
     try:
-        stage.load_state(by_name.assemble(stage.module, stage.opt, pieces))
+        if providers is not None:
+            stage.load_state(by_name.assemble(stage.module, stage.opt, pieces))
         stage.stepper.reset(k + 1)
         world.allgather_ints([1])  # every member has its new stage: take them
     except BaseException:
@@ -157,13 +159,19 @@ def _restore_point(agent, info: dict, S_old: int):
     for h in members.values():
         for s, its in h.copies.items():
             have.setdefault(s, set()).update(its)
-        if h.origin is not None and h.stage >= 0:
-            have[h.stage].add(h.origin)
+    # a run from its seed has every stage's state before its first step anywhere: each
+    # member builds its new stage at the seed (nothing moves)
+    origin = agent.state.origin
+    if origin is not None:
+        for s in range(S_old):
+            have[s].add(origin)
     common = set.intersection(*have.values())
     if not common:
         raise NoCopy("a stage lost whole before a change of shape and no iteration has a "
                      "copy of every stage among the live workers: resume from a checkpoint")
     k = max(common)
+    if k == origin:
+        return k, None
     providers = {s: min(w for w, h in members.items() if h.can_give(s, k))
                  for s in range(S_old)}
     return k, providers
