@@ -110,7 +110,8 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
 
         def keep(it, modules, opts):
             if it in want:
-                ref[it] = [copy.deepcopy({"model": m.state_dict(), "optim": o.state_dict()})
+                ref[it] = [copy.deepcopy({"names": [n for n, _ in m.named_parameters()],
+                                          "model": m.state_dict(), "optim": o.state_dict()})
                            for m, o in zip(modules, opts)]
         train_reference(CFG, 2, M, ITERS, 2, training=training, after_step=keep)
         for s in (0, 1):
