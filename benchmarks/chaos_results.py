@@ -70,7 +70,10 @@ def main(argv=None) -> int:
               f"rebuilt it from the seed) {el['snapshot_restores']} times (of which "
               f"{el.get('replays', 0)} replayed the lost stage alone from the boundary logs, "
               f"the rest rolled the job back: {el.get('retrained_iterations', 0)} iterations "
-              f"trained again in all), and paused {el.get('pauses', 0)} times.", "",
+              f"trained again in all), changed the pipeline's shape "
+              f"{el.get('shape_changes', 0)} times in {el.get('runs_with_shape_changes', 0)} "
+              f"runs (fewer live workers than stages: fewer, deeper stages), and paused "
+              f"{el.get('pauses', 0)} times.", "",
               "Runs with each kind of fault: " + "; ".join(f"{name} {n}" for name, n in
                                                             having.items()) + ".", "",
               "Time to recover (s): from a SIGKILL to every survivor training under the next "

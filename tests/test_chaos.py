@@ -29,7 +29,8 @@ def violations(sched: Schedule) -> list[str]:
     """Replays the schedule on its own (not with the drawing code) in the user's picture:
     worker R:S is of home stage S; rejoins of iteration i land before its kills, and a
     rejoined worker is killable from the next one on; at least S workers stay live after
-    every iteration (fewer pause the run, and a rejoin cannot fire then)."""
+    every iteration through a service (fewer pause its job, and a rejoin cannot fire then),
+    at least one locally (fewer than S cut the pipeline into fewer stages)."""
     D, S, N = sched.replicas, sched.stages, sched.iterations
     live = {(r, s) for r in range(D) for s in range(S)}
     out = []
@@ -65,8 +66,9 @@ def violations(sched: Schedule) -> list[str]:
                 if lost != {w for w in live if w[key] == g}:
                     out.append(f"iteration {i}: {why} {g} not lost whole")
         live -= {f.worker for f in kills}
-        if len(live) < S:
-            out.append(f"iteration {i}: {len(live)} live workers, fewer than {S} stages")
+        floor = S if sched.service else 1  # locally fewer cut the pipeline (shapes)
+        if len(live) < floor:
+            out.append(f"iteration {i}: {len(live)} live workers, fewer than {floor}")
         for f in (f for f in at if f.kind == "stall"):
             if f.worker not in live:
                 out.append(f"{f.short()}: stall of a dead worker")
@@ -107,7 +109,10 @@ def test_the_replay_catches_broken_schedules():
     # a rejoin lands before its iteration's kills, so it counts toward the S live workers
     assert not violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("rejoin", (0, 0), 3),
                                 ("kill", (1, 0), 3, None, "donor")))
-    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("kill", (1, 0), 3)))
+    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("kill", (1, 0), 3),
+                            service=True))  # fewer live than stages through a service
+    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 1), 1), ("kill", (1, 0), 3),
+                            ("kill", (1, 1), 4)))  # nobody left
     # a whole home stage (or node) may be lost: the plan fills it, from a snapshot
     assert not violations(sched(("kill", (0, 1), 1, None, "stage"),
                                 ("kill", (1, 1), 1, None, "stage"), ("rejoin", (0, 1), 4),
@@ -169,7 +174,8 @@ def test_an_explicit_k_is_one_flag_and_shown():
 
 def test_seeds_reach_every_kind_of_fault():
     """Over a few hundred schedules: donor kills, two kills in one iteration, a worker killed
-    and rejoined twice, stalls, a whole home stage or node lost, a node added back."""
+    and rejoined twice, stalls, a whole home stage or node lost, a node added back, fewer
+    live workers than stages (a shape change)."""
     found = set()
     for seed in range(300):
         s = draw_one(seed, 0)
@@ -185,7 +191,7 @@ def test_seeds_reach_every_kind_of_fault():
             found.add("stall")
         found |= s.kinds()
     assert found == {"donor kill", "two kills in one iteration", "killed and rejoined twice",
-                     "stall", "stage", "node", "node add"}
+                     "stall", "stage", "node", "node add", "shape"}
 
 
 @pytest.mark.procs
@@ -224,7 +230,8 @@ def test_recovery_percentiles_per_mode():
     assert got["recovery"]["local"]["loss"] == {"n": 1, "p50": 4.0, "p99": 4.0, "max": 4.0}
     assert got["elastic"] == {"runs": 1, "moves": 1, "snapshot_restores": 1, "replays": 1,
                               "retrained_iterations": 0, "runs_with_moves": 1,
-                              "snapshot_every": {"2": 1}, "pauses": 0}
+                              "snapshot_every": {"2": 1}, "pauses": 0, "shape_changes": 0,
+                              "runs_with_shape_changes": 0}
     assert got["ok"]
     # only exact is a success: a halt (a copy of every stage lived) fails the soak
     halted = {**rec(False), "outcome": "halt"}
@@ -344,3 +351,9 @@ def test_chaos_runs_exact_and_leak_free(tmp_path, seed):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_chaos_through_a_crashing_service_runs_exact_and_leak_free(tmp_path, seed):
     run_and_check(tmp_path, "--seed", str(seed), "--runs", "1", "--service", limit=380)
+
+
+def test_local_schedules_draw_shape_changes_and_service_ones_never():
+    local = [draw_one(3, k) for k in range(60)]
+    assert sum("shape" in s.kinds() for s in local) >= 6
+    assert not any("shape" in draw_one(3, k, True).kinds() for k in range(60))

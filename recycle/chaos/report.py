@@ -107,7 +107,12 @@ def summarize(records: list[dict]) -> dict:
                                                if (r.get("elastic") or {}).get("moves")),
                         "snapshot_every": dict(sorted(chosen.items(), key=_k_order)),
                         "pauses": sum((r.get("elastic") or {}).get("pauses", 0)
-                                      for r in records)},
+                                      for r in records),
+                        # plan versions that changed the pipeline's shape, and in how many runs
+                        "shape_changes": sum((r.get("elastic") or {}).get("shape_changes", 0)
+                                             for r in records),
+                        "runs_with_shape_changes": sum(
+                            1 for r in records if (r.get("elastic") or {}).get("shape_changes"))},
             # only exact is a success: a halt too is a failure (see runner.py)
             "ok": all(r["outcome"] == "exact" for r in records)}
 
@@ -119,7 +124,8 @@ def summary_line(summary: dict) -> str:
     moves = (f"; {el['moves']} moves in {el['runs_with_moves']} runs, "
              f"{el['snapshot_restores']} snapshot restores ({el.get('replays', 0)} replayed "
              f"alone, {el.get('retrained_iterations', 0)} iterations retrained), "
-             f"{el.get('pauses', 0)} pauses "
+             f"{el.get('shape_changes', 0)} shape changes in "
+             f"{el.get('runs_with_shape_changes', 0)} runs, {el.get('pauses', 0)} pauses "
              f"({el['runs']} runs kept snapshots{': ' + every if every else ''})"
              if el else "")
     return f"{summary['runs']} runs: {counts}; {summary['leaks']} leaked processes{moves}"

@@ -136,6 +136,12 @@ class RunEnd:
             time.sleep(0.1)
 
 
+def _shape(plan: dict) -> Optional[tuple]:
+    part = plan.get("partition")
+    return None if part is None or part["bounds"] == list(range(len(part["bounds"]))) \
+        and part["unit"] == "stage" else tuple(part["bounds"])
+
+
 def elastic_counts(plans: list[dict], record: RunRecord, extra: dict) -> dict:
     """Moves and snapshot restores of the plan versions trained under, the pauses (fewer
     live workers than stages) and their wall time, and what the coordinator adds (`extra`:
@@ -154,4 +160,8 @@ def elastic_counts(plans: list[dict], record: RunRecord, extra: dict) -> dict:
             "replay_s": round(sum(r["seconds"] for r in replays), 4),
             # each stage lost whole, in order: replayed alone, or the job rolled back (why)
             "lost_stages": list(record.recoveries),
+            # plan versions trained under whose shape (stages and their units) differs
+            # from the one before (docs/executor.md, "Shapes")
+            "shape_changes": sum(1 for a, b in zip([None, *plans], plans) if a is not None
+                                 and _shape(a) != _shape(b)),
             "pauses": record.pauses, "paused_s": round(record.paused_s, 3), **extra}

@@ -23,6 +23,7 @@ job back to the run's start).
 from __future__ import annotations
 
 import dataclasses
+import time
 import zlib
 
 import torch
@@ -67,6 +68,7 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
     """Enter `plan` (its shape `new`); returns `synced_cls(iteration, how, source)`, or
     None when every member with state holds the new shape already (plain sync then)."""
     world, st = agent.world, agent.state
+    t0 = time.perf_counter()
     old = agent.conf
     L = old.model.n_layers
     mine_id = shape_id(old)
@@ -123,10 +125,13 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
     if source != "live workers":
         st.restored_at = k
         if me == world.workers[0]:
-            agent.source.send(RolledBack(to=k, why="a stage lost whole before a change of "
-                                                   "shape: its state came from a snapshot"))
+            agent.source.send(RolledBack(to=k, why=(
+                "a stage lost whole before a change of shape: its state came from a snapshot"
+                if providers is not None else "a stage lost whole before any snapshot of it "
+                "and a change of shape: the new shape starts from the seed")))
     agent.log(f"changed shape to {new.stages} stages (blocks from {list(new.model.boundaries)}) "
-              f"at iteration {k + 1}: stage {me[1]} from {source}")
+              f"at iteration {k + 1}: stage {me[1]} from {source} in "
+              f"{time.perf_counter() - t0:.3f} s")
     return synced_cls(k + 1, how, source)
 
 
