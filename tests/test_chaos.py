@@ -30,7 +30,7 @@ def violations(sched: Schedule) -> list[str]:
     worker R:S is of home stage S; rejoins of iteration i land before its kills, and a
     rejoined worker is killable from the next one on; at least S workers stay live after
     every iteration through a service (fewer pause its job, and a rejoin cannot fire then),
-    at least one locally (fewer than S cut the pipeline into fewer stages)."""
+    at least ceil(S/2) locally (fewer than S cut the pipeline into fewer stages)."""
     D, S, N = sched.replicas, sched.stages, sched.iterations
     live = {(r, s) for r in range(D) for s in range(S)}
     out = []
@@ -66,7 +66,7 @@ def violations(sched: Schedule) -> list[str]:
                 if lost != {w for w in live if w[key] == g}:
                     out.append(f"iteration {i}: {why} {g} not lost whole")
         live -= {f.worker for f in kills}
-        floor = S if sched.service else 1  # locally fewer cut the pipeline (shapes)
+        floor = S if sched.service else -(-S // 2)  # locally fewer: a shape (<= 2 merged)
         if len(live) < floor:
             out.append(f"iteration {i}: {len(live)} live workers, fewer than {floor}")
         for f in (f for f in at if f.kind == "stall"):

@@ -253,3 +253,17 @@ def test_fixed_shape_still_pauses():
     m = elastic(2, 2, snapshots=True, pause=True)
     m, d = m.fail_many([((0, 0), None), ((0, 1), None), ((1, 1), None)])
     assert isinstance(d, Pause) and "1 live worker cannot serve 2 stages" in d.reason
+
+
+def test_when_no_shape_fits_the_live_workers_the_run_pauses_for_returns_then_cuts():
+    # a spec's units merge at most two of its stages: 1 live worker of a 2x3 job fits no
+    # shape (chaos: it halted, where --shape fixed paused); it pauses, and a return resumes
+    # on a shape again
+    m = shaped(2, 3)
+    m, d = m.fail_many([((0, 0), None), ((0, 1), None), ((1, 1), None), ((0, 2), None)])
+    assert isinstance(d, Publish) and d.partition is not None and d.shape_job.stages == 2, d
+    m = m.entered(m.version)
+    m, d = m.fail((1, 2))
+    assert isinstance(d, Pause) and "fit no shape" in d.reason, d
+    m, d = m.recover((0, 0))
+    assert isinstance(d, Publish) and d.partition is not None, d

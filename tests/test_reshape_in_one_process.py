@@ -156,3 +156,18 @@ def test_a_stage_lost_before_any_snapshot_restarts_the_new_shape_from_the_seed()
     assert all(a.exit == 0 for a in agents.values())
     assert all(a.state.restored_at == -1 for a in left.values())
     _assert_equal(_final(left), _reference(iterations))
+
+
+def test_final_checksums_count_one_version_only(tmp_path):
+    """A stage of a 3-stage shape finished the last iteration before a death sent the job
+    back to a 2-stage shape: its report must not be summed with the 2-stage ones (chaos
+    seed 90 run 19: base stage 2 counted twice, 34.2 against 17.1)."""
+    from executor.inputs.launch_spec import LaunchSpec
+    from executor.launch.coordinator.ending import RunEnd
+    spec = LaunchSpec(CFG, JobSpec.uniform(2, 3, M), 5, run_dir=str(tmp_path))
+    end = RunEnd(spec, str(tmp_path), console=None)
+    end.final(2, 5, 17.0, [0.0, 0.0, 17.0])  # under v5 (3 stages)
+    end.final(0, 6, 50.0, [32.0, 18.0, 0.0])  # under v6 (2 stages)
+    end.final(1, 6, 17.1, [0.0, 0.0, 17.1])
+    end.final(2, 5, 17.0, [0.0, 0.0, 17.0])  # a late report of the older version
+    assert end._checksums() == [32.0, 18.0, 17.1]

@@ -318,13 +318,19 @@ class Membership:
         stateless = tuple(fresh) + tuple(sorted(w for w in self.moving
                                                 if w not in failed and w not in fresh))
         live = self.replicas * self.stages - len(failed)
+        why = f"{live} live worker{'s' if live != 1 else ''} cannot serve {self.stages} stages"
         if self.shapes and (live < self.stages or self.partition is not None):
-            return self._reshaped(failed, stateless, grid, cause)
+            out = self._reshaped(failed, stateless, grid, cause)
+            if not isinstance(out, str):
+                return out
+            why = out  # no shape fits them either: pause for returns, as a fixed shape does
         if self.pause and self.snapshots and live < self.stages:
-            why = f"{live} live worker{'s' if live != 1 else ''} cannot serve {self.stages} stages"
             paused = replace(self, failed=frozenset(failed), incarnations=grid, state="paused",
                              reason=why, moving=frozenset(stateless))
             return paused, Pause(why)
+        if self.shapes and (live < self.stages or self.partition is not None):
+            halted = replace(self, failed=frozenset(failed), state="halted", reason=why)
+            return halted, Halt(why)
         out, why = reassign(self.job, failed, self.roles, stateless, self.horizon,
                             self.snapshots)
         if out is None:
@@ -335,9 +341,9 @@ class Membership:
         return new._publish(failed, grid, cause, moves=out.moves)
 
     def _reshaped(self, failed: frozenset, stateless: tuple, grid: Grid,
-                  cause: str) -> tuple["Membership", Decision]:
+                  cause: str) -> Union[tuple["Membership", Decision], str]:
         """The shape (planner/shapes/choose.py), slots and moves for the live set, from
-        the shape in force; a halt when no shape fits the live workers."""
+        the shape in force; the reason when no shape fits the live workers."""
         from planner.shapes.planning import shaped_plan_parts
         current = (self.partition, self.shape_job) if self.partition is not None else None
         gone = {home_id(*w) for w in failed} | {home_id(*w) for w in stateless}
@@ -351,8 +357,7 @@ class Membership:
                 live[home_id(*w)] = None
         out = shaped_plan_parts(self.job, current, live, self.horizon, self.snapshots)
         if isinstance(out, str):
-            halted = replace(self, failed=frozenset(failed), state="halted", reason=out)
-            return halted, Halt(out)
+            return out
         choice, part = out
         new = replace(self, roles=tuple(choice.roles), state="running", reason=None,
                       partition=part, shape_job=choice.shape.job,

@@ -11,7 +11,7 @@ is what the schedule respects: it never kills a dead worker nor rejoins a live o
 rejoin `R:S@J` lands before the kills of iteration J (its process is admitted before J
 trains), so the worker is killable again from J+1 on; and after every iteration's events
 at least S workers are live, except in a local schedule that draws shape changes
-(P_SHRINK): there at least one. Through a service fewer would pause the job (nothing is
+(P_SHRINK): there at least ceil(S/2), the fewest a shape of a spec's units can run on. Through a service fewer would pause the job (nothing is
 lost; the service does not change shapes), and a rejoin cannot fire while it is paused;
 locally the pipeline is cut into fewer stages instead (`--shape auto`, the default). With
 snapshots on every stage always has a copy (in peer memory, or the run's start built from
@@ -160,7 +160,9 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
     # Fewer iterations with a service: a death is only declared there after a suspect
     # grace or a heartbeat timeout, so each fault costs seconds.
     N = rng.randint(8, 10) if service else rng.randint(12, 16)
-    floor = 1 if not service and rng.random() < P_SHRINK else S
+    # a job spec's units are its stages, and a shape merges at most two of them (planner/
+    # shapes/units.py): fewer live workers than ceil(S/2) fit no shape and pause the run
+    floor = -(-S // 2) if not service and rng.random() < P_SHRINK else S
     faults = _faults(rng, D, S, N, service, floor)
     outage = None
     if service:
@@ -207,7 +209,7 @@ def _faults(rng: random.Random, D: int, S: int, N: int, service: bool,
         killed: list[Worker] = []
         # Killable now: live, not rejoined in this iteration (from the next one on), and
         # at least `floor` workers stay live (S: fewer would pause a service's job, and a
-        # rejoin cannot fire then; 1: locally the pipeline is cut into fewer stages).
+        # rejoin cannot fire then; ceil(S/2): locally the pipeline is cut into fewer stages).
         fits = lambda ws: all(w in live and w not in back for w in ws) and \
             len(live) - len(ws) >= floor  # noqa: E731
         for w in back:  # donor kills: a live peer of the rejoining worker's home stage

@@ -61,8 +61,23 @@ class RunEnd:
         self.final_checks: dict[int, float] = {}  # stage -> its last checksum
         # stage -> its checksums per stage of the job's own split (after a change of shape)
         self.final_parts: dict[int, Optional[list[float]]] = {}
+        self.final_version = -1  # the plan version the final checksums were trained under
         self.byes: set = set()  # external workers that said they are leaving
         self._ck_checked = 0.0
+
+    def final(self, stage: int, version: int, checksum, parts) -> None:
+        """A worker's checksums after the last iteration. Only one version's count: a
+        stage of an older shape that finished the last iteration before a failure sent
+        the job back would be counted twice (chaos: a 3-stage report beside a 2-stage
+        version's, base stage 2 summed twice)."""
+        if version < self.final_version:
+            return
+        if version > self.final_version:
+            self.final_checks.clear()
+            self.final_parts.clear()
+            self.final_version = version
+        self.final_checks[stage] = checksum
+        self.final_parts[stage] = parts
 
     def collect(self, now: float) -> None:
         """Complete checkpoints, at most every 0.25 s."""

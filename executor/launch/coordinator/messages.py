@@ -44,8 +44,7 @@ def on_done(c, w, m: P.Done) -> None:
         c.record.trained[m.it] = m.v
         c.end.losses.add(m.it, m.losses)
     if m.it == c.iterations - 1:
-        c.end.final_checks[slot[1]] = m.checksum
-        c.end.final_parts[slot[1]] = m.base_checksums
+        c.end.final(slot[1], m.v, m.checksum, m.base_checksums)
         if m.snap_bytes is not None:  # the host memory its snapshots hold, and K in force
             c.snapshots.final(w, m.snap_every, m.snap_bytes, m.log_bytes)
     c.snapshots.look(c.store)
