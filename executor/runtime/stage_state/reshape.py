@@ -56,7 +56,7 @@ def names_of(conf: WorkerConfig, stages: int) -> list[set[str]]:
                 for s in range(stages)]
 
 
-def needed(agent, plan) -> bool:
+def needed(plan) -> bool:
     """Is entering `plan` a change of shape? Decided by all members alike: a plan with a
     partition asks every member (the one all-gather of `reshape`); one without keeps the
     job's own shape, which a run that changed shape never goes back to (the coordinator
@@ -70,10 +70,10 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
     world, st = agent.world, agent.state
     t0 = time.perf_counter()
     old = agent.conf
-    L = old.model.n_layers
-    mine_id = shape_id(old)
-    row = [mine_id, old.stages, agent.stage.stage, _settled(agent), int(st.fresh),
-           *_padded(old.model.boundaries, L + 1)]
+    # the same width on every member: a shape never has more stages than the job's own
+    width = max(old.model.n_layers + 1, agent.base.stages)
+    row = [shape_id(old), old.stages, agent.stage.stage, _settled(agent), int(st.fresh),
+           *_padded(old.model.boundaries, width)]
     info = world.allgather_ints(row)
     holders = {w: r for w, r in info.items() if not r[4]}
     ids = {r[0] for r in holders.values()}
@@ -91,18 +91,18 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
         providers = {s: min(w for w, r in holders.items() if r[2] == s) for s in range(S_old)}
         if not st.fresh:
             _settle_at(agent, k)
-        how, source = "reshaped", "live workers"
+        source = "live workers"
     else:
         k, providers = _restore_point(agent, info, S_old)
-        how, source = "reshaped", ("peer-memory snapshots" if providers is not None
-                                   else "the seed (the run's start)")
+        source = ("peer-memory snapshots" if providers is not None
+                  else "the seed (the run's start)")
     me = st.me
     old_names = names_of(old_conf, S_old)
     new_names = names_of(new, new.stages)
     pieces: by_name.Pieces = {}
     for s in range(S_old if providers is not None else 0):
         p = providers[s]
-        src = by_name.split(_state_of(agent, s, k, holders)) if me == p else None
+        src = by_name.split(_state_of(agent, s, k)) if me == p else None
         for t in sorted(world.workers):
             if not old_names[s] & new_names[t[1]]:
                 continue
@@ -132,7 +132,7 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
     agent.log(f"changed shape to {new.stages} stages (blocks from {list(new.model.boundaries)}) "
               f"at iteration {k + 1}: stage {me[1]} from {source} in "
               f"{time.perf_counter() - t0:.3f} s")
-    return synced_cls(k + 1, how, source)
+    return synced_cls(k + 1, "reshaped", source)
 
 
 def _padded(values, width: int) -> list[int]:
@@ -195,7 +195,7 @@ def _has(agent) -> Has:
                st.origin if stage >= 0 else None)
 
 
-def _state_of(agent, s: int, k: int, holders: dict) -> dict:
+def _state_of(agent, s: int, k: int) -> dict:
     """Old stage s's state after step k, from this provider: its own stage (live, or its
     host copy), the seed at the run's start, or a snapshot it holds."""
     st, snaps = agent.state, agent.snaps

@@ -35,7 +35,8 @@ class Synced:
     iteration: int  # the iteration the members train next
     how: str  # "kept" (its state as it was), "rolled back" (its own pre-step copies),
     #           "loaded" (from a live peer), "restored" (the job rolled back to snapshots),
-    #           "replayed" (its stage was lost: snapshot + replay)
+    #           "replayed" (its stage was lost: snapshot + replay), "reshaped" (the plan
+    #           changed shape: its new stage's state by name, reshape.py)
     source: str = ""  # where a loaded or restored state came from
 
 
@@ -43,7 +44,7 @@ def sync_state(agent, plan) -> Synced:
     """Agree with the members of the new world on the iteration to train next; `agent`
     holds its stage's state after the one before when this returns."""
     world, st = agent.world, agent.state
-    if reshape.needed(agent, plan):
+    if reshape.needed(plan):
         synced = reshape.reshape(agent, plan, shaped_config(agent.base, plan), Synced)
         if synced is not None:
             return synced
