@@ -171,3 +171,16 @@ def test_final_checksums_count_one_version_only(tmp_path):
     end.final(1, 6, 17.1, [0.0, 0.0, 17.1])
     end.final(2, 5, 17.0, [0.0, 0.0, 17.0])  # a late report of the older version
     assert end._checksums() == [32.0, 18.0, 17.1]
+
+
+def test_final_checksums_of_a_stage_that_never_changed_shape_count_as_its_own(tmp_path):
+    """Back on the job's own cut after a change, a restarted worker that never changed
+    shape reports no parts: its checksum is its own stage's (chaos seed 91 run 35: base
+    stage 1 summed to 0)."""
+    from executor.inputs.launch_spec import LaunchSpec
+    from executor.launch.coordinator.ending import RunEnd
+    end = RunEnd(LaunchSpec(CFG, JobSpec.uniform(2, 2, M), 5, run_dir=str(tmp_path)),
+                 str(tmp_path), console=None)
+    end.final(0, 7, 30.0, [30.0, 0.0])
+    end.final(1, 7, 40.0, None)
+    assert end._checksums() == [30.0, 40.0]

@@ -238,6 +238,7 @@ class Agent:
         st, slot = self.state, plan.slot_of(self.state.name)
         target = shaped_config(self.base, plan)
         if bounds_key(target) == bounds_key(self.conf):
+            self.conf = target  # the same shape (a cut run back on the job's own: its conf)
             return self._move(slot, plan)
         if st.fresh:
             self.log(f"building stage {slot[1]} of {target.stages} (plan v{plan.version}'s shape)")

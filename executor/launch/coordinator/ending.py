@@ -124,10 +124,14 @@ class RunEnd:
     def _checksums(self) -> list[float]:
         """Per stage of the job's own split: as reported, or, after a change of shape,
         summed from every stage's parts."""
-        parts = [p for p in self.final_parts.values() if p is not None]
-        if not parts:
+        if all(p is None for p in self.final_parts.values()):
             return [self.final_checks[s] for s in range(self.S)]
-        return [sum(p[s] for p in parts) for s in range(self.S)]
+        # a stage that sent none runs the job's own stage of its number (a worker that
+        # never changed shape, in a version on the job's own cut)
+        parts = [p if p is not None else [self.final_checks[s] if b == s else 0.0
+                                          for b in range(self.S)]
+                 for s, p in self.final_parts.items()]
+        return [sum(p[b] for p in parts) for b in range(self.S)]
 
     def halted(self, reason: str, fatal: bool) -> Optional[str]:
         """The run halts: collect what checkpoints are complete, print why and where to
