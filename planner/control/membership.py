@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, Literal, Optional, Union
 
-from planner.control.elastic import reassign
+from planner.control.elastic import reassign, slots_of
 from planner.control.roles import failed_of
 from planner.failures import NoPlanError, Worker
 from planner.job import JobSpec
@@ -346,12 +346,8 @@ class Membership:
         the shape in force; the reason when no shape fits the live workers."""
         from planner.shapes.planning import shaped_plan_parts
         current = (self.partition, self.shape_job) if self.partition is not None else None
-        gone = {home_id(*w) for w in failed} | {home_id(*w) for w in stateless}
-        if self.roles is None:
-            live = {home_id(r, s): (r, s) for r in range(self.replicas)
-                    for s in range(self.stages) if home_id(r, s) not in gone}
-        else:
-            live = {x.worker: (x.replica, x.stage) for x in self.roles if x.worker not in gone}
+        live: dict = slots_of(self.replicas, self.stages, set(failed) | set(stateless),
+                              self.roles)
         for w in stateless:
             if tuple(w) not in failed:
                 live[home_id(*w)] = None
