@@ -32,7 +32,7 @@ from api.stragglers import SpeedError
 from planner.cache import PlanCache
 from planner.inputs.limits import TooLarge, check_plannable
 from planner.job import JobSpec
-from planner.control.decision_plan import reusable, stamp
+from planner.control.decision_plan import planned_on, reusable, stamp
 from planner.control.membership import Halt, Membership, Pause, Publish, Reject
 from planner.plan import Plan
 
@@ -75,11 +75,12 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
             # or paused job's row also has the workers who died since that plan
             kw = {} if plan.roles is not None and row["state"] == "running" else {
                 "failed": [tuple(w) for w in json.loads(row["failed_json"])]}
+            shape = row["shape"] or "fixed"  # a job registered before shapes keeps its own
             members = Membership.following(
-                plan, **self.config.elastic(spec), state=row["state"], reason=row["reason"],
-                **kw).with_speeds(plan.job.speed)
+                plan, **self.config.elastic(spec, shape), state=row["state"],
+                reason=row["reason"], **kw).with_speeds(plan.job.speed)
             self.jobs[row["id"]] = JobRuntime(
-                id=row["id"], spec=spec, token_hash=row["token_hash"],
+                id=row["id"], spec=spec, token_hash=row["token_hash"], shape=shape,
                 max_failures=row["max_failures"], created=row["created"], plan=plan,
                 plan_bytes=latest["plan_json"].encode(), members=members)
             job = self.jobs[row["id"]]
@@ -119,14 +120,15 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
             raise ApiError(422, str(exc)) from None
 
     # ---- jobs --------------------------------------------------------------------------
-    async def register(self, spec: JobSpec, max_failures: Optional[int]) -> tuple[JobRuntime, str]:
+    async def register(self, spec: JobSpec, max_failures: Optional[int],
+                       shape: str = "auto") -> tuple[JobRuntime, str]:
         self._check_size(spec)
         k = self.config.precompute_failures if max_failures is None else max_failures
         if not 0 <= k <= self.config.max_failures_limit:
             raise ApiError(422, f"max_failures must be between 0 and "
                                 f"{self.config.max_failures_limit}")
         plan, source = await asyncio.to_thread(self._plan_now, spec, [])
-        elastic = await asyncio.to_thread(self.config.elastic, spec)
+        elastic = await asyncio.to_thread(self.config.elastic, spec, shape)
         if source == "greedy":
             await asyncio.to_thread(self.cache.put, plan)
         job_id = uuid.uuid4().hex[:12]
@@ -137,9 +139,9 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
         solvers = list(self.precomputer.solvers()) if self.precomputer else ["greedy"]
         now = time.time()
         self.store.create_job(job_id, spec.model_dump_json(), spec.spec_hash(),
-                              hash_token(token), k, record, solvers, now)
+                              hash_token(token), k, record, solvers, now, shape)
         job = JobRuntime(id=job_id, spec=spec, token_hash=hash_token(token), max_failures=k,
-                         created=now, plan=plan, plan_bytes=record["json"].encode(),
+                         created=now, plan=plan, plan_bytes=record["json"].encode(), shape=shape,
                          members=Membership.start(
                              spec.replicas, spec.stages, (), grid, 0,
                              **elastic).with_speeds(plan.job.speed),
@@ -206,6 +208,7 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
         members = members.with_speeds(spec.speed)
         fresh, plan, plan_source, record = None, None, None, None
         if not held:
+            spec = planned_on(decision, spec)  # a shape's plan: on the job it cuts
             if reusable(decision, job.plan, spec.spec_hash()):
                 fresh = job.plan  # same failed set and speeds: the plan in force,
                 #                   admitting the new incarnation

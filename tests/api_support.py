@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Optional
 
 import httpx
 
@@ -33,9 +34,9 @@ def admin_headers(token: str = ADMIN) -> dict:
     return {"Authorization": f"Bearer {token}"}
 
 
-def register_job(admin: httpx.Client, **kw) -> tuple[str, str]:
+def register_job(admin: httpx.Client, shape: Optional[str] = None, **kw) -> tuple[str, str]:
     """A job of spec(**kw) registered with the admin client: (job id, worker token)."""
-    r = admin.post("/v1/jobs", json=spec(**kw))
+    r = admin.post("/v1/jobs", json=spec(**kw), params={"shape": shape} if shape else None)
     assert r.status_code == 201, r.text
     return r.json()["id"], r.json()["token"]
 

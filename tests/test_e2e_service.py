@@ -47,8 +47,9 @@ def reference(iterations, replicas=D, stages=S):
     return train_reference(CFG, replicas, M, iterations, stages)
 
 
-def register(url: str, replicas=D, stages=S) -> tuple[str, str]:
-    r = httpx.post(url + "/v1/jobs", headers=admin_headers(), params={"max_failures": 1},
+def register(url: str, replicas=D, stages=S, shape="auto") -> tuple[str, str]:
+    r = httpx.post(url + "/v1/jobs", headers=admin_headers(),
+                   params={"max_failures": 1, "shape": shape},
                    json=JobSpec.uniform(replicas, stages, M).model_dump(mode="json"))
     r.raise_for_status()
     return r.json()["id"], r.json()["token"]
@@ -185,15 +186,36 @@ def test_kills_that_leave_a_stage_short_move_a_worker_through_the_service(tmp_pa
         srv.stop()
 
 
+def test_three_of_four_lost_the_service_cuts_the_pipeline_and_the_run_stays_exact(tmp_path):
+    """2x2 at default flags: three workers die in iteration 2 for good. The service cuts
+    the pipeline to one stage (both of the job's) for the one live worker, which takes the
+    other stage's state from peer memory and trains on alone, never paused, exact."""
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    try:
+        jid, token = register(srv.url)
+        coord = coordinator(tmp_path, srv.url, jid, token, 6, faults=Faults(
+            kills=[(0, 0, 2), (0, 1, 2), (1, 1, 2)]))
+        res = coord.run()
+        assert_exact(res, coord, 6, tmp_path)
+        h = history(srv.url, jid)
+        assert "paused" not in [e["state"] for e in h["events"]], h["events"]
+        assert h["job"]["state"] == "finished", h["job"]
+        last = h["plans"][-1]
+        assert last["partition"]["bounds"] == [0, 2] and len(last["roles"]) == 1, last
+        assert "changed shape" in logs(tmp_path), logs(tmp_path)
+    finally:
+        srv.stop()
+
+
 def test_too_few_live_workers_pause_the_service_job_and_it_resumes_exact(tmp_path):
-    """2x2 at default flags: three workers die in iteration 2, one live worker cannot serve
-    two stages. The service pauses the job (no version while too few live; before, it
-    halted), the restarted 0:1 asks back in, and the next version resumes from peer
-    memory: every stage rolls back to a copy it kept, the run ends exact."""
+    """2x2 registered with a fixed shape: three workers die in iteration 2, one live
+    worker cannot serve two stages. The service pauses the job (no version while too few
+    live; before, it halted), the restarted 0:1 asks back in, and the next version resumes
+    from peer memory: every stage rolls back to a copy it kept, the run ends exact."""
     srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
                      "--heartbeat-timeout", "10", "--suspect-grace", "3", *NO_SPEEDS).start()
     try:
-        jid, token = register(srv.url)
+        jid, token = register(srv.url, shape="fixed")
         coord = coordinator(tmp_path, srv.url, jid, token, 6, faults=Faults(
             kills=[(0, 0, 2), (0, 1, 2), (1, 1, 2)], restarts=[(0, 1, 4)]))
         res = coord.run()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from api_support import ThreadServer, admin_headers, register_job, token_client
+from api_support import ThreadServer, admin_headers, register_job, spec, token_client
 from executor.sources.http_source import HttpPlanSource
 from executor.sources.plan_source import TrainingHalted
 
@@ -42,9 +42,10 @@ def test_a_stage_lost_whole_moves_a_worker_from_peer_memory_by_default(admin):
 
 
 def test_too_few_live_workers_pause_the_job_and_a_return_resumes_it(admin, server):
-    """One live worker of a 2x2 job: no version while paused (long-polls wait, heartbeats
-    and events are taken, deaths still count); a return publishes the next version."""
-    jid, token = register(admin, D=2, S=2, M=2)
+    """One live worker of a 2x2 job registered with a fixed shape: no version while paused
+    (long-polls wait, heartbeats and events are taken, deaths still count); a return
+    publishes the next version."""
+    jid, token = register(admin, shape="fixed", D=2, S=2, M=2)
     url = f"/v1/jobs/{jid}/events"
     for i, w in enumerate([(0, 1), (1, 1)]):
         admin.post(url, json=ev(f"k{i}", "failure", *w)).raise_for_status()
@@ -61,6 +62,33 @@ def test_too_few_live_workers_pause_the_job_and_a_return_resumes_it(admin, serve
     assert back["state"] == "running" and back["plan_version"] == 3, back
     plan = admin.get(f"/v1/jobs/{jid}/plan").json()
     assert plan["version"] == 3 and {r["worker"] for r in plan["roles"]} == {"1.0", "0.1"}
+
+
+def test_too_few_live_workers_cut_the_pipeline_by_default_and_returns_restore_it(admin):
+    """One live worker of a 2x2 job at the default shape (auto): the service publishes a
+    plan of one stage (both of the job's stages merged) for it instead of pausing; when a
+    worker comes back the job's own two stages return, spelled out as a partition."""
+    jid, token = register(admin, D=2, S=2, M=2)
+    assert admin.get(f"/v1/jobs/{jid}").json()["shape"] == "auto"
+    url = f"/v1/jobs/{jid}/events"
+    for i, w in enumerate([(0, 1), (1, 1)]):
+        admin.post(url, json=ev(f"k{i}", "failure", *w)).raise_for_status()
+    r = admin.post(url, json=ev("k2", "failure", 0, 0)).json()
+    assert r["state"] == "running" and r["plan_version"] == 3, r
+    plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+    assert plan["partition"]["bounds"] == [0, 2] and plan["partition"]["unit"] == "stage"
+    assert plan["job"]["stages"] == 1 and [x["worker"] for x in plan["roles"]] == ["1.0"]
+    assert admin.get(f"/v1/jobs/{jid}").json()["speeds"] == [[1.0, 1.0], [1.0, 1.0]]
+    back = admin.post(url, json=ev("b", "recovery", 0, 1)).json()
+    assert back["state"] == "running" and back["plan_version"] == 4, back
+    plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+    assert plan["job"]["stages"] == 2 and plan["partition"]["bounds"] == [0, 1, 2], plan
+    assert {x["worker"] for x in plan["roles"]} == {"1.0", "0.1"}
+
+
+def test_a_shape_is_one_of_auto_or_fixed(admin):
+    r = admin.post("/v1/jobs", json=spec(D=2, S=2, M=2), params={"shape": "round"})
+    assert r.status_code == 422 and "auto" in r.text, r.text
 
 
 def test_halt_when_a_stage_loses_every_replica_without_snapshots(tmp_path):
@@ -89,3 +117,37 @@ def _halts(admin, server):
     with HttpPlanSource(server.url, jid, token) as src, pytest.raises(TrainingHalted):
         src.wait_for_plan(0, 1.0)
     assert admin.get(f"/v1/jobs/{jid}/plans/1").status_code == 200  # history stays
+
+
+def test_a_cut_pipeline_survives_a_service_restart(tmp_path):
+    """The shape in force is the latest plan's: a restarted service goes on from it (the
+    next event is planned from the cut shape, not the job's own) and keeps the job's
+    registered shape setting; where no shape fits the live workers, the job pauses."""
+    db = tmp_path / "service.db"
+    with ThreadServer(db, heartbeat_timeout_s=30, precompute_failures=1) as server, \
+            httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as admin:
+        jid, _ = register(admin, D=2, S=3, M=2)
+        fixed, _ = register(admin, shape="fixed", D=2, S=2, M=2)
+        url = f"/v1/jobs/{jid}/events"
+        for i, w in enumerate([(0, 0), (1, 0), (0, 1), (1, 2)]):
+            admin.post(url, json=ev(f"k{i}", "failure", *w)).raise_for_status()
+        cut = admin.get(f"/v1/jobs/{jid}/plan").json()
+        assert cut["job"]["stages"] < 3 and len(cut["roles"]) == 2, cut
+    with ThreadServer(db, heartbeat_timeout_s=30, precompute_failures=1) as server, \
+            httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as admin:
+        job = admin.get(f"/v1/jobs/{jid}").json()
+        assert job["shape"] == "auto" and job["plan_version"] == cut["version"], job
+        assert admin.get(f"/v1/jobs/{fixed}").json()["shape"] == "fixed"
+        members = server.service.jobs[jid].members
+        assert members.partition is not None and members.shape_job.stages == cut["job"]["stages"]
+        back = admin.post(url, json=ev("b", "recovery", 0, 0)).json()
+        assert back["state"] == "running", back["reason"]
+        own = admin.get(f"/v1/jobs/{jid}/plan").json()
+        # planned from the loaded shape: the three live workers all train (the chooser
+        # weighs the job's own three stages against staying at two)
+        assert len(own["roles"]) == 3 and own["partition"] is not None, own
+        # one live again: a 3-stage job's units (its stages) merge two at most
+        for i, w in enumerate([(0, 0), (0, 2)]):
+            admin.post(url, json=ev(f"j{i}", "failure", *w)).raise_for_status()
+        r = admin.get(f"/v1/jobs/{jid}").json()
+        assert r["state"] == "paused" and "fit no shape" in r["reason"], r

@@ -21,7 +21,7 @@ from planner.plan import Action, Plan
 
 ACTIONS = TypeAdapter(list[Action])  # pydantic's serialiser: as the plan's JSON has them
 HEAD = {"format", "job", "failed", "version", "routes"}  # the fields before `workers`
-TAIL = {"metrics", "solver", "incarnations", "roles", "moves"}  # and after
+TAIL = {"metrics", "solver", "incarnations", "roles", "moves", "partition"}  # and after
 
 
 class JsonParts:

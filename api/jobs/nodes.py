@@ -98,7 +98,9 @@ class NodeEvents:
         try:
             ids, node = vacant_ids(job.spec.replicas, job.spec.stages, job.members.failed,
                                    count=ev.count, per_node=ev.workers_per_node,
-                                   granted=job.granted, empty=job.empty)
+                                   granted=job.granted,
+                                   # slots of the job's own grid (a shape's are of its own)
+                                   empty=job.empty if job.plan.partition is None else ())
         except NoVacancy as e:
             raise ApiError(409, str(e)) from None
         answer = {**head, "state": job.state, "reason": job.reason, "failed": job.failed,

@@ -116,10 +116,13 @@ class ServiceConfig:
             return self.elastic_horizon
         return ELASTIC_PERIODS * _locked(elastic_bound, spec, spec.replicas * spec.stages)
 
-    def elastic(self, spec: JobSpec) -> dict:
+    def elastic(self, spec: JobSpec, shape: str = "auto") -> dict:
         """A job's Membership arguments that make it elastic: `failed` is then its dead
-        workers, and a decision carries the empty slots to plan for and the roles."""
+        workers, and a decision carries the empty slots to plan for and the roles. With
+        shape `auto` (the job's workers can build stages of other unit ranges), fewer live
+        workers than stages cut the pipeline into fewer stages (planner/shapes/)."""
         return {"job": spec, "snapshots": self.elastic_snapshots,
+                "shapes": shape == "auto",
                 "horizon": self.elastic_horizon_of(spec),
                 # nothing is lost while peer memory holds every stage: too few live
                 # workers pause the job (no version published) until enough are back
@@ -141,6 +144,8 @@ class JobRuntime:
     # so they are recovered from the latest plan after a restart; state, reason and dead
     # workers from the job's row.
     members: Membership = None
+    # `auto`: the service may change the pipeline's shape (registration's `shape`)
+    shape: str = "fixed"
     # Speeds (api/stragglers.py): the operator's settings and the detector's levels (only
     # cells other than 1.0) that the plan in force was made for; the grid in force itself
     # is the plan's `job.speed`.
@@ -235,8 +240,9 @@ class JobRuntime:
 
     @property
     def speeds(self) -> list[list[float]]:
-        """[replica][stage]: the speeds the plan in force was made for."""
-        return stragglers.grid_of(self.plan.job)
+        """[replica][stage]: the speeds the plan in force was made for (a plan of
+        another shape: the job's own, as it is made for nominal speeds)."""
+        return stragglers.grid_of(self.plan.job if self.plan.partition is None else self.spec)
 
     def check_worker(self, replica: int, stage: int) -> None:
         if not (replica < self.spec.replicas and stage < self.spec.stages):

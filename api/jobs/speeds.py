@@ -94,6 +94,8 @@ class SpeedEvents:
         det = job.detector
         if det is None or job.state != "running" or w in job.members.failed:
             return
+        if job.plan.partition is not None:  # slots of another shape: not the detector's grid
+            return
         slot = job.slot_of(w)
         if slot is None:
             return

@@ -168,4 +168,8 @@ class PlanUpdates:
         job.notify()
 
     def current_canonical_key(self, job: JobRuntime) -> str:
+        """The canonical failed set in force, of the job's own grid (precomputed plans are
+        of it; a plan of another shape has slots of its own grid, which none matches)."""
+        if job.plan.partition is not None:
+            return f"shape:{job.plan.partition.key()}"
         return canonicalize(job.spec, job.empty).key

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Optional
+from typing import Literal, Optional
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
@@ -63,11 +63,16 @@ def precompute_of(request: Request, job_id: str) -> dict:
 async def create_job(spec: JobSpec, request: Request,
                      max_failures: Optional[int] = Query(
                          None, ge=0, le=64, description="precompute plans for every failed "
-                         "set of up to this many workers (default: the service's)")):
+                         "set of up to this many workers (default: the service's)"),
+                     shape: Literal["auto", "fixed"] = Query(
+                         "auto", description="auto: when fewer workers are live than stages, "
+                         "the service cuts the pipeline into fewer stages (its workers must "
+                         "build stages of other layer ranges, as recycle's models do); fixed: "
+                         "it pauses for workers to come back")):
     """Body: the job spec (docs/design.md section 5). Publishes plan version 0, starts
     precomputing plans for likely failed sets, and returns the job's worker token."""
     job, token = await unless_client_leaves(
-        request, request.app.state.service.register(spec, max_failures))
+        request, request.app.state.service.register(spec, max_failures, shape))
     return {"id": job.id, "token": token, "state": job.state, "plan_version": job.version,
             "max_failures": job.max_failures}
 
@@ -88,7 +93,7 @@ async def get_job(job_id: str, request: Request):
             "spec": job.spec.model_dump(mode="json"), "failed": job.failed,
             "plan_version": job.version, "incarnations": job.incarnations,
             "speeds": job.speeds,
-            "max_failures": job.max_failures,
+            "max_failures": job.max_failures, "shape": job.shape,
             "created": job.created,
             "plans": plan_rows(svc.store.plan_history(job.id)),
             "precompute": precompute_of(request, job.id)}

@@ -134,7 +134,8 @@ class Store:
         self._ckpt_lock = threading.Lock()
 
     # Columns added since a table was first created: a database made before gets them.
-    ADDED = (("plan_versions", "moves_json", "TEXT"),)
+    ADDED = (("plan_versions", "moves_json", "TEXT"),
+             ("jobs", "shape", "TEXT"))  # NULL: registered before shapes (fixed)
 
     def _migrate(self) -> None:
         for table, column, kind in self.ADDED:
@@ -186,11 +187,13 @@ class Store:
     # ---- jobs --------------------------------------------------------------------------
     def create_job(self, job_id: str, spec_json: str, spec_hash: str, token_hash: str,
                    max_failures: int, plan: dict[str, Any], solvers: list[str],
-                   now: float) -> None:
+                   now: float, shape: str = "auto") -> None:
         with self.tx() as db:
-            db.execute("INSERT INTO jobs VALUES (?,?,?,?,?,?,?,?,?,?)",
+            db.execute("INSERT INTO jobs (id, spec_json, spec_hash, token_hash, state, reason, "
+                       "failed_json, max_failures, created, updated, shape) "
+                       "VALUES (?,?,?,?,?,?,?,?,?,?,?)",
                        (job_id, spec_json, spec_hash, token_hash, "running", None, "[]",
-                        max_failures, now, now))
+                        max_failures, now, now, shape))
             self._insert_plan(db, job_id, plan)
             db.execute("INSERT INTO precompute VALUES (?,?,?,?,?,?,?,?,?)",
                        (job_id, "queued", 0, 0, 0, json.dumps(solvers), max_failures, None, now))

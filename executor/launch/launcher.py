@@ -74,6 +74,13 @@ class Coordinator:
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.identity_hash() != spec.job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
+        if service is not None and service.shape == "auto" and not (
+                spec.shape == "auto" and reshapes(spec.model)):
+            why = ("was run with --shape fixed" if spec.shape != "auto" else
+                   f"cannot (model {spec.model!r} builds its stages by count)")
+            raise ValueError(f"job {service.job_id} at the service may change the pipeline's "
+                             f"shape (registered with shape=auto) but this run {why}; "
+                             "register it with ?shape=fixed")
         self.run_dir = spec.run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
         os.makedirs(self.run_dir, exist_ok=True)

@@ -133,6 +133,12 @@ class HttpPlanSource:
             self._raise_for(r)
 
     # ---- extras --------------------------------------------------------------------------
+    def job(self) -> dict:
+        """The job as the service holds it (GET /v1/jobs/{id}: state, spec, shape, ...)."""
+        r = self._client.get(self._prefix)
+        self._raise_for(r)
+        return r.json()
+
     def finish(self) -> None:
         """Training completed: the service stops watching the job's workers."""
         self._raise_for(self._client.post(f"{self._prefix}/finish"))

@@ -133,6 +133,9 @@ class ServiceWatch:
         if first is None:
             raise ConnectionError(f"no plan from {url} for job {job_id}")
         self.plan: Plan = first
+        # `auto`: the service may cut the pipeline into fewer stages (a job registered
+        # before shapes has none: fixed)
+        self.shape: str = self.http.job().get("shape") or "fixed"
         self.halted: Optional[str] = None
         self.lost: Optional[str] = None  # the service no longer knows the job
         self._stop = threading.Event()

@@ -15,15 +15,24 @@ def reusable(decision, in_force: Optional[Plan], spec_hash: str) -> bool:
             and in_force.job.spec_hash() == spec_hash)
 
 
+def planned_on(decision, spec):
+    """The job a decision's plan is made for: the job its shape cuts when it has one (made
+    for nominal speeds: measured ones are of the user's grid), else `spec`."""
+    return decision.shape_job if getattr(decision, "shape_job", None) is not None else spec
+
+
 def stamp(plan: Plan, decision) -> Plan:
-    """`plan` (made for decision.failed) as the decision's version: its incarnations, and
-    its roles and moves (none: identity, as every plan before roles; a reused plan's
-    earlier roles and moves go)."""
+    """`plan` (made for decision.failed) as the decision's version: its incarnations, its
+    roles and moves (none: identity, as every plan before roles; a reused plan's earlier
+    roles and moves go), and its shape's partition (none: the job's own)."""
     out = plan.stamped(decision.version, decision.incarnation_rows())
     if decision.roles is not None:
-        return out.with_roles(list(decision.roles), list(decision.moves))
-    if out.roles is not None or out.moves is not None:
+        out = out.with_roles(list(decision.roles), list(decision.moves))
+    elif out.roles is not None or out.moves is not None:
         out = out.model_copy(update={"roles": None, "moves": None})
+    partition = getattr(decision, "partition", None)
+    if out.partition != partition:
+        out = out.model_copy(update={"partition": partition})
     return out
 
 

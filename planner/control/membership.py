@@ -147,7 +147,10 @@ class Membership:
         """The membership a published plan says (a driver that follows another's plans,
         or one restarted from them): its version, incarnations and roles, and its dead
         workers: with roles, every worker whose id fills no slot; without, the failed set."""
-        replicas, stages = plan.job.replicas, plan.job.stages
+        # a plan of another shape runs the job its partition cuts: workers keep their
+        # home slots in the user's grid (`job`, which such a follower must be given)
+        grid = kw["job"] if plan.partition is not None else plan.job
+        replicas, stages = grid.replicas, grid.stages
         if plan.roles is None:
             dead = [tuple(w) for w in plan.failed]
         else:
@@ -157,6 +160,8 @@ class Membership:
         kw.setdefault("failed", dead)
         m = cls.start(replicas, stages, incarnations=plan.incarnations,
                       version=plan.version, roles=plan.roles, **kw)
+        if plan.partition is not None:
+            m = replace(m, partition=plan.partition, shape_job=plan.job)
         # its moves count as in flight until its workers are seen to enter it (`entered`)
         return replace(m, moving=frozenset(home_of(mv.worker) for mv in plan.moves or ()))
 
@@ -280,6 +285,9 @@ class Membership:
             return self, Unchanged(f"job {self.state}")
         if new.speeds == self.speeds:
             return self, Unchanged("speeds in force")
+        if self.partition is not None:  # shaped plans are made for nominal speeds
+            return new, Unchanged("the pipeline runs another shape: plans there are made "
+                                  "for nominal speeds")
         return new._publish(self.failed, self.incarnations, cause)
 
     def improved(self, cause: str = "improved") -> tuple["Membership", Decision]:

@@ -7,7 +7,7 @@ from typing import Callable, Optional
 
 from executor.launch.report.run_record import RunRecord
 from executor.runtime.transport.rendezvous import publish_plan
-from planner.control.decision_plan import plan_for
+from planner.control.decision_plan import plan_for, planned_on
 from planner.control.membership import Halt, Membership, Pause, Publish
 from planner.job import JobSpec
 from planner.plan import Mode, Plan
@@ -70,16 +70,15 @@ class Plans:
             self.event(f"training resumes after {waited:.1f} s paused")
         # a plan of another shape is planned on the job its partition cuts (measured
         # speeds are of the job's own grid: a shaped plan is made for nominal ones)
-        spec = decision.shape_job or with_speeds(self.job, members.speeds)
+        spec = planned_on(decision, with_speeds(self.job, members.speeds))
         plan = plan_for(decision, self.plan, spec.spec_hash(),
                         lambda failed: solve(spec, failed, solver=self.solver, mode=self.mode))
-        if decision.partition is not None:
-            if self.plan is None or self.plan.partition != decision.partition:
-                self.event(f"plan v{decision.version}: the pipeline changes shape to "
-                           f"{decision.shape_job.stages} stages of {decision.partition.unit}s "
-                           f"{decision.partition.bounds} for {len(plan.workers)} live workers "
-                           "(checkpoint parts stop: they are of the job's own stages)")
-            plan = plan.model_copy(update={"partition": decision.partition})
+        if plan.partition is not None and (self.plan is None
+                                           or self.plan.partition != plan.partition):
+            self.event(f"plan v{decision.version}: the pipeline changes shape to "
+                       f"{plan.job.stages} stages of {plan.partition.unit}s "
+                       f"{plan.partition.bounds} for {len(plan.workers)} live workers "
+                       "(checkpoint parts stop: they are of the job's own stages)")
         if decision.roles is not None:
             self.moved(plan)
         self.suspect_since = None
