@@ -10,10 +10,11 @@ is known of the roles, moves or snapshot holders the runtime plans. What a user 
 is what the schedule respects: it never kills a dead worker nor rejoins a live one; a
 rejoin `R:S@J` lands before the kills of iteration J (its process is admitted before J
 trains), so the worker is killable again from J+1 on; and after every iteration's events
-at least S workers are live, except in a local schedule that draws shape changes
-(P_SHRINK): there at least ceil(S/2), the fewest a shape of a spec's units can run on. Through a service fewer would pause the job (nothing is
-lost; the service does not change shapes), and a rejoin cannot fire while it is paused;
-locally the pipeline is cut into fewer stages instead (`--shape auto`, the default). With
+at least S workers are live, except in a schedule that draws shape changes (P_SHRINK):
+there at least ceil(S/2), the fewest a shape of a spec's units can run on; fewer would
+pause the job (nothing is lost, but a rejoin cannot fire while it is paused). With fewer
+than S live the pipeline is cut into fewer stages, locally (`--shape auto`, the default)
+and by the service (a job registered with `shape=auto`, the default) alike. With
 snapshots on every stage always has a copy (in peer memory, or the run's start built from
 the seed), so any halt, crash or hang the schedule provokes is the runtime's fault.
 
@@ -21,7 +22,7 @@ Its kinds of fault (`Fault.why`, reporting only): random kills; donor kills (a p
 the same home stage as a worker rejoining in that iteration); a whole home stage lost
 (every live worker whose home stage is s); a whole node lost (a replica row's live
 workers: one machine locally), maybe added back later as one; stalls; fewer live workers
-than stages (a shape change, locally); and with a service its SIGKILL and outage.
+than stages (a shape change); and with a service its SIGKILL and outage.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ P_GROUP = 0.4  # a drawn kill becomes the loss of a whole home stage or node
 P_NODE_BACK = 0.75  # a lost node may come back (every worker of it at once), and then
 #                     does with P_REJOIN, as any rejoin
 GROUP_KINDS = ("stage", "node")
-P_SHRINK = 0.5  # a local schedule may leave fewer live workers than stages (a shape change)
+P_SHRINK = 0.5  # a schedule may leave fewer live workers than stages (a shape change)
 
 
 @dataclass(frozen=True)
@@ -162,7 +163,7 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
     N = rng.randint(8, 10) if service else rng.randint(12, 16)
     # a job spec's units are its stages, and a shape merges at most two of them (planner/
     # shapes/units.py): fewer live workers than ceil(S/2) fit no shape and pause the run
-    floor = -(-S // 2) if not service and rng.random() < P_SHRINK else S
+    floor = -(-S // 2) if rng.random() < P_SHRINK else S
     faults = _faults(rng, D, S, N, service, floor)
     outage = None
     if service:
@@ -208,8 +209,8 @@ def _faults(rng: random.Random, D: int, S: int, N: int, service: bool,
             live.add(w)
         killed: list[Worker] = []
         # Killable now: live, not rejoined in this iteration (from the next one on), and
-        # at least `floor` workers stay live (S: fewer would pause a service's job, and a
-        # rejoin cannot fire then; ceil(S/2): locally the pipeline is cut into fewer stages).
+        # at least `floor` workers stay live (S, or ceil(S/2) where the schedule draws the
+        # pipeline cut into fewer stages: fewer would pause, and a rejoin cannot fire then).
         fits = lambda ws: all(w in live and w not in back for w in ws) and \
             len(live) - len(ws) >= floor  # noqa: E731
         for w in back:  # donor kills: a live peer of the rejoining worker's home stage
