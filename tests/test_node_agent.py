@@ -215,6 +215,64 @@ def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_pa
         srv.stop()
 
 
+def test_a_preempted_node_and_a_kill_leave_one_worker_the_service_cuts_the_pipeline(tmp_path):
+    """Node agents and shapes: node 1 is preempted (its agent posts a remove) and worker 0:1
+    on node 0 is SIGKILLed (its agent posts the failure) while every worker waits before
+    iteration 2; one live worker is left for two stages. The service (shape auto, its
+    default) cuts the pipeline to one stage; 0:0 builds the whole model, takes stage 1's
+    state from peer memory (or the seed) and trains to the end alone, exact."""
+    from executor.runtime.transport.rendezvous import set_counter
+
+    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
+    agents, runner, coord = [], None, None
+    try:
+        jid, token = register(srv.url)
+        coord, out, port = external_coordinator(tmp_path, srv, jid, token, 120)
+        set_counter(coord.store, "hold", 3)  # every worker waits before iteration 2
+        result = {}
+        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
+                                  daemon=True)
+        runner.start()
+        store = ("--store", f"127.0.0.1:{port}")
+        agents = [AgentProc(srv.url, jid, token, n, *store, "--run-dir", str(tmp_path / f"n{n}"))
+                  for n in (0, 1)]
+        victim = agents[0].pid_of((0, 1))
+        t0 = time.monotonic()
+        while coord.printed < 1 and runner.is_alive() and time.monotonic() - t0 < 90:
+            time.sleep(0.01)
+        assert coord.printed == 1, out.getvalue()  # iterations 0 and 1, then the hold
+        with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as admin:
+            agents[1].proc.send_signal(signal.SIGTERM)
+            assert agents[1].stop() == 0, agents[1].lines
+            os.kill(victim, signal.SIGKILL)
+            agents[0].wait_line(r"worker 0:1 \(pid \d+\) exited with signal 9: failure "
+                                r"posted, plan v\d+", timeout=30)
+            plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+            assert plan["partition"]["bounds"] == [0, 2], plan
+            assert [x["worker"] for x in plan["roles"]] == ["0.0"], plan["roles"]
+            set_counter(coord.store, "hold", 0)
+            runner.join(90)
+            assert not runner.is_alive()
+            res = result["res"]
+            assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
+            diffs = compare(res.summary, reference(ITERATIONS), 1e-5)
+            assert not diffs, "\n".join(diffs) + "\n" + out.getvalue()
+            job = admin.get(f"/v1/jobs/{jid}").json()
+            assert job["state"] == "finished", job
+        logs = "".join(open(f).read() for f in sorted(glob.glob(str(tmp_path / "n0" / "*.log"))))
+        assert "changed shape" in logs, logs
+    finally:
+        if coord is not None:
+            coord.stop()
+        if runner is not None:
+            runner.join(20)
+        for a in agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+                a.proc.wait()
+        srv.stop()
+
+
 FAKE_WORKER = """
 import os, sys, time
 from executor.sources.http_source import HttpPlanSource
