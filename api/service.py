@@ -37,6 +37,11 @@ from planner.control.membership import Halt, Membership, Pause, Publish, Reject
 from planner.plan import Plan
 
 
+def own_grid(plan: Optional[Plan]) -> bool:
+    """Is `plan` (None: no new one) of the job's own grid, not a shape's?"""
+    return plan is None or plan.partition is None
+
+
 @dataclass
 class Change:
     """What a carried out membership decision leaves for the work after the lock."""
@@ -198,6 +203,7 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
         roles), one transaction, then the publish."""
         halted = isinstance(decision, Halt)
         held = halted or isinstance(decision, Pause)  # no version to publish
+        before = job.plan
         # a slot filled by another process now: what was measured there is forgotten
         changed = refilled(job.plan, decision, workers)
         measured = {k: v for k, v in job.measured.items() if k not in changed}
@@ -229,15 +235,18 @@ class Service(SpeedEvents, PlanUpdates, NodeEvents):
         job.members, job.measured = members, measured
         for w in workers:
             job.fed.pop(w, None)
-        if job.detector is not None:
-            for slot in changed:
-                job.detector.forget(*slot)
         if plan is not None:
             self._install(job, plan, record["json"], cause, views)
             self.metrics.event_to_plan_seconds.observe(time.perf_counter() - t0)
         else:
             job.notify()
             self._count_jobs()
+        # bookkeeping after the publish (what is stored is in force in memory first); the
+        # detector's grid is the job's own: a shape's slots are of its own grid (and the
+        # detector waits while one is in force, api/jobs/speeds.py)
+        if job.detector is not None and own_grid(before) and own_grid(plan):
+            for slot in changed:
+                job.detector.forget(*slot)
         return Change(answer, halted, plan_source, fresh, spec,
                       [tuple(x) for x in plan.failed] if plan is not None else [])
 

@@ -215,9 +215,9 @@ def test_the_membership_a_plan_says_is_the_one_that_published_it(steps):
 
 # ---- shapes (planner/shapes/ through membership.py's `shapes`) --------------------------
 
-def shaped(D, S, **kw):
+def shaped(D, S, snapshots=True, **kw):
     job = JobSpec.uniform(D, S, 2 * D)
-    m, d = Membership.start(D, S, job=job, snapshots=True, horizon=1e9, pause=True,
+    m, d = Membership.start(D, S, job=job, snapshots=snapshots, horizon=1e9, pause=snapshots,
                             shapes=True, **kw).first()
     assert isinstance(d, Publish) and d.partition is None
     return m
@@ -247,6 +247,16 @@ def test_once_cut_every_later_version_carries_a_partition_the_jobs_own_included(
         m, d = m.recover(w)
         assert isinstance(d, Publish) and d.partition is not None, d
         assert len(d.roles) == len({r.worker for r in d.roles})
+
+
+def test_without_snapshots_a_stage_lost_whole_halts_rather_than_cut_around_it():
+    # a 1x2 job losing stage 0's only worker: the cut (one stage of both) would need
+    # stage 0's state, which nobody holds (the service once published it: its worker had
+    # no state to load)
+    m = shaped(1, 2, snapshots=False)
+    m, d = m.fail((0, 0))
+    assert isinstance(d, Halt) and "stage 0 has no live replica" in d.reason, d
+    assert "restore from checkpoint" in d.reason and m.state == "halted"
 
 
 def test_fixed_shape_still_pauses():

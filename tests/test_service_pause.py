@@ -151,3 +151,22 @@ def test_a_cut_pipeline_survives_a_service_restart(tmp_path):
             admin.post(url, json=ev(f"j{i}", "failure", *w)).raise_for_status()
         r = admin.get(f"/v1/jobs/{jid}").json()
         assert r["state"] == "paused" and "fit no shape" in r["reason"], r
+
+
+@pytest.mark.parametrize("M", [3, 4])
+def test_events_after_a_cut_leave_the_straggler_detector_of_the_job_grid_alone(admin, M):
+    """A shape's slots are of its own grid (here up to D*M replicas of one stage): the
+    detector's grid is the job's. An event that changed who fills a shape's slot once
+    raised IndexError there after the event was stored, and the job never published
+    again (a chaos run through the service hung on it)."""
+    jid, _ = register(admin, D=2, S=2, M=M)
+    url = f"/v1/jobs/{jid}/events"
+    for i, w in enumerate([(1, 1), (0, 1), (1, 0)]):
+        assert admin.post(url, json=ev(f"k{i}", "failure", *w)).status_code == 200
+    assert admin.get(f"/v1/jobs/{jid}/plan").json()["job"]["stages"] == 1
+    for i, w in enumerate([(1, 0), (1, 1)]):
+        r = admin.post(url, json=ev(f"r{i}", "recovery", *w))
+        assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    r = admin.post(url, json=ev("k9", "failure", 0, 0))
+    assert r.status_code == 200 and r.json()["state"] == "running", r.text
+    assert admin.get(f"/v1/jobs/{jid}").json()["plan_version"] == r.json()["plan_version"]

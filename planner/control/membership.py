@@ -359,6 +359,14 @@ class Membership:
         for w in stateless:
             if tuple(w) not in failed:
                 live[home_id(*w)] = None
+        if not self.snapshots:  # a stage of the shape in force with no live copy is lost
+            held = {slot[1] for slot in live.values() if slot is not None}
+            stages = self.shape_job.stages if self.shape_job is not None else self.stages
+            lost = [s for s in range(stages) if s not in held]
+            if lost:
+                return (f"stage {lost[0]} has no live replica and no snapshot in peer memory "
+                        "(`recycle train --snapshot-every K` keeps them): restore from "
+                        "checkpoint")
         out = shaped_plan_parts(self.job, current, live, self.horizon, self.snapshots)
         if isinstance(out, str):
             return out
