@@ -8,7 +8,9 @@ sized to the traces' peaks: 1 GPU a node (4x8, 3x8, 6x4) and 4 GPUs a node (16x8
 and the later P3 window: the trace from 5 h on, the nodes up at 5 h added at its start
 (executor/launch/faults/trace_replay.window, as `recycle train --trace-start 5h` replays it).
 
-Rows per trace and grid: `recycle` (the shape follows the live workers), `recycle-roles`
+Rows per trace and grid: `recycle` (the shape follows the live workers), `recycle-short`
+(the rule the runtime carries out: the shape changes only where fewer live workers than
+stages are left, and at every event once changed), `recycle-roles`
 (roles on the job's own partition), `recycle-fixed` (the paper's fixed roles), Oobleck,
 Bamboo as stated (its own placement: a stage and its shadow on different nodes;
 `--bamboo-hidden` of its redundant forward hidden in bubbles) and `limit` (the best rate
@@ -44,7 +46,8 @@ ROWS = [("P3", "p3-trace.csv", 4, 1, 8, 0), ("P3", "p3-trace.csv", 16, 4, 8, 0),
         ("g4dn", "g4dn-trace.csv", 3, 1, 8, 0), ("g4dn", "g4dn-trace.csv", 12, 4, 8, 0),
         ("g4dn", "g4dn-trace.csv", 6, 1, 4, 0),  # the same nodes as 4 stages
         ("P3", "p3-trace.csv", 4, 1, 8, 5), ("P3", "p3-trace.csv", 16, 4, 8, 5)]
-MAIN = ["recycle", "recycle-roles", "recycle-fixed", "oobleck", "bamboo", "limit"]
+MAIN = ["recycle", "recycle-short", "recycle-roles", "recycle-fixed", "oobleck", "bamboo",
+        "limit"]
 PARTS = ["detection", "iteration in flight", "state moves", "replay",
          "since the snapshot (rollback)", "since the checkpoint (restore)", "restart", "paused",
          "slower than the limit"]
@@ -83,13 +86,14 @@ def main() -> None:
     M, sh = args.microbatches, PRESETS[args.preset]
     pick = [int(x) for x in args.rows.split(",") if x] or range(len(ROWS))
     md, short, parts_rows = [], [], []
-    summary = ["| trace, grid | recycle | recycle-roles | recycle-fixed | oobleck | bamboo | limit "
-               "| recycle / limit | recycle / oobleck | the same, each against its own best grid "
+    summary = ["| trace, grid | recycle | recycle-short | recycle-roles | recycle-fixed | oobleck "
+               "| bamboo | limit | recycle / limit | recycle-short / limit "
+               "| recycle / oobleck | the same, each against its own best grid "
                "| recycle / best other (all variants) "
                "| best shape, all live: stages, / user's grid | shape changes | hours by stages "
                "| cpu (s) |",
                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-               "| ---: | --- | ---: |"]
+               "| ---: | ---: | ---: | --- | ---: |"]
     for i in pick:
         name, fname, D, G, S, start_h = ROWS[i]
         model = preset_model(args.preset, D)
@@ -135,9 +139,11 @@ def main() -> None:
         by_stages = ", ".join(f"{k}: {h:.1f}" for k, h in sorted(st["stages_hours"].items(),
                                                                  reverse=True) if h >= 0.05)
         summary.append(
-            f"| {grid} | {kept['recycle']:.1%} | {kept['recycle-roles']:.1%} | "
+            f"| {grid} | {kept['recycle']:.1%} | {kept['recycle-short']:.1%} | "
+            f"{kept['recycle-roles']:.1%} | "
             f"{kept['recycle-fixed']:.1%} | {kept['oobleck']:.1%} | {kept['bamboo']:.1%} | "
             f"{kept['limit']:.1%} | **{rec.microbatches / lim:.3f}** | "
+            f"{res.outcome('recycle-short').microbatches / lim:.3f} | "
             f"**{_x(rec.microbatches, res.outcome('oobleck').microbatches)}** | "
             f"{_x(rec.microbatches / st['full_factor'], oob_own)} | "
             f"{_x(rec.microbatches, best_other[1])} ({best_other[0]}) | "

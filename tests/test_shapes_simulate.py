@@ -89,3 +89,26 @@ def test_the_remainder_to_the_limit_is_itemised_exactly():
     assert sum(parts.values()) == pytest.approx(gap, rel=1e-9, abs=1e-6)
     assert parts["detection"] > 0 and parts["iteration in flight"] > 0
     assert all(v >= -1e-6 for k, v in parts.items() if k != "slower than the limit")
+
+
+def test_recycle_short_is_the_runtimes_rule_roles_until_too_few_then_shapes():
+    """`recycle-short` (what the runtime does): while as many workers live as stages it is
+    `recycle-roles` to the micro-batch, where `recycle` may already cut for speed; below
+    that it cuts (never pauses), and it chooses at every event from then on."""
+    job, model = medium(2, 4, 4)
+    early = [Event(600.0, "fail", ((1, 3),)), Event(900.0, "fail", ((0, 2),)),
+             Event(1500.0, "recover", ((1, 3), (0, 2)))]
+    res = simulate(job, Trace(early), 3600.0, UNIT_S, PARAMS,
+                   ["recycle", "recycle-short", "recycle-roles"], 1e9, model=model)
+    short, roles = res.outcome("recycle-short"), res.outcome("recycle-roles")
+    assert short.microbatches == pytest.approx(roles.microbatches)
+    assert res.stats["recycle-short"]["shape_changes"] == 0
+    late = early[:2] + [Event(1000.0, "fail", ((1, 1), (1, 0), (0, 3), (1, 2))),
+                        Event(2400.0, "recover", ((1, 3), (0, 2), (1, 1), (1, 0), (0, 3),
+                                                  (1, 2)))]
+    res = simulate(job, Trace(late), 3600.0, UNIT_S, PARAMS,
+                   ["recycle-short", "recycle-roles"], 1e9, model=model)
+    short = res.outcome("recycle-short")
+    assert res.stats["recycle-short"]["shape_changes"] >= 1
+    assert all(c != "paused" for _, _, c in short.stall_spans)
+    assert short.microbatches > res.outcome("recycle-roles").microbatches

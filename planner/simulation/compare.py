@@ -79,7 +79,7 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
     model = model or Model.of_spec(job)
     policies = list(policies)
     periods = RecyclePeriods(job, unit_s, cache)
-    if jobs > 1 and {"recycle", "recycle-roles", "swift-replay"} & set(policies):
+    if jobs > 1 and {"recycle", "recycle-short", "recycle-roles", "swift-replay"} & set(policies):
         periods.prefetch(failed_sets(job, trace, duration_s), jobs)
     ctx = Context(job, model, unit_s, periods, Pipelines(job, model, unit_s, greedy_period),
                   params, node_of=trace.node_of, horizon_s=mean_gap(trace, duration_s))
@@ -93,12 +93,12 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
         outcomes.append(run_policy(policy, tr.events, tr.initial_failed, duration_s,
                                    checkpoint_every_s, 0.0 if free else checkpoint_cost_s,
                                    tick, snapshot_iters=params.snapshot_every))
-        if name in ("recycle", "recycle-roles"):
+        if name in ("recycle", "recycle-short", "recycle-roles"):
             stats[name] = {"moves": policy.moves, "snapshot_restores": policy.snapshot_restores,
                            "replays": policy.replays}
         if name == "oobleck" and policy.full_T:  # its best grid against the user's
             stats[name] = {"full_factor": ctx.DM / policy.full_T / ctx.base}
-        if name == "recycle":
+        if name in ("recycle", "recycle-short"):
             stats[name].update(shape_changes=policy.shape_changes,
                                stages_hours=policy.stages_hours(duration_s),
                                best_full_stages=ctx.shapes.best_full.stages,

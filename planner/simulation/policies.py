@@ -20,7 +20,7 @@ from planner.simulation.checkpoint import CheckpointRestart
 from planner.simulation.elastic import ElasticRecycle
 from planner.simulation.engine import Decision
 from planner.simulation.limit import Limit
-from planner.simulation.shaped import ShapedRecycle
+from planner.simulation.shaped import ShapedRecycle, ShapedWhenShort
 
 
 class RecycleFixed(Policy):
@@ -243,10 +243,11 @@ def _spread(lines: list[tuple[float, float]], total: int) -> Optional[float]:
     return max(a + b * k for (a, b), k in zip(lines, m))
 
 
-POLICIES = {cls.name: cls for cls in (ShapedRecycle, ElasticRecycle, RecycleFixed,
-                                      CheckpointRestart, Rollback, LossyForward, DropReplica,
-                                      Oobleck, Bamboo, SwiftReplay, BambooReform, Limit)}
+POLICIES = {cls.name: cls for cls in (ShapedRecycle, ShapedWhenShort, ElasticRecycle,
+                                      RecycleFixed, CheckpointRestart, Rollback, LossyForward,
+                                      DropReplica, Oobleck, Bamboo, SwiftReplay, BambooReform,
+                                      Limit)}
 
 __all__ = ["POLICIES", "Params", "Context", "Policy", "RecycleFixed", "SwiftReplay",
            "DropReplica", "Rollback", "LossyForward", "Oobleck", "Bamboo", "BambooReform",
-           "CheckpointRestart", "ElasticRecycle", "ShapedRecycle", "Limit"]
+           "CheckpointRestart", "ElasticRecycle", "ShapedRecycle", "ShapedWhenShort", "Limit"]

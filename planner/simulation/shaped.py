@@ -58,3 +58,20 @@ class ShapedRecycle(ElasticRecycle):
         for (t0, k), (t1, _) in zip(marks, marks[1:]):
             out[k] = out.get(k, 0.0) + max(0.0, min(t1, duration_s) - t0) / 3600
         return out
+
+
+class ShapedWhenShort(ShapedRecycle):
+    """`recycle` as the runtime carries it out (planner/control/membership.py): the shape
+    is chosen only where fewer live workers than the job's stages are left, and at every
+    event once it changed; until then the roles on the job's own partition
+    (`recycle-roles`). What `recycle` gains over it is the speed a shallower shape gives
+    while as many workers as stages live."""
+    name = "recycle-short"
+
+    def _choose(self, speed):
+        if not self.shape_changes and len(self.live) >= self.ctx.job.stages:
+            if not self.timeline:
+                self.timeline.append((self.now, self.shape.stages))
+            return ElasticRecycle._choose(self, speed)
+        return super()._choose(speed)
+
