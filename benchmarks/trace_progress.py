@@ -215,12 +215,13 @@ def identical_until_replan(c: dict, replan: Optional[int]) -> bool:
     return c["first_difference"] is None or (replan is not None and c["first_difference"] >= replan)
 
 
-def simulated(sim_json: dict, policy: str = "recycle-roles") -> dict:
-    """The policy's row of `recycle simulate --json`, with its moves and restores. The
-    runtime moves workers between stages but keeps the job's partition, so by default the
-    policy it is held against is `recycle-roles` (`recycle` also changes shape)."""
+def simulated(sim_json: dict, policy: str = "recycle-short") -> dict:
+    """The policy's row of `recycle simulate --json`, with its moves, restores and shape
+    changes. By default the policy the runtime carries out: `recycle-short` (roles on the
+    job's partition, the shape cut only once fewer workers than stages live)."""
     row = next(p for p in sim_json["policies"] if p["policy"] == policy)
     stats = (sim_json.get("stats") or {}).get(policy) or {}
-    return {"kept": row["kept"], "samples": row["samples"], "failures": row["failures"],
-            "restarts": row["restarts"], "moves": stats.get("moves"),
-            "snapshot_restores": stats.get("snapshot_restores")}
+    return {"policy": policy, "kept": row["kept"], "samples": row["samples"],
+            "failures": row["failures"], "restarts": row["restarts"],
+            "moves": stats.get("moves"), "snapshot_restores": stats.get("snapshot_restores"),
+            "shape_changes": stats.get("shape_changes", 0)}

@@ -57,10 +57,11 @@ def markdown(rows: list[dict], head: str, a, N: int, window_s: float,
         f"own rate\": over what the trace run's own failure-free rate (before its first kill "
         f"and after the window, every worker up) gives in the window (median ratio, then "
         f"per round). Simulated: `recycle simulate`, policy "
-        f"`recycle`, same window, grid, placement and K, costs below.",
+        f"`{getattr(a, 'policy', 'recycle-roles')}`, same window, grid, placement and K, "
+        f"costs below.",
         "",
         "| trace window, nodes | node events / workers killed / restarted (completed runs) | "
-        "moves / snapshot restores (completed runs) / halts: run | the same, simulated | samples in the window: trace / "
+        "moves / snapshot restores / shape changes (completed runs) / halts: run | the same, simulated | samples in the window: trace / "
         "failure-free | realised, per round | realised (median) | simulated | **realised / "
         "simulated** | the same, over the run's own rate | simulated, replacements delayed "
         "as measured | realised / that |",
@@ -75,7 +76,9 @@ def markdown(rows: list[dict], head: str, a, N: int, window_s: float,
             f"{r['placement']} | {r['node_events']} / {_per(r['deaths'])} / "
             f"{_per(e['trace_restarts'] for e in el)} | "
             f"{_per(e['moves'] for e in el)} / {_per(e['restore_events'] for e in el)} / "
-            f"{r['halts']} | {sim['moves']} / {sim['snapshot_restores']} / 0 | "
+            f"{_per(e.get('shape_changes', 0) for e in el)} / "
+            f"{r['halts']} | {sim['moves']} / {sim['snapshot_restores']} / "
+            f"{sim.get('shape_changes', 0)} / 0 | "
             f"{mean(r['window_iterations']) * samples_per_iteration:.0f} / "
             f"{mean(r['free_window_iterations']) * samples_per_iteration:.0f} | "
             f"{_realised(r)} | {r['realised_median']:.3f} | {sim['kept']:.3f} | "

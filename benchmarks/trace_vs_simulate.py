@@ -12,7 +12,8 @@ over those the failure-free run of the same round completed in its own window of
 length; and, less exposed to the load other jobs put on a shared machine, over the trace
 run's own failure-free rate (its stretches with every worker up: before the first kill and
 after the window, once every replacement is back). Simulated progress: `recycle
-simulate`'s `recycle-roles` policy (the runtime's roles, on the job's own partition) on
+simulate`'s `recycle-short` policy (`--policy`; the runtime's rule: roles on the job's own
+partition, the shape cut once fewer workers than stages live) on
 the same window (written as a spot trace), grid, M, --gpus-per-node, --placement and --snapshot-every, on the profiled spec with its time unit
 set so that the failure-free iteration lasts what it lasted in the runs (times X: the
 simulator runs on the trace's clock); detection = the runs' median time from a SIGKILL to
@@ -117,20 +118,20 @@ def load(path: str) -> dict:
 
 
 def simulate(job: str, trace: str, hours: float, case: Case, unit_s: float, costs: dict,
-             K: int, fmt: str) -> dict:
+             K: int, fmt: str, policy: str) -> dict:
     g = 1 if fmt == "failstop" else case.gpus_per_node  # fail-stop names every worker
     args = ["simulate", job, "--trace", trace, "--trace-format", fmt, "--hours", str(hours),
             "--gpus-per-node", str(g), "--placement", case.placement,
             "--unit-s", repr(unit_s), "--detect-seconds", repr(costs["detect_s"]),
             "--restart-minutes", repr(costs["restart_s"] / 60),
             "--checkpoint-minutes", repr(costs["checkpoint_s"] / 60),
-            "--snapshot-every", str(K), "--policy", "recycle-roles", "--json", "--no-progress",
+            "--snapshot-every", str(K), "--policy", policy, "--json", "--no-progress",
             "--jobs", "1"]
     rc, lines, _ = run_cli(args, 300)
     text = "".join(t for _, t in lines)
     if rc != 0:
         raise SystemExit(f"recycle simulate exited {rc}: {text[-2000:]}")
-    return simulated(json.loads(text[text.index("{"):]))
+    return simulated(json.loads(text[text.index("{"):]), policy)
 
 
 def main() -> None:
@@ -150,6 +151,8 @@ def main() -> None:
     ap.add_argument("-s", type=int, default=3)
     ap.add_argument("-m", type=int, default=2)
     ap.add_argument("--out", default="benchmarks/results/trace_vs_simulate.md")
+    ap.add_argument("--policy", default="recycle-short",
+                    help="the simulated policy the runs are held against")
     a = ap.parse_args()
     cases = [Case.parse(c) for c in a.case] or [
         Case("p3", 1, "stages"), Case("p3", 2, "replicas"), Case("g4dn", 1, "stages")]
@@ -231,10 +234,11 @@ def case_row(c: Case, runs, free, ref, job, P0, a, work, start_s, window_s) -> d
     win = os.path.join(work, f"{c.name}-window.csv")
     node_events = write_window(c.path, start_s, hours, win)
     tr = load_window(c.path, Placement(a.d, a.s, c.gpus_per_node, c.placement), start_s, hours)
-    sim = simulate(job, win, hours, c, unit_s, costs, a.snapshot_every, "spot")
+    sim = simulate(job, win, hours, c, unit_s, costs, a.snapshot_every, "spot", a.policy)
     delayed = os.path.join(work, f"{c.name}-delayed.csv")
     write_failstop(delayed, delayed_events(tr, costs["start_s"]))
-    sim_d = simulate(job, delayed, hours, c, unit_s, costs, a.snapshot_every, "failstop")
+    sim_d = simulate(job, delayed, hours, c, unit_s, costs, a.snapshot_every, "failstop",
+                     a.policy)
     realised = [b["progress"] / free[b["round"]]["progress"] for b in runs]
     own = [b["progress"] / (b["own_rate"] * window_s) for b in runs if b["own_rate"]]
     kept = statistics.median(realised)  # the machine's load moves single rounds

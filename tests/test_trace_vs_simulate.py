@@ -112,7 +112,7 @@ def test_simulate_on_the_window_restores_each_emptied_stage_from_its_snapshot(tm
         r = subprocess.run([sys.executable, "-m", "recycle.cli", "simulate", str(spec),
                             "--trace", trace, "--trace-format", fmt, "--hours", "2",
                             "--gpus-per-node", str(g), "--placement", "replicas",
-                            "--unit-s", "0.05", "--detect-seconds", "30", "--policy", "recycle-roles",
+                            "--unit-s", "0.05", "--detect-seconds", "30", "--policy", "recycle-short",
                             "--json", "--no-progress", "--jobs", "1"],
                            capture_output=True, text=True, cwd=ROOT, timeout=120)
         assert r.returncode == 0, r.stderr
