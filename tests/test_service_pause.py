@@ -170,3 +170,30 @@ def test_events_after_a_cut_leave_the_straggler_detector_of_the_job_grid_alone(a
     r = admin.post(url, json=ev("k9", "failure", 0, 0))
     assert r.status_code == 200 and r.json()["state"] == "running", r.text
     assert admin.get(f"/v1/jobs/{jid}").json()["plan_version"] == r.json()["plan_version"]
+
+
+def test_a_run_that_cannot_change_shape_refuses_a_job_that_may(admin, server, tmp_path):
+    """A job registered with shape=auto may be cut; a run with --shape fixed (or a model
+    that builds its stages by count) could not carry that out: it refuses at the start,
+    in one line, before any worker starts. A fixed job takes either run."""
+    from executor.inputs.launch_spec import LaunchSpec
+    from executor.launch.launcher import Coordinator
+    from executor.sources.service_source import ServiceWatch
+    from test_e2e_service import CFG
+
+    for shape, ok in (("auto", False), ("fixed", True)):
+        jid, token = register(admin, shape=shape, D=2, S=2, M=2)
+        watch = ServiceWatch(server.url, jid, token, timeout_s=10)
+        try:
+            assert watch.shape == shape
+            spec = LaunchSpec(CFG, watch.plan.job, 2, run_dir=str(tmp_path / shape),
+                              shape="fixed")
+            if ok:
+                continue
+            with pytest.raises(ValueError) as e:
+                Coordinator(spec, service=watch)
+            msg = str(e.value)
+            assert "registered with shape=auto" in msg and "--shape fixed" in msg, msg
+            assert "\n" not in msg
+        finally:
+            watch.close()
