@@ -15,7 +15,7 @@ from api_support import ThreadServer, admin_headers, register_job
 from planner.cache import PlanCache
 from planner.failures import canonical_sets, canonicalize
 from planner.job import JobSpec
-from planner.plan import Move, Plan, Role
+from planner.plan import Move, Partition, Plan, Role
 from planner.solvers.backends import map_plan, solve
 from planner.validate import validate
 
@@ -80,6 +80,10 @@ def test_assembled_json_equals_to_json_byte_for_byte():
              if (r, s) != (4, 1)]  # a plan with roles and a move keeps them (part 2's format)
     cases.append(cases[1].with_roles(roles, [Move(worker="4.1", from_stage=1, to_stage=0,
                                                   bytes=10)]))
+    # a plan of another shape keeps its partition (the spliced JSON once dropped it, and
+    # the service's workers saw a plan of the wrong job)
+    cases.append(cases[-1].model_copy(update={"partition": Partition(
+        unit="stage", bounds=[0, 1, 3], base=spec.identity_hash())}))
     for _ in range(3):
         for plan in cases:
             assert parts.plan(plan) == plan.to_json()
