@@ -75,7 +75,9 @@ def base_checksums(base: WorkerConfig, module) -> list[float]:
     names = names_by_base_stage(base)
     out = [torch.zeros((), dtype=torch.float64) for _ in names]
     with torch.no_grad():
-        for n, p in module.named_parameters():
+        # every name, a tensor tied within this stage under each (a tie split across base
+        # stages, the embedding and the head, is one tensor once they share a stage)
+        for n, p in module.named_parameters(remove_duplicate=False):
             s = next(i for i, ns in enumerate(names) if n in ns)
             out[s] += p.detach().double().sum()
     return [float(x) for x in out]
