@@ -33,3 +33,19 @@ def test_failed_by_iteration_follows_the_newest_version_entered():
              {"version": 3, "failed": [[0, 1]], "first_iteration": 3},  # speeds changed
              {"version": 4, "failed": [], "first_iteration": 5}]
     assert failed_by_iteration(plans, 6) == [[], [], [[0, 1]], [[0, 1]], [[0, 1]], []]
+
+
+def test_an_iteration_under_a_shape_names_the_dead_workers_not_the_shapes_empty_slots():
+    """A shape's `failed` is its own grid's empty slots (a 2x2 job cut to one stage of 4
+    replicas, one filled: [(1, 0), (2, 0), (3, 0)]); the progress line names the workers
+    of the user's grid that are dead."""
+    from planner.shapes.planning import plan_shape
+    plan, _ = plan_shape(JOB, [(0, 0), (0, 1), (1, 1)], 1e9)
+    assert plan.partition is not None and plan.job.stages == 1
+    rec = RunRecord()
+    rec.plans[3] = plan.stamped(3, [[2, 1], [1, 2]])
+    rec.trained[5] = 3
+    assert rec.trained_under(5, 3, []) == (3, [(0, 0), (0, 1), (1, 1)])
+    rec.plans[0] = solve(JOB, [(1, 1)]).stamped(0, [[1, 1], [1, 1]])
+    rec.trained[1] = 0
+    assert rec.trained_under(1, 0, []) == (0, [(1, 1)])

@@ -11,6 +11,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from planner.plan import home_of
+
 Worker = tuple[int, int]
 
 
@@ -40,6 +42,12 @@ class RunRecord:
         """(version, failed workers) iteration `it` ran under; the given ones if unknown."""
         v = self.trained.get(it, version)
         plan = self.plans.get(v)
+        if plan is not None and plan.partition is not None and plan.incarnations:
+            # a shape's empty slots are of its own grid: name the dead workers instead
+            # (home slots of the user's grid that fill no slot)
+            filling = {home_of(r.worker) for r in plan.roles or ()}
+            return v, [(r, s) for r, row in enumerate(plan.incarnations)
+                       for s in range(len(row)) if (r, s) not in filling]
         return v, sorted(tuple(x) for x in (plan.failed if plan is not None else failed))
 
     def plans_used(self, iterations: int) -> list[dict]:
