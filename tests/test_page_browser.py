@@ -135,9 +135,10 @@ def a_64x16_grid_fits_the_window(server, browser, admin):
 
 
 def a_paused_job_shows_its_reason(server, browser, admin):
-    """Three of four workers dead: the job pauses (snapshots keep every stage; a service
-    without them would halt), and the page says why."""
-    job, _ = register_job(admin, D=2, S=2, M=2)
+    """Three of four workers dead: the job, registered with a fixed shape, pauses
+    (snapshots keep every stage; a service without them would halt; at the default shape
+    it would be cut to one stage), and the page says why."""
+    job, _ = register_job(admin, shape="fixed", D=2, S=2, M=2)
     browser.get(f"{server.url}/jobs/{job}")
     wait_for(lambda: js(browser, "return document.body.dataset.version") == "0", 5, "v0")
     for k, (d, s) in enumerate(((0, 1), (1, 1), (0, 0))):

@@ -181,7 +181,8 @@ def test_a_restarted_service_rebuilds_the_same_membership(tmp_path):
     with ThreadServer(db, heartbeat_timeout_s=HB_TIMEOUT, precompute_failures=0) as s:
         with httpx.Client(base_url=s.url, headers=admin_headers(), timeout=10) as c:
             jid, _ = register_job(c, D=3, S=3, M=6)
-            other, _ = register_job(c, D=2, S=2, M=2)
+            other, _ = register_job(c, shape="fixed", D=2, S=2, M=2)
+            cut, _ = register_job(c, D=2, S=2, M=2)  # shape auto: cut, not paused
             assert c.post(f"/v1/jobs/{jid}/nodes", json=remove(
                 "x", (0, 1), (0, 2), (1, 2))).json()["plan_version"] == 1
             c.post(f"/v1/jobs/{jid}/events", json={"event_id": "b", "kind": "recovery",
@@ -190,11 +191,13 @@ def test_a_restarted_service_rebuilds_the_same_membership(tmp_path):
             # the other job pauses (1 live worker, 2 stages): its row keeps the deaths since
             # the plan in force, which still has two of them live
             for e, w in (("p", (0, 1)), ("q", (1, 1)), ("r", (0, 0))):
-                c.post(f"/v1/jobs/{other}/events", json={
-                    "event_id": e, "kind": "failure", "replica": w[0],
-                    "stage": w[1]}).raise_for_status()
+                for job in (other, cut):
+                    c.post(f"/v1/jobs/{job}/events", json={
+                        "event_id": e, "kind": "failure", "replica": w[0],
+                        "stage": w[1]}).raise_for_status()
         before = {j: (m.members, dict(m.granted), m.adds) for j, m in s.service.jobs.items()}
         assert before[jid][0].roles is not None and before[other][0].state == "paused"
+        assert before[cut][0].partition is not None and before[cut][0].state == "running"
     with ThreadServer(db, heartbeat_timeout_s=HB_TIMEOUT, precompute_failures=0) as s:
         after = {j: (m.members, dict(m.granted), m.adds) for j, m in s.service.jobs.items()}
     assert after == before
