@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Iterable, Literal, Optional, Union
 
 from planner.control.elastic import reassign, slots_of
-from planner.control.roles import failed_of
+from planner.control.roles import dead_of, failed_of
 from planner.failures import NoPlanError, Worker
 from planner.job import JobSpec
 from planner.plan import Move, Plan, Role, home_id, home_of
@@ -154,9 +154,7 @@ class Membership:
         if plan.roles is None:
             dead = [tuple(w) for w in plan.failed]
         else:
-            filling = {r.worker for r in plan.roles}
-            dead = [(r, s) for r in range(replicas) for s in range(stages)
-                    if home_id(r, s) not in filling]
+            dead = dead_of(plan.roles, replicas, stages)
         kw.setdefault("failed", dead)
         m = cls.start(replicas, stages, incarnations=plan.incarnations,
                       version=plan.version, roles=plan.roles, **kw)

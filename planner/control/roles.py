@@ -24,7 +24,7 @@ from planner.control.count_bounds import (  # noqa: F401 (re-exported: the roles
     stage_count_bound)
 from planner.control.halt_risk import expected_work, one_copy_stages, with_home_margin
 from planner.job import JobSpec
-from planner.plan import Move, Role
+from planner.plan import Move, Role, home_id
 
 Worker = tuple[int, int]
 
@@ -55,6 +55,14 @@ def failed_of(roles: list[Role], replicas: int, stages: int) -> list[Worker]:
     """The failed set a plan with these roles is planned for: every slot no role fills."""
     filled = {(r.replica, r.stage) for r in roles}
     return [(d, s) for d in range(replicas) for s in range(stages) if (d, s) not in filled]
+
+
+def dead_of(roles: list[Role], replicas: int, stages: int) -> list[Worker]:
+    """The dead workers under these roles: every home slot of the replicas x stages grid
+    whose worker fills no slot (the slots may be of another shape's grid)."""
+    filling = {r.worker for r in roles}
+    return [(d, s) for d in range(replicas) for s in range(stages)
+            if home_id(d, s) not in filling]
 
 
 def identity_roles(job: JobSpec, failed) -> list[Role]:

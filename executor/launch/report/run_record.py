@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from planner.plan import home_of
+from planner.control.roles import dead_of
 
 Worker = tuple[int, int]
 
@@ -45,9 +45,8 @@ class RunRecord:
         if plan is not None and plan.partition is not None and plan.incarnations:
             # a shape's empty slots are of its own grid: name the dead workers instead
             # (home slots of the user's grid that fill no slot)
-            filling = {home_of(r.worker) for r in plan.roles or ()}
-            return v, [(r, s) for r, row in enumerate(plan.incarnations)
-                       for s in range(len(row)) if (r, s) not in filling]
+            return v, dead_of(plan.roles or [], len(plan.incarnations),
+                              len(plan.incarnations[0]))
         return v, sorted(tuple(x) for x in (plan.failed if plan is not None else failed))
 
     def plans_used(self, iterations: int) -> list[dict]:
