@@ -142,39 +142,83 @@ def test_agents_start_workers_report_a_sigkill_at_once_and_training_stays_exact(
         srv.stop()
 
 
+class HeldRun:
+    """A service, SLOW's run held before iteration 2 (the coordinator's store key `hold`,
+    as a due rejoin would hold it) and two agents of two workers each, once iterations 0
+    and 1 are done; everything stopped on the way out."""
+
+    def __init__(self, tmp_path):
+        self.tmp_path, self.agents, self.runner, self.coord = tmp_path, [], None, None
+        self.result = {}
+
+    def __enter__(self) -> "HeldRun":
+        from executor.runtime.transport.rendezvous import set_counter
+        self.srv = ProcServer(self.tmp_path / "service.db", *SERVE).start()
+        try:
+            self.jid, self.token = register(self.srv.url)
+            self.coord, self.out, port = external_coordinator(
+                self.tmp_path, self.srv, self.jid, self.token, 120)
+            set_counter(self.coord.store, "hold", 3)  # every worker waits before iteration 2
+            self.runner = threading.Thread(
+                target=lambda: self.result.setdefault("res", self.coord.run()), daemon=True)
+            self.runner.start()
+            self.store = ("--store", f"127.0.0.1:{port}")
+            self.agents += [self.agent(n, f"n{n}") for n in (0, 1)]
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def agent(self, node, run_dir: str) -> AgentProc:
+        """An agent of node `node` (None: a new instance) for this run."""
+        return AgentProc(self.srv.url, self.jid, self.token, node, *self.store, "--run-dir",
+                         str(self.tmp_path / run_dir))
+
+    def wait_held(self) -> None:
+        t0 = time.monotonic()
+        while self.coord.printed < 1 and self.runner.is_alive() and time.monotonic() - t0 < 90:
+            time.sleep(0.01)
+        assert self.coord.printed == 1, self.out.getvalue()  # iterations 0, 1, then the hold
+
+    def release(self):
+        """Let the run go on; its result once it ended."""
+        from executor.runtime.transport.rendezvous import set_counter
+        set_counter(self.coord.store, "hold", 0)
+        self.runner.join(90)
+        assert not self.runner.is_alive()
+        res = self.result["res"]
+        assert res.summary is not None, f"halted: {res.halted}\n{self.out.getvalue()}"
+        return res
+
+    def __exit__(self, *exc) -> None:
+        if self.coord is not None:
+            self.coord.stop()
+        if self.runner is not None:
+            self.runner.join(20)
+        for a in self.agents:
+            if a.proc.poll() is None:
+                a.proc.kill()
+                a.proc.wait()
+        self.srv.stop()
+
+
 def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_path):
     """Spot instances: node 1's agent gets its preemption notice (SIGTERM) and posts a node
     remove, one plan version without both its workers; a new instance's agent, started with
     no node rank, posts a node add, is given node 1 (its workers' ids are the dead ones) and
     its workers join as new incarnations with no state, loading it from live peers. The
-    test holds iteration 2 (the coordinator's store key `hold`, as a due rejoin would) until
-    both are back, so the whole story happens mid-run every time. Exact."""
-    from executor.runtime.transport.rendezvous import set_counter
-
-    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
-    agents, runner, coord = [], None, None
-    try:
-        jid, token = register(srv.url)
-        coord, out, port = external_coordinator(tmp_path, srv, jid, token, 120)
-        set_counter(coord.store, "hold", 3)  # every worker waits before iteration 2
-        result = {}
-        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
-                                  daemon=True)
-        runner.start()
-        store = ("--store", f"127.0.0.1:{port}")
-        agents = [AgentProc(srv.url, jid, token, n, *store, "--run-dir", str(tmp_path / f"n{n}"))
-                  for n in (0, 1)]
-        t0 = time.monotonic()
-        while coord.printed < 1 and runner.is_alive() and time.monotonic() - t0 < 90:
-            time.sleep(0.01)
-        assert coord.printed == 1, out.getvalue()  # iterations 0 and 1, then the hold
-        with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as admin:
+    test holds iteration 2 until both are back, so the whole story happens mid-run every
+    time. Exact."""
+    with HeldRun(tmp_path) as run:
+        jid, agents, out = run.jid, run.agents, run.out
+        run.wait_held()
+        with httpx.Client(base_url=run.srv.url, headers=admin_headers(), timeout=30) as admin:
             agents[1].proc.send_signal(signal.SIGTERM)
             assert agents[1].stop() == 0, agents[1].lines
             agents[1].wait_line(r"preemption notice: node removed, plan v1$")
             plan = admin.get(f"/v1/jobs/{jid}/plan").json()
             assert plan["version"] == 1 and plan["failed"] == [[1, 0], [1, 1]]
-            new = AgentProc(srv.url, jid, token, None, *store, "--run-dir", str(tmp_path / "new"))
+            new = run.agent(None, "new")
             agents.append(new)
             new.wait_line(rf"joined job {jid} as node 1: workers 1:0 1:1", timeout=30)
             t0 = time.monotonic()
@@ -185,11 +229,7 @@ def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_pa
                 time.sleep(0.05)
             assert plan["failed"] == [] and plan["incarnations"] == [[1, 1], [2, 2]], \
                 (plan["failed"], new.lines, out.getvalue())
-            set_counter(coord.store, "hold", 0)
-            runner.join(90)
-            assert not runner.is_alive()
-            res = result["res"]
-            assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
+            res = run.release()
             diffs = compare(res.summary, reference(ITERATIONS), 1e-5)
             assert not diffs, "\n".join(diffs) + "\n" + out.getvalue()
             events = admin.get(f"/v1/jobs/{jid}/events").json()
@@ -203,16 +243,6 @@ def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_pa
         logs = "".join(open(f).read() for f in sorted(glob.glob(str(tmp_path / "new" / "*.log"))))
         assert "loaded stage 0 state from worker (0, 0)" in logs, logs
         assert agents[0].stop() == 0 and new.stop() == 0, agents[0].lines + new.lines
-    finally:
-        if coord is not None:
-            coord.stop()
-        if runner is not None:
-            runner.join(20)
-        for a in agents:
-            if a.proc.poll() is None:
-                a.proc.kill()
-                a.proc.wait()
-        srv.stop()
 
 
 def test_a_preempted_node_and_a_kill_leave_one_worker_the_service_cuts_the_pipeline(tmp_path):
@@ -221,27 +251,11 @@ def test_a_preempted_node_and_a_kill_leave_one_worker_the_service_cuts_the_pipel
     iteration 2; one live worker is left for two stages. The service (shape auto, its
     default) cuts the pipeline to one stage; 0:0 builds the whole model, takes stage 1's
     state from peer memory (or the seed) and trains to the end alone, exact."""
-    from executor.runtime.transport.rendezvous import set_counter
-
-    srv = ProcServer(tmp_path / "service.db", *SERVE).start()
-    agents, runner, coord = [], None, None
-    try:
-        jid, token = register(srv.url)
-        coord, out, port = external_coordinator(tmp_path, srv, jid, token, 120)
-        set_counter(coord.store, "hold", 3)  # every worker waits before iteration 2
-        result = {}
-        runner = threading.Thread(target=lambda: result.setdefault("res", coord.run()),
-                                  daemon=True)
-        runner.start()
-        store = ("--store", f"127.0.0.1:{port}")
-        agents = [AgentProc(srv.url, jid, token, n, *store, "--run-dir", str(tmp_path / f"n{n}"))
-                  for n in (0, 1)]
+    with HeldRun(tmp_path) as run:
+        jid, agents, out = run.jid, run.agents, run.out
         victim = agents[0].pid_of((0, 1))
-        t0 = time.monotonic()
-        while coord.printed < 1 and runner.is_alive() and time.monotonic() - t0 < 90:
-            time.sleep(0.01)
-        assert coord.printed == 1, out.getvalue()  # iterations 0 and 1, then the hold
-        with httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=30) as admin:
+        run.wait_held()
+        with httpx.Client(base_url=run.srv.url, headers=admin_headers(), timeout=30) as admin:
             agents[1].proc.send_signal(signal.SIGTERM)
             assert agents[1].stop() == 0, agents[1].lines
             os.kill(victim, signal.SIGKILL)
@@ -250,27 +264,13 @@ def test_a_preempted_node_and_a_kill_leave_one_worker_the_service_cuts_the_pipel
             plan = admin.get(f"/v1/jobs/{jid}/plan").json()
             assert plan["partition"]["bounds"] == [0, 2], plan
             assert [x["worker"] for x in plan["roles"]] == ["0.0"], plan["roles"]
-            set_counter(coord.store, "hold", 0)
-            runner.join(90)
-            assert not runner.is_alive()
-            res = result["res"]
-            assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
+            res = run.release()
             diffs = compare(res.summary, reference(ITERATIONS), 1e-5)
             assert not diffs, "\n".join(diffs) + "\n" + out.getvalue()
             job = admin.get(f"/v1/jobs/{jid}").json()
             assert job["state"] == "finished", job
         logs = "".join(open(f).read() for f in sorted(glob.glob(str(tmp_path / "n0" / "*.log"))))
         assert "changed shape" in logs, logs
-    finally:
-        if coord is not None:
-            coord.stop()
-        if runner is not None:
-            runner.join(20)
-        for a in agents:
-            if a.proc.poll() is None:
-                a.proc.kill()
-                a.proc.wait()
-        srv.stop()
 
 
 FAKE_WORKER = """
