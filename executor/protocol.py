@@ -155,10 +155,12 @@ class Replayed(Message):
 
 @dataclass
 class RolledBack(Message):
-    """The job rolled back whole to peer-memory snapshots (no replay could serve)."""
+    """The job rolled back whole to a copy of every stage (no replay could serve)."""
     kind: ClassVar[str] = "rolledback"
     to: int = -1  # every stage's state is that after this iteration
     why: str = ""  # why the lost stage(s) could not be replayed
+    tier: str = "peer-memory snapshots"  # where the lost stages' state came from
+    again: int = 0  # iterations a member had stepped past `to`: trained again
 
 
 @dataclass

@@ -60,12 +60,11 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     timeout = conf.timeout
     store.set_timeout(timedelta(seconds=timeout))
     incarnation = int(store.add(P.incarnation_key(me), 1))
-    resume_part, start = None, 0
+    origin_parts, start = (), 0
     if conf.resume:  # a restarted process (incarnation > 1) loads from a live peer
         man = Manifest.load(conf.resume)
         start = man.iteration + 1
-        if incarnation == 1:
-            resume_part = man.part(conf.resume, me[1])
+        origin_parts = tuple(man.part_dirs(conf.resume))
     # The plan source gets its own connection: the heartbeat thread uses it concurrently.
     conn = connect_store(host, int(port), timeout_s=timeout)
     if conf.service:  # plans, heartbeats, suspects and rejoin over HTTP
@@ -95,7 +94,8 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     worker = WorkerConfig(
         conf.model, job, conf.iterations, training=conf.training, workload=workload,
         timeouts=Timeouts(timeout), device=device, local_workers=local,
-        start_iteration=start, resume_part=resume_part, checkpoint_dir=conf.checkpoint_dir,
+        start_iteration=start, origin_parts=origin_parts, load_origin=incarnation == 1,
+        checkpoint_dir=conf.checkpoint_dir, run_id=conf.run_id,
         checkpoint_every=conf.checkpoint_every,
         fault_iterations=frozenset(fault_iterations(conf.kills, conf.stalls, me)),
         slows=tuple((i, f) for r, s, i, f in conf.slows if (r, s) == me),

@@ -149,7 +149,12 @@ def _cli(*args):
     ("a file", ["--resume", "@file"], "is not a recycle checkpoint directory"),
     ("garbage manifest", ["--resume", "@garbage"], "cannot read"),
     ("empty dir", ["--resume", "@empty"], "holds no complete recycle checkpoint"),
-    ("another grid", ["-d", "3", "--resume", "@ck"], "is for a 2x2x2 grid"),
+    # another grid resumes when it keeps the global batch (M follows D); else one line
+    ("a grid that cannot keep the batch", ["-d", "3", "--resume", "@ck"],
+     "trained a global batch of 4 micro-batches (2x2x2, -d x -s x -m), this run 3x2x2 "
+     "takes 6: -d must divide 4 (1, 2, 4)"),
+    ("an M that breaks the batch", ["-d", "1", "-m", "2", "--resume", "@ck"],
+     "give -m 4 (or leave -m out)"),
     ("another d-model", ["--d-model", "32", "--resume", "@ck"], "d_model=16, this run asks 32"),
     ("another seed", ["--seed", "5", "--resume", "@ck"], "seed=0, this run asks 5"),
     ("too few iterations", ["--iterations", "2", "--resume", "@ck"], "--iterations must be more than 4"),

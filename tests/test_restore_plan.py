@@ -3,7 +3,8 @@
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore
+from executor.runtime.stage_state.restore_plan import (Has, decode, encode, plan_restore,
+                                                       tier_of)
 
 
 def test_2x2_stage_1_lost_its_holder_moves_in_and_the_others_restore_their_own():
@@ -41,6 +42,25 @@ def test_a_stage_lost_before_any_snapshot_landed_rolls_back_to_the_start():
     assert p.iteration == -1 and p.providers == {0: (0, 0)} and p.takers == {0: ((1, 0),)}
 
 
+def test_a_disk_checkpoint_newer_than_every_memory_copy_wins_over_the_seed():
+    """Issue 42: peer memory and disk are two tiers of one store; a stage lost before any
+    snapshot of it rolled the job back to the seed though iteration 2 was on disk."""
+    members = {(0, 0): Has(0, {0: (1,)}, origin=-1, disk=(2, 1)),
+               (0, 1): Has(1, {}, origin=-1, disk=(2, 1))}
+    p = plan_restore(members, 2)
+    assert p.iteration == 2 and p.own == ((0, 0), (0, 1)) and p.providers == {}
+    assert tier_of(members, 2) == "the checkpoint on disk of iteration 2"
+    assert decode(encode(members[(0, 1)], 2), 2) == members[(0, 1)]
+    # a newer snapshot of every stage wins over the disk
+    members = {(0, 0): Has(0, {0: (4,)}, disk=(2,)), (0, 1): Has(1, {1: (4,)}, disk=(2,))}
+    assert plan_restore(members, 2).iteration == 4
+    assert tier_of(members, 4) == "peer-memory snapshots"
+    # a member that cannot read the disk receives its stage from one of its stage that can
+    p = plan_restore({(0, 0): Has(0, {}, disk=(3,)), (1, 0): Has(0, {}),
+                      (0, 1): Has(1, {}, disk=(3,))}, 2)
+    assert p.iteration == 3 and p.providers == {0: (0, 0)} and p.takers == {0: ((1, 0),)}
+
+
 def test_no_common_iteration_means_no_restore():
     assert plan_restore({(0, 0): Has(0, {0: (4,)}), (0, 1): Has(1, {1: (2,)})}, 2) is None
     assert plan_restore({(0, 0): Has(0, {0: (4,)})}, 2) is None
@@ -55,12 +75,15 @@ def test_every_member_ends_with_its_stage_at_the_chosen_iteration(S, data):
             copies = {s: tuple(sorted(data.draw(st.sets(st.integers(0, 5), max_size=3)),
                                       reverse=True)) for s in range(S)}
             members[w] = Has(data.draw(st.integers(0, S - 1)), {s: c for s, c in copies.items() if c},
-                             data.draw(st.sampled_from([None, -1])))
+                             data.draw(st.sampled_from([None, -1])),
+                             tuple(sorted(data.draw(st.sets(st.integers(0, 5), max_size=2)),
+                                          reverse=True)))
     for w, h in members.items():
         assert decode(encode(h, S), S) == h
     p = plan_restore(members, S)
     have = {s: set().union(*[h.copies.get(s, ()) for h in members.values()],
-                           {h.origin for h in members.values() if h.stage == s} - {None})
+                           {h.origin for h in members.values() if h.stage == s} - {None},
+                           *[h.disk for h in members.values() if h.stage == s])
             for s in range(S)}
     common = set.intersection(*have.values()) if members else set()
     if not common:

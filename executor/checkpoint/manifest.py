@@ -1,7 +1,14 @@
 """The manifest of a checkpoint (recycle.json) and the checks `--resume` makes on it.
 
-Resuming must continue the same training: the grid (D, S, M), every model field and the
-training settings that shape the optimizer's state or the data (weight decay, betas, the
+A checkpoint is the model's and optimizer's state by parameter name, in parts written
+by whatever shape was in force (the job's own stages: `stage{s}`; a cut of it:
+`shape{S'}-{id}/stage{s}`, listed in `parts`), plus the iteration, the losses and the
+settings. None of it is tied to a grid: a run resumes on any D x S that keeps the global
+batch (D x M micro-batches of the same size; the data is indexed by iteration and global
+micro-batch), its stages filled by name from the parts (stage_state.load_by_name).
+
+Resuming must continue the same training: the global batch, every model field but the
+stage split, and the training settings that shape the optimizer's state or the data (weight decay, betas, the
 token file) must match, else exit 2 with the field named. The training settings applied
 afresh at every step are the exception (RESUMABLE): the learning rate and its schedule
 (the rate is a pure function of the iteration, set before each step), the schedule's
@@ -46,6 +53,18 @@ class Manifest:
     format: str = FORMAT
     job: Optional[dict] = None  # the run's JobSpec (JSON), so `--resume DIR` alone can plan
     training: dict = field(default_factory=dict)  # the run's TrainingSettings (to_dict)
+    # the parts' directories (relative), one per stage of the shape that wrote them;
+    # None (checkpoints before shapes): stage0..stage{stages-1}
+    parts: Optional[list] = None
+
+    @property
+    def global_batch(self) -> int:
+        return self.replicas * self.microbatches
+
+    def part_dirs(self, directory: str) -> list[str]:
+        """Every part of this checkpoint, absolute, in stage order of the shape that wrote it."""
+        names = self.parts if self.parts is not None else [f"stage{s}" for s in range(self.stages)]
+        return [os.path.join(directory, n) for n in names]
 
     def save(self, directory: str) -> None:
         tmp = os.path.join(directory, MANIFEST + ".tmp")
@@ -71,9 +90,6 @@ class Manifest:
             return cls(**d)
         except TypeError as exc:
             raise CheckpointError(f"{path}: malformed manifest ({exc})") from None
-
-    def part(self, directory: str, stage: int) -> str:
-        return os.path.join(directory, f"stage{stage}")
 
 
 def iteration_dir(root: str, iteration: int) -> str:
@@ -120,17 +136,19 @@ def read_checkpoint(path: str, job, cfg, training, iterations: int,
     from before it hold the GPT)."""
     directory = resolve(path)
     man = Manifest.load(directory)
-    grid = (job.replicas, job.stages, job.microbatches)
-    if (man.replicas, man.stages, man.microbatches) != grid:
+    if job.replicas * job.microbatches != man.global_batch:
         raise CheckpointError(
-            f"checkpoint {directory} is for a {man.replicas}x{man.stages}x{man.microbatches} "
-            f"grid (-d x -s x -m), this run is {grid[0]}x{grid[1]}x{grid[2]}")
+            f"checkpoint {directory} trained a global batch of {man.global_batch} micro-batches "
+            f"({man.replicas}x{man.stages}x{man.microbatches}, -d x -s x -m), this run "
+            f"{job.replicas}x{job.stages}x{job.microbatches} takes "
+            f"{job.replicas * job.microbatches}: {_batch_hint(man.global_batch, job.replicas)}")
     from executor.compute.config import ModelConfig, TrainingSettings  # fields added since:
     mine = {**training.to_dict(), **cfg.to_dict(), "workload": model}  # their defaults
     theirs = {**TrainingSettings().to_dict(), **man.training,
               **ModelConfig().to_dict(), "workload": "gpt", **man.model}
     for key in sorted(set(mine) | set(theirs)):
-        if key in RESUMABLE or mine.get(key) == theirs.get(key):
+        # the stage split is the grid's, not the model's: parts load by name into any
+        if key in RESUMABLE or key == "boundaries" or mine.get(key) == theirs.get(key):
             continue
         flag = FLAGS.get(key, "--" + key.replace("_", "-"))
         raise CheckpointError(f"checkpoint {directory} was trained with {key}="
@@ -139,8 +157,20 @@ def read_checkpoint(path: str, job, cfg, training, iterations: int,
     if man.iteration + 1 >= iterations:
         raise CheckpointError(f"checkpoint {directory} already holds iterations 0..{man.iteration}:"
                               f" --iterations must be more than {man.iteration + 1}")
-    for s in range(man.stages):
-        meta = os.path.join(man.part(directory, s), ".metadata")
+    for s, part in enumerate(man.part_dirs(directory)):
+        meta = os.path.join(part, ".metadata")
         if not os.path.exists(meta):
             raise CheckpointError(f"checkpoint {directory} lacks stage {s}'s part ({meta})")
     return directory, man
+
+
+def resumed_microbatches(man: Manifest, replicas: int) -> Optional[int]:
+    """M for `replicas` replicas that keeps the checkpoint's global batch (None: none does)."""
+    return man.global_batch // replicas if man.global_batch % replicas == 0 else None
+
+
+def _batch_hint(batch: int, replicas: int) -> str:
+    if batch % replicas == 0:
+        return f"give -m {batch // replicas} (or leave -m out)"
+    fits = [d for d in range(1, batch + 1) if batch % d == 0]
+    return f"-d must divide {batch} ({', '.join(map(str, fits))})"

@@ -18,9 +18,11 @@ class PartWriter:
     state then is that very state). A failed save costs that checkpoint, never the training."""
 
     def __init__(self, checkpoint_dir: Optional[str], every: int, iterations: int, stage: int,
-                 log: Callable[[str], None]):
+                 log: Callable[[str], None], shape: str = "", run: str = ""):
+        """`shape`: the directory of the shape's parts inside an iteration's ("" for the
+        job's own stages: store.shape_dir); `run`: the run's id, marked in every part."""
         self.checkpoint_dir, self.every, self.iterations = checkpoint_dir, every, iterations
-        self.stage, self.log = stage, log
+        self.stage, self.log, self.shape, self.run = stage, log, shape, run
         self._saver: Optional[threading.Thread] = None
 
     def due(self, it: int) -> bool:
@@ -29,7 +31,8 @@ class PartWriter:
 
     def write(self, it: int, module, opt, only_if_missing: bool = False) -> None:
         self.finish()
-        path = os.path.join(iteration_dir(self.checkpoint_dir, it), f"stage{self.stage}")
+        path = os.path.join(iteration_dir(self.checkpoint_dir, it), self.shape,
+                            f"stage{self.stage}")
         if only_if_missing and os.path.isdir(path):
             return
         sd = stage_state(module, opt, copy=True)
@@ -37,7 +40,7 @@ class PartWriter:
         def save():
             try:
                 os.makedirs(os.path.dirname(path), exist_ok=True)
-                save_state(sd, path)
+                save_state(sd, path, self.run)
             except Exception as exc:  # noqa: BLE001 - disk full, directory pruned meanwhile
                 self.log(f"checkpoint part of iteration {it} not written: {str(exc)[:200]}")
         self._saver = threading.Thread(target=save, name=f"checkpoint-{it}", daemon=True)

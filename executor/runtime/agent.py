@@ -60,8 +60,8 @@ class Agent:
                                  origin=-1 if conf.from_seed else None)
         self.fence = PlanFence(self.state, source, conf.job.identity_hash(), self.log)
         self.stage = self._new_stage(self.state.me[1])
-        if conf.resume_part is not None:
-            self.stage.load_part(conf.resume_part)
+        if conf.load_origin and conf.origin_parts:
+            self.stage.load_parts(conf.origin_parts)
         self.world: Optional[World] = None
         self.iteration = IterationRuntime(self)
         # Peer-memory snapshots (docs/executor.md; 0: none, -1: auto): this worker's host

@@ -26,8 +26,15 @@ class WorkerConfig:
     device: torch.device = torch.device("cpu")
     local_workers: Optional[int] = None  # workers sharing this machine (None: one a GPU)
     start_iteration: int = 0  # the run's first (after a resume, the checkpoint's + 1)
-    resume_part: Optional[str] = None  # this stage's DCP part a first process starts from
+    # the parts of the checkpoint the run resumed from (any shape: loaded by name), the
+    # run's origin a rollback may go back to; empty for a run from its seed
+    origin_parts: tuple = ()
+    load_origin: bool = False  # this process starts from them (a first incarnation)
     checkpoint_dir: Optional[str] = None
+    run_id: str = ""  # marked in the parts this run writes (a restore takes only its own)
+    # where the shape in force puts its checkpoint parts inside an iteration's directory
+    # ("": the job's own stages; checkpoint/store.py shape_dir for a cut)
+    part_shape: str = ""
     checkpoint_every: int = 1
     # iterations in which an injected fault may target this worker (a mid-iteration stop)
     fault_iterations: frozenset = frozenset()
@@ -44,4 +51,4 @@ class WorkerConfig:
     def from_seed(self) -> bool:
         """The run started from its seed (not resumed): any stage's state before the first
         step can be rebuilt exactly, a copy a rollback may use."""
-        return self.resume_part is None and self.start_iteration == 0
+        return not self.origin_parts and self.start_iteration == 0

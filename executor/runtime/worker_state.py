@@ -30,6 +30,9 @@ class WorkerState:
     writer: bool = False  # this worker writes its stage's checkpoint parts and snapshots
     last_compute: Optional[tuple[int, float]] = None  # (iteration, s per micro-batch)
     losses: dict = field(default_factory=dict)  # the last stage's, ALLREDUCE to OPT
+    # the disk checkpoints it reported when a version's entry gathered what members hold
+    # (iteration -> parts: stage_state/disk_tier.py); what it restores from, if chosen
+    disk: dict = field(default_factory=dict)
 
     def __post_init__(self):
         self.me = self.me or self.home

@@ -8,7 +8,6 @@ import os
 from typing import List, Optional
 
 import typer
-from click.core import ParameterSource
 
 from planner.errors import EXIT_BAD_INPUT, EXIT_MODEL_ERROR, EXIT_NO_PLAN
 from recycle.commands.errors import user_errors
@@ -30,6 +29,14 @@ def _resumed(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
         ctx.meta["resumed"] = man
         ctx.default_map = {**(ctx.default_map or {}), **resumed_defaults(man)}
     return value
+
+
+def _from_resume(ctx: typer.Context, name: str) -> bool:
+    """Did flag `name` take its value from the default map (--resume's or --config's)?
+    By the source's name: typer vendors its own click, whose ParameterSource is not
+    click's (compared with click's enum this was never true)."""
+    source = ctx.get_parameter_source(name)
+    return source is not None and source.name == "DEFAULT_MAP"
 
 
 def _configured(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
@@ -120,8 +127,15 @@ def train_cmd(
     console = Console(stderr=True)
     resumed = ctx.meta.get("resumed")  # the checkpoint's manifest (_resumed)
     params = dict(ctx.params)  # flags given, else --config's, else --resume's, else defaults
+    if resumed is not None and params.get("replicas") != resumed.replicas and (
+            _from_resume(ctx, "microbatches")):
+        # another grid: M follows so that the global batch stays the checkpoint's (when
+        # no M does, read_checkpoint refuses the run in one line)
+        from executor.checkpoint.manifest import resumed_microbatches
+        params["microbatches"] = resumed_microbatches(resumed, params["replicas"]) or \
+            params["microbatches"]
     if resumed is not None and lr_schedule != "cosine" and (
-            ctx.get_parameter_source("min_lr_ratio") == ParameterSource.DEFAULT_MAP):
+            _from_resume(ctx, "min_lr_ratio")):
         params["min_lr_ratio"] = None  # the checkpoint's cosine floor; another schedule now
     with user_errors("train options"):
         run = resolve(RunConfig.from_flags(params), resumed=resumed, token=token)

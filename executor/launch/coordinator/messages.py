@@ -66,9 +66,10 @@ def on_replayed(c, w, m: P.Replayed) -> None:
 
 def on_rolled_back(c, w, m: P.RolledBack) -> None:
     """A stage lost whole could not be replayed: every stage went back to a snapshot."""
-    c.record.recoveries.append({"version": m.v, "kind": "rollback", "to": m.to, "why": m.why})
-    c.event(f"plan v{m.v}: the job rolled back to iteration {m.to} from peer-memory "
-            f"snapshots ({m.why})")
+    c.record.recoveries.append({"version": m.v, "kind": "rollback", "to": m.to, "why": m.why,
+                                "tier": m.tier, "again": m.again})
+    c.event(f"plan v{m.v}: the job rolled back to iteration {m.to} from {m.tier}, "
+            f"{m.again} iteration(s) to train again ({m.why})")
 
 
 def on_fatal(c, w, m: P.Fatal) -> None:

@@ -77,8 +77,7 @@ class Plans:
                                            or self.plan.partition != plan.partition):
             self.event(f"plan v{decision.version}: the pipeline changes shape to "
                        f"{plan.job.stages} stages of {plan.partition.unit}s "
-                       f"{plan.partition.bounds} for {len(plan.workers)} live workers "
-                       "(checkpoint parts stop: they are of the job's own stages)")
+                       f"{plan.partition.bounds} for {len(plan.workers)} live workers")
         if decision.roles is not None:
             self.moved(plan)
         self.suspect_since = None

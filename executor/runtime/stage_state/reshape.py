@@ -8,9 +8,11 @@ boundaries) decides, the same on every member:
   iteration such a member stepped (members ahead roll back with their pre-step copies),
   and the lowest member of each old stage provides it;
 - some old stage has none (every holder died: what shrinks a shape most often): every
-  old stage goes back to the newest iteration all of them have a copy of among the live
-  workers (restore_plan.py's rule: own host copies, held peer-memory snapshots, or the
-  run's start rebuilt from the seed), and the lowest member holding each provides it.
+  old stage goes back to the newest iteration all of them have a copy of in some tier
+  (restore_plan.py's rule: own host copies, held peer-memory snapshots, this run's disk
+  checkpoints, or the run's start), and the lowest member holding each provides it; at a
+  disk checkpoint or the run's start every member builds its new stage from there itself
+  (by name from the checkpoint's parts, or from the seed): nothing moves.
 Each provider then sends every member whose new stage runs some of its stage's
 parameters those pieces (one blob per pair, in one global order: no cycle of blocking
 sends), each member builds its new stage (the model cut at the plan's partition), loads
@@ -18,22 +20,22 @@ what it received and, once all have (one more all-gather), takes it. A member th
 before then keeps the old shape, so a later plan finds every member with state in one
 shape. The old shape's snapshots and boundary logs go: their stage numbers mean other
 units now (the next snapshot is of the new shape; until then a stage lost whole rolls the
-job back to the run's start).
+job back to the newest disk checkpoint, or the run's start).
 """
 from __future__ import annotations
 
 import dataclasses
 import time
-import zlib
 
 import torch
 
 from executor.protocol import RolledBack
 from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.stage_state import by_name
-from executor.runtime.stage_state.restore_plan import Has, decode, encode
+from executor.runtime.stage_state.disk_tier import disk_copies
+from executor.runtime.stage_state.restore_plan import Has, decode, encode, tier_of
 from executor.runtime.stage_state.settled import NoCopy, settled
-from executor.runtime.stage_state.shape import bounds_key
+from executor.runtime.stage_state.shape import shape_id
 from executor.runtime.worker_config import WorkerConfig
 
 NONE = -2
@@ -41,10 +43,6 @@ NONE = -2
 
 class ShapeMismatch(RuntimeError):
     """Members hold state of different shapes (cannot happen: a change commits on all)."""
-
-
-def shape_id(conf: WorkerConfig) -> int:
-    return zlib.crc32(repr(bounds_key(conf)).encode()) & 0x7FFFFFFF
 
 
 def names_of(conf: WorkerConfig, stages: int) -> list[set[str]]:
@@ -93,9 +91,7 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
             _settle_at(agent, k)
         source = "live workers"
     else:
-        k, providers = _restore_point(agent, info, S_old)
-        source = ("peer-memory snapshots" if providers is not None
-                  else "the seed (the run's start)")
+        k, providers, source = _restore_point(agent, info, S_old)
     me = st.me
     old_names = names_of(old_conf, S_old)
     new_names = names_of(new, new.stages)
@@ -116,6 +112,8 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
     try:
         if providers is not None:
             stage.load_state(by_name.assemble(stage.module, stage.opt, pieces))
+        elif k != st.origin:  # every member reads the checkpoint: its new stage by name
+            stage.load_parts(st.disk[k])
         stage.stepper.reset(k + 1)
         world.allgather_ints([1])  # every member has its new stage: take them
     except BaseException:
@@ -125,10 +123,10 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
     if source != "live workers":
         st.restored_at = k
         if me == world.workers[0]:
-            agent.source.send(RolledBack(to=k, why=(
-                "a stage lost whole before a change of shape: its state came from a snapshot"
-                if providers is not None else "a stage lost whole before any snapshot of it "
-                "and a change of shape: the new shape starts from the seed")))
+            top = max(r[3] for r in info.values())
+            agent.source.send(RolledBack(to=k, tier=source, again=max(0, top - k), why=(
+                "a stage lost whole before a change of shape: every stage goes back to the "
+                "newest copy of all of them")))
     agent.log(f"changed shape to {new.stages} stages (blocks from {list(new.model.boundaries)}) "
               f"at iteration {k + 1}: stage {me[1]} from {source} in "
               f"{time.perf_counter() - t0:.3f} s")
@@ -155,7 +153,9 @@ def _settle_at(agent, k: int) -> None:
 
 
 def _restore_point(agent, info: dict, S_old: int):
-    """The newest iteration every old stage has a copy of, and a provider of each."""
+    """The newest iteration every old stage has a copy of; a provider of each (None when
+    every member builds its new stage itself: at the run's start or a disk checkpoint
+    that every member reads); and the tier, in words."""
     world = agent.world
     mine = _has(agent)
     rows = world.allgather_ints(encode(mine, S_old))
@@ -164,22 +164,24 @@ def _restore_point(agent, info: dict, S_old: int):
     for h in members.values():
         for s, its in h.copies.items():
             have.setdefault(s, set()).update(its)
-    # a run from its seed has every stage's state before its first step anywhere: each
-    # member builds its new stage at the seed (nothing moves)
-    origin = agent.state.origin
-    if origin is not None:
-        for s in range(S_old):
-            have[s].add(origin)
+    # a run from its seed has every stage's state before its first step anywhere, and a
+    # disk checkpoint that every member reads holds every stage of any shape by name:
+    # each member builds its new stage there (nothing moves)
+    everywhere = set.intersection(*(set(h.disk) | ({h.origin} if h.origin is not None
+                                                    else set()) for h in members.values()))
+    for s in range(S_old):
+        have[s] |= everywhere
     common = set.intersection(*have.values())
     if not common:
         raise NoCopy("a stage lost whole before a change of shape and no iteration has a "
-                     "copy of every stage among the live workers: resume from a checkpoint")
+                     "copy of every stage in any tier (live workers, peer-memory snapshots, "
+                     "this run's disk checkpoints, the seed): resume from a checkpoint")
     k = max(common)
-    if k == origin:
-        return k, None
+    if k in everywhere:
+        return k, None, tier_of(members, k)
     providers = {s: min(w for w, h in members.items() if h.can_give(s, k))
                  for s in range(S_old)}
-    return k, providers
+    return k, providers, "peer-memory snapshots"
 
 
 def _has(agent) -> Has:
@@ -191,8 +193,11 @@ def _has(agent) -> Has:
             out[stage] = set(snaps.local.iterations())
         for s, its in snaps.host.held().items():
             out.setdefault(s, set()).update(its)
-    return Has(stage, {s: tuple(sorted(i)) for s, i in out.items() if i},
-               st.origin if stage >= 0 else None)
+    st.disk = disk_copies(agent.base)
+    # a member with no state yet builds its new stage like any other: the seed and disk
+    # checkpoints serve it as well (reported as its origin and disk copies)
+    return Has(stage, {s: tuple(sorted(i)) for s, i in out.items() if i}, st.origin,
+               tuple(st.disk))
 
 
 def _state_of(agent, s: int, k: int) -> dict:
@@ -206,4 +211,6 @@ def _state_of(agent, s: int, k: int) -> dict:
         return snaps.local.state(k)
     if own and k == st.origin:
         return agent.stage.initial_state(s)
+    if own and k in st.disk:
+        return agent.stage.initial_state(s, st.disk[k])
     return held_state(snaps.host.get(s, k))

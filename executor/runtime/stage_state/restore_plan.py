@@ -7,9 +7,13 @@ host copy (peer_snapshots LocalCopies) or a snapshot it holds for another stage
 (SnapshotHost). A run started from its seed (not resumed from a checkpoint) also has
 every stage's state before its first step everywhere: a member rebuilds its own stage at
 that origin as it built it at start, so a stage lost before any snapshot of it landed
-rolls the job back to the start instead of halting it. Every member of the new world then ends up with its stage's state after
-step k: restored from its own copy, or sent by one provider of its stage. Pure: the agent
-gathers what each member has (one all-gather) and carries out the answer.
+rolls the job back to the start instead of halting it. Disk checkpoints are the third
+tier (disk_tier.py): a member that can read this run's complete checkpoint of iteration
+c (or the one the run resumed from) can restore its own stage at c by name, whatever
+shape wrote it, so no stage is ever rebuilt from the seed while a newer copy is on disk.
+Every member of the new world then ends up with its stage's state after step k: restored
+from its own copy (host copy, seed or disk), or sent by one provider of its stage. Pure:
+the agent gathers what each member has (one all-gather) and carries out the answer.
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ from typing import Optional
 
 Worker = tuple[int, int]
 PER_STAGE = 3  # iterations a member reports per stage (newest first)
+PER_DISK = 2  # disk checkpoints a member reports (newest first; the store keeps 2)
 NONE = -2  # an empty field of a report (iteration -1 is the origin of a run from its seed)
 
 
@@ -30,9 +35,17 @@ class Has:
     # the iteration before the run's first step when the member can rebuild its own
     # stage's state there (from the seed); None for a run resumed from a checkpoint
     origin: Optional[int] = None
+    # iterations of complete disk checkpoints of this run it can read (its own stage, of
+    # any shape, loads from them by name)
+    disk: tuple[int, ...] = ()
+
+    def own_copies(self) -> set[int]:
+        """Iterations at which it can restore its own stage without a provider."""
+        return set(self.copies.get(self.stage, ())) | set(self.disk) | (
+            set() if self.origin is None else {self.origin})
 
     def can_give(self, stage: int, k: int) -> bool:
-        return k in self.copies.get(stage, ()) or (stage == self.stage and k == self.origin)
+        return k in self.copies.get(stage, ()) or (stage == self.stage and k in self.own_copies())
 
 
 @dataclass(frozen=True)
@@ -51,6 +64,8 @@ class RestorePlan:
 def encode(has: Has, stages: int) -> list[int]:
     """A member's report as fixed-width ints for World.allgather_ints."""
     out = [has.stage, NONE if has.origin is None else has.origin]
+    disk = sorted(has.disk, reverse=True)[:PER_DISK]
+    out += disk + [NONE] * (PER_DISK - len(disk))
     for s in range(stages):
         its = sorted(has.copies.get(s, ()), reverse=True)[:PER_STAGE]
         out += its + [NONE] * (PER_STAGE - len(its))
@@ -59,11 +74,22 @@ def encode(has: Has, stages: int) -> list[int]:
 
 def decode(row: list[int], stages: int) -> Has:
     copies = {}
+    at = 2 + PER_DISK
     for s in range(stages):
-        its = tuple(i for i in row[2 + s * PER_STAGE: 2 + (s + 1) * PER_STAGE] if i != NONE)
+        its = tuple(i for i in row[at + s * PER_STAGE: at + (s + 1) * PER_STAGE] if i != NONE)
         if its:
             copies[s] = its
-    return Has(row[0], copies, None if row[1] == NONE else row[1])
+    disk = tuple(i for i in row[2:at] if i != NONE)
+    return Has(row[0], copies, None if row[1] == NONE else row[1], disk)
+
+
+def tier_of(members: dict[Worker, "Has"], k: int) -> str:
+    """Where a rollback to k takes the lost stages' state from, in words (the run's output)."""
+    if any(k in h.disk for h in members.values()):
+        return f"the checkpoint on disk of iteration {k}"
+    if any(k in its for h in members.values() for its in h.copies.values()):
+        return "peer-memory snapshots"
+    return "the seed (the run's start)"
 
 
 def plan_restore(members: dict[Worker, Has], stages: int) -> Optional[RestorePlan]:
@@ -73,8 +99,8 @@ def plan_restore(members: dict[Worker, Has], stages: int) -> Optional[RestorePla
     for h in members.values():
         for s, its in h.copies.items():
             have[s].update(its)
-        if h.origin is not None:
-            have[h.stage].add(h.origin)
+        if h.stage in have:
+            have[h.stage].update(h.own_copies())
     common = set.intersection(*have.values()) if have else set()
     if not common:
         return None

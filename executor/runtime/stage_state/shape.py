@@ -17,8 +17,11 @@ Only workloads whose build_stage honours `cfg.boundaries` can change shape
 from __future__ import annotations
 
 import dataclasses
+import zlib
+
 import torch
 
+from executor.checkpoint.store import shape_dir
 from executor.compute.model import layer_range
 from executor.runtime.worker_config import WorkerConfig
 from planner.plan import Plan
@@ -56,9 +59,15 @@ def shaped_config(base: WorkerConfig, plan: Plan) -> WorkerConfig:
                          f"{units} {part.unit} units of this model")
     firsts = tuple(blocks_of(base, part.unit, lo, hi)[0] for lo, hi in part.ranges()[1:])
     model = dataclasses.replace(base.model, boundaries=firsts)
-    # no checkpoint parts after a change of shape: a checkpoint's parts are the job's own
-    # stages (a resume reads them so), and a shaped stage's part would pass for one
-    return dataclasses.replace(base, model=model, job=plan.job, checkpoint_dir=None)
+    shaped = dataclasses.replace(base, model=model, job=plan.job)
+    # checkpoint parts go on at every shape, a cut's in a directory of its own (a resume
+    # or a restore loads them by name into any shape: checkpoint/stage_state.py)
+    return dataclasses.replace(shaped, part_shape=shape_dir(shaped.stages, shape_id(shaped)))
+
+
+def shape_id(conf: WorkerConfig) -> int:
+    """A number for the shape `conf` builds, the same on every worker."""
+    return zlib.crc32(repr(bounds_key(conf)).encode()) & 0x7FFFFFFF
 
 
 def bounds_key(conf: WorkerConfig) -> tuple:

@@ -11,9 +11,10 @@ Decided by one all-gather of (last settled iteration, needs state):
   stage's new members load its newest snapshot and replay the iterations since from the
   boundary logs (executor/runtime/replay/), when the live workers logged every input
   they need; else the job rolls back to the newest iteration every stage has a copy of
-  among the live workers (restore_plan.py: own host copies and held peer-memory
-  snapshots, or the run's start, which every member rebuilds from the seed), in memory,
-  and re-trains from there.
+  in some tier (restore_plan.py: own host copies and held peer-memory snapshots, this
+  run's complete disk checkpoints, loaded by name, or the run's start, which every
+  member rebuilds from the seed or from the checkpoint it resumed from), and re-trains
+  from there. With snapshots off the disk checkpoints and the seed are the only tiers.
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.replay import replayer
 from executor.runtime.stage_state import reshape
-from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore
+from executor.runtime.stage_state.disk_tier import disk_copies
+from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore, tier_of
 from executor.runtime.stage_state.settled import NoCopy, settled as _settled
 from executor.runtime.stage_state.shape import shaped_config
 
@@ -51,8 +53,9 @@ def sync_state(agent, plan) -> Synced:
     info = world.allgather_ints([_settled(agent), int(st.fresh)])
     served = {w[1] for w, (_, fresh) in info.items() if not fresh}
     lost = sorted(set(range(agent.conf.stages)) - served)
+    top = max(done for done, _ in info.values())
     if not served:
-        k, source = restore_from_snapshots(agent, plan)
+        k, source = restore_from_snapshots(agent, plan, top=top)
         return Synced(k + 1, "restored", source)
     r = min(done for done, fresh in info.values() if not fresh) + 1
     if not lost:
@@ -61,7 +64,7 @@ def sync_state(agent, plan) -> Synced:
     rp, why = (replayer.decide(agent, lost, r, _held(members)) if agent.snaps is not None
                else (None, "snapshots are off"))
     if rp is None:
-        k, source = restore_from_snapshots(agent, plan, members, why)
+        k, source = restore_from_snapshots(agent, plan, members, why, top=top)
         return Synced(k + 1, "restored", source)
     synced = _resume(agent, info, r) if st.me[1] not in lost else None
     source = replayer.carry_out(agent, plan, rp, _held_by(members))
@@ -105,7 +108,8 @@ def _holdings(agent) -> dict:
     """What each member can provide of every stage's state (one all-gather)."""
     world, st, S = agent.world, agent.state, agent.conf.stages
     copies = _copies(agent) if agent.snaps is not None else {}
-    rows = world.allgather_ints(encode(Has(st.me[1], copies, st.origin), S))
+    st.disk = disk_copies(agent.base)
+    rows = world.allgather_ints(encode(Has(st.me[1], copies, st.origin, tuple(st.disk)), S))
     return {w: decode(row, S) for w, row in rows.items()}
 
 
@@ -141,34 +145,37 @@ def _copies(agent) -> dict[int, tuple[int, ...]]:
     return {s: tuple(sorted(its)) for s, its in out.items() if its}
 
 
-def _copy_of(agent, stage: int, k: int) -> dict:
-    """The state of `stage` after step k from this worker's own copies (or, at the run's
-    origin, as the stage is built at start)."""
+def _copy_of(agent, stage: int, k: int) -> tuple[dict, str]:
+    """The state of `stage` after step k from this worker's own copies (host copies, the
+    seed at the run's start, a disk checkpoint) or a snapshot it holds; and whence."""
     snaps, st = agent.snaps, agent.state
-    if snaps.local.stage == stage and k in snaps.local.iterations():
-        return snaps.local.state(k)
+    if snaps is not None and snaps.local.stage == stage and k in snaps.local.iterations():
+        return snaps.local.state(k), "its own copy"
     if k == st.origin and stage == st.me[1]:
-        return agent.stage.initial_state(stage)
-    return held_state(snaps.host.get(stage, k))
+        return agent.stage.initial_state(stage), "the seed (the run's start)"
+    if k in st.disk and stage == st.me[1]:
+        return (agent.stage.initial_state(stage, st.disk[k]),
+                f"the checkpoint on disk of iteration {k}")
+    return held_state(snaps.host.get(stage, k)), "a snapshot it holds"
 
 
-def restore_from_snapshots(agent, plan, members=None, why: str = "") -> tuple[int, str]:
-    """Roll every member back to the newest iteration k every stage has a copy of;
-    (k, where this worker's state came from). `members`: what each holds, if gathered;
-    `why`: why no replay (told to the coordinator, for the run's summary)."""
+def restore_from_snapshots(agent, plan, members=None, why: str = "",
+                           top: int = -1) -> tuple[int, str]:
+    """Roll every member back to the newest iteration k every stage has a copy of in
+    some tier; (k, where this worker's state came from). `members`: what each holds, if
+    gathered; `why`: why no replay (told to the coordinator, for the run's summary);
+    `top`: the newest iteration a member had stepped (what is trained again)."""
     world, st, S = agent.world, agent.state, agent.conf.stages
     me = st.me
-    if agent.snaps is None:
-        raise NoCopy("a stage has no live worker with its state and peer-memory snapshots "
-                     "are off (--snapshot-every off): resume from a checkpoint")
     members = members if members is not None else _holdings(agent)
     rp = plan_restore(members, S)
     if rp is None:
-        raise NoCopy("no iteration has a copy of every stage among the live workers: "
+        raise NoCopy("no iteration has a copy of every stage in any tier (live workers, "
+                     "peer-memory snapshots, this run's disk checkpoints, the seed): "
                      "resume from a checkpoint")
     k = rp.iteration
     blob = lambda s, p: members[p].stage == s and p in rp.own  # noqa: E731 (sent by world)
-    state = _copy_of(agent, me[1], k) if me in rp.own else None
+    state, how = _copy_of(agent, me[1], k) if me in rp.own else (None, "")
     for s, taker in rp.sends(me):
         if blob(s, me):
             world.send_blob(state, taker)
@@ -180,17 +187,18 @@ def restore_from_snapshots(agent, plan, members=None, why: str = "") -> tuple[in
             holder = plan.worker_id(*prov)
             _, state = fetch(agent.store, holder, me[1], k, timeout_s=agent.snaps.timeout_s)
             how = f"the snapshot held by worker {holder}"
-    else:
-        how = "the seed (the run's start)" if k == st.origin else "its own copy"
     agent.log(f"restored stage {me[1]} at iteration {k} from {how}")
     agent.stage.load_state(state)
     agent.stage.stepper.reset(k + 1)
-    agent.snaps.local.drop_after(k)
-    agent.snaps.host.forget(None, k)
+    if agent.snaps is not None:
+        agent.snaps.local.drop_after(k)
+        agent.snaps.host.forget(None, k)
     agent.boundaries.rolled_back_to(k)
     st.fresh = False
     st.restored_at = k
-    agent.log(f"rolled back to iteration {k} from peer-memory snapshots (plan v{plan.version})")
+    tier = tier_of(members, k)
+    agent.log(f"rolled back to iteration {k} from {tier} (plan v{plan.version})")
     if me == world.workers[0]:  # one member tells the coordinator
-        agent.source.send(RolledBack(to=k, why=why or "no live worker kept any stage's state"))
+        agent.source.send(RolledBack(to=k, why=why or "no live worker kept any stage's state",
+                                     tier=tier, again=max(0, top - k)))
     return k, how

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from executor.checkpoint import load_stage
+from executor.checkpoint import load_by_name
 from executor.checkpoint.part_writer import PartWriter
 from executor.compute.stage import StageCompute
 from executor.runtime.steps.batches import Batches
@@ -29,14 +29,15 @@ class StageRuntime:
                                     checkpointing=conf.training.activation_checkpointing)
         self.stepper = StageStepper(self.module, self.opt, conf.training, stage, S, store,
                                     log=log)
-        self.parts = PartWriter(conf.checkpoint_dir, conf.checkpoint_every, conf.iterations, stage, log)
+        self.parts = PartWriter(conf.checkpoint_dir, conf.checkpoint_every, conf.iterations,
+                                stage, log, shape=conf.part_shape, run=conf.run_id)
         # Micro-batches of the next iteration, loaded on a thread while this one computes
         # (a loader's work off the critical path). Only the first and last stage load data.
         self.batches = Batches(lambda it, g: wl.microbatch(cfg, it, g), stage in (0, S - 1))
 
-    def load_part(self, path: str) -> None:
-        """This stage's DCP part of the checkpoint the run resumes from."""
-        load_stage(self.module, self.opt, path, lr=self.conf.training.lr)
+    def load_parts(self, parts) -> None:
+        """This stage's state from a checkpoint's parts, written under any shape (by name)."""
+        load_by_name(self.module, self.opt, list(parts), lr=self.conf.training.lr)
 
     def state(self) -> dict:
         """Module and optimizer state dicts, and the parameter names in the optimizer's
@@ -48,11 +49,14 @@ class StageRuntime:
         self.module.load_state_dict(state["model"])
         self.opt.load_state_dict(state["optim"])
 
-    def initial_state(self, stage: int) -> dict:
-        """Stage `stage`'s parameters and optimizer state before the run's first step."""
+    def initial_state(self, stage: int, parts=()) -> dict:
+        """Stage `stage`'s parameters and optimizer state before the run's first step, or,
+        given a checkpoint's `parts`, as that checkpoint holds them (by name)."""
         wl, conf = self.conf.workload, self.conf
         module = wl.build_stage(conf.model, stage, conf.stages)
         opt = wl.make_optimizer(conf.training, module.parameters())
+        if parts:
+            load_by_name(module, opt, list(parts), lr=conf.training.lr)
         return {"names": [n for n, _ in module.named_parameters()],
                 "model": module.state_dict(), "optim": opt.state_dict()}
 
