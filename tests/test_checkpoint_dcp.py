@@ -220,3 +220,20 @@ def test_a_manifest_from_before_the_split_still_loads_and_resumes(periodic, tmp_
     written = json.loads((tmp_path / "run" / "checkpoints" / "iter000003" / "recycle.json")
                          .read_text())  # a new checkpoint of the resumed run: both dicts
     assert written["format"] == "recycle.ckpt/v3" and written["training"]["lr"] == 3e-3
+
+
+def test_resume_defaults_are_seen_as_such_another_schedule_drops_the_cosine_floor(tmp_path):
+    """The flags --resume fills in are told apart from flags given through the context's
+    parameter source. Compared with click's own enum, not the one typer vendors, that was
+    never true: a cosine checkpoint resumed with --lr-schedule constant was refused for the
+    checkpoint's --min-lr-ratio, and M never followed another -d."""
+    from executor.checkpoint.manifest import Manifest
+    from executor.compute.config import ModelConfig, TrainingSettings
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    training = TrainingSettings(lr_schedule="cosine", min_lr_ratio=0.2, total_iters=4).to_dict()
+    Manifest(2, 2, 2, ModelConfig().to_dict(), 3, [[4.0] * 4] * 4, training=training).save(str(ck))
+    code, err = _cli("--resume", str(ck), "--lr-schedule", "constant", "--iterations", "4")
+    assert code == 2 and "--iterations must be more than 4" in err, err
+    code, err = _cli("--resume", str(ck), "-d", "1", "--iterations", "4")
+    assert code == 2 and "--iterations must be more than 4" in err, err  # M followed: 4

@@ -46,8 +46,10 @@ def test_2x2_loses_both_workers_of_stage_1_and_finishes_from_peer_memory(tmp_pat
     # no rejoin: a stage-0 worker moves to stage 1 and loads the snapshot it or its peer
     # holds. Without boundary logs the whole job rolls back to the snapshot's iteration, in
     # memory, and re-trains; with them (the default) stage 1 alone replays from the logs
+    # (checkpoints only at the end: a checkpoint of every iteration on disk is a newer copy
+    # than the snapshot, and the restore would take it: test_replay.py)
     res = run(tmp_path, 2, 2, 8, faults=Faults(kills=[(0, 1, 3), (1, 1, 5)]), snapshot_every=2,
-              log_memory=log_memory)
+              log_memory=log_memory, checkpoint_every=100)
     assert_exact(res, 2, 2, 8, tmp_path)
     el = res.summary.elastic
     assert el["snapshot_restores"] == 1, res.summary.plans
@@ -68,7 +70,7 @@ def test_a_stage_lost_before_its_first_snapshot_rolls_back_to_the_start(tmp_path
     # trained state. Its copy is the run's start (the seed): every stage is rebuilt there
     # and re-trained, or, with the boundary logs, stage 1 alone replays from it
     res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]), snapshot_every=50,
-              log_memory=log_memory)
+              log_memory=log_memory, checkpoint_every=100)  # (no newer copy on disk)
     assert_exact(res, 2, 2, 6, tmp_path)
     assert res.summary.elastic["snapshot_restores"] == 1, res.summary.plans
     log = logs(tmp_path)

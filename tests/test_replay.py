@@ -45,7 +45,9 @@ def test_the_issue_run_replays_stage_1_and_the_survivors_keep_their_work(tmp_pat
 
 
 def test_log_memory_off_rolls_the_job_back_as_before(tmp_path):
-    res = run(tmp_path, 2, 3, 12, snapshot_every=5, log_memory="off",
+    # checkpoints only at the end: the peer-memory tier alone (one on disk of every
+    # iteration is newer: the next test)
+    res = run(tmp_path, 2, 3, 12, snapshot_every=5, log_memory="off", checkpoint_every=100,
               faults=Faults(kills=[(0, 1, 8), (1, 1, 8)]))
     el = _exact(res, 2, 3, 12, tmp_path)
     assert el["replays"] == 0 and el["retrained_iterations"] == 3, el
@@ -98,3 +100,18 @@ def test_a_stage_holding_a_tied_weight_replays_with_its_logged_shares(tmp_path, 
     assert not diffs, "\n".join(diffs) + "\n" + res.output
     el = res.summary.elastic
     assert el["replays"] == 1 and el["retrained_iterations"] <= 1, (el, logs(tmp_path))
+
+
+def test_a_newer_checkpoint_on_disk_than_any_snapshot_is_the_copy_the_job_rolls_back_to(tmp_path):
+    """Issue 42: peer memory and disk are two tiers of one store. The same run with a
+    checkpoint of every iteration: before, the job went back to the snapshot of iteration
+    4 and trained 5..7 again; the checkpoint of iteration 7 is a copy of every stage (or of
+    6, when stage 1's writer was SIGKILLed while its part of 7 was still being written)."""
+    res = run(tmp_path, 2, 3, 12, snapshot_every=5, log_memory="off",
+              faults=Faults(kills=[(0, 1, 8), (1, 1, 8)]))
+    el = _exact(res, 2, 3, 12, tmp_path)
+    m = re.search(r"rolled back to iteration (\d+) from the checkpoint on disk of iteration (\d+)",
+                  logs(tmp_path))
+    assert m and m.group(1) == m.group(2) and int(m.group(1)) in (6, 7), logs(tmp_path)
+    assert el["retrained_iterations"] <= 2, el
+    assert any("from the checkpoint on disk of iteration" in e for e in res.events), res.events
