@@ -62,6 +62,10 @@ TRAIN = [
     (["--heads", "0"], "--heads must be at least 1, not 0"),
     (["--heads", "3"], "--d-model 32 must be a multiple of --heads 3"),
     (["--layers", "0"], "--layers must be at least 1, not 0"),
+    # a middle stage with no block: its worker's optimizer refused it and the run took that
+    # for a failure (exit 0, a cut around the "dead" worker)
+    (["-d", "1", "-s", "4", "--layers", "2"],
+     "stage 2 of 4 holds no parameters (--layers 2 is too few for 4 stages)"),
     (["--vocab", "0"], "--vocab must be at least 1, not 0"),
     (["--seq-len", "0"], "--seq-len must be at least 1, not 0"),
     (["--d-model", "0"], "--d-model must be at least 1, not 0"),

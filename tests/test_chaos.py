@@ -17,8 +17,8 @@ from hypothesis import strategies as st
 from executor.launch.faults.injector import parse_event, parse_stall
 from recycle.chaos.leaks import new_tag, reap_leaks, tagged, tagged_env
 from recycle.chaos.report import summarize
-from recycle.chaos.schedule import (GROUP_KINDS, MAX_KILLS_PER_ITERATION, STALL_S, Fault,
-                                    Schedule, draw, draw_one)
+from recycle.chaos.schedule import (MAX_KILLS_PER_ITERATION, MULTI_WHYS, STALL_S, Fault,
+                                    Resume, Schedule, draw, draw_one, resume_grids)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 seeds = st.integers(min_value=0, max_value=2**63)
@@ -28,21 +28,55 @@ indices = st.integers(min_value=0, max_value=50)
 def violations(sched: Schedule) -> list[str]:
     """Replays the schedule on its own (not with the drawing code) in the user's picture:
     worker R:S is of home stage S; rejoins of iteration i land before its kills, and a
-    rejoined worker is killable from the next one on; at least ceil(S/2) workers stay live
-    after every iteration (fewer than S cut the pipeline into fewer stages, fewer than
-    ceil(S/2) would pause the run, and a rejoin cannot fire then)."""
-    D, S, N = sched.replicas, sched.stages, sched.iterations
+    rejoined worker is killable from the next one on (or, drawn as a "rejoined" kill, in
+    that very iteration); at least as many workers as some shape runs on stay live after
+    every iteration (ceil(S/2) when the run may cut the pipeline, else S), except after a
+    "pause" kill, whose victims are all due back, at least one worker left. A resumed
+    run's faults are replayed on its own grid, all after the job kill."""
+    out = _replay(sched, sched.replicas, sched.stages, sched.faults,
+                  0 if sched.resume is None else None)
+    r = sched.resume
+    if r is not None:
+        if not 0 < r.after < sched.iterations - 2:
+            out.append(f"job kill after iteration {r.after}: not inside the run")
+        if r.replicas * r.microbatches != sched.replicas * sched.microbatches:
+            out.append("the resumed grid changes the global batch")
+        if r.replicas * r.stages > 6 or not 2 <= r.stages <= 3:
+            out.append(f"resumed grid {r.grid}: too big for this machine or the model")
+        if any(f.iteration > r.after for f in sched.faults):
+            out.append("a fault of the first run after the job kill")
+        if any(f.iteration <= r.after for f in r.faults):
+            out.append("a fault of the resumed run before the job kill")
+        if sched.model is not None and r.stages != sched.stages:
+            out.append("a model that cannot change shape resumed on another stage count")
+        if any(f.why in ("pause",) for f in r.faults):
+            out.append("a pause in a resumed run")
+        out += _replay(sched, r.replicas, r.stages, r.faults, r.after + 1)
+    return out
+
+
+def _replay(sched: Schedule, D: int, S: int, faults, start) -> list[str]:
+    """`start` None: the first run of a resume schedule (faults up to its job kill)."""
+    N = sched.iterations
+    reshapes = sched.shape != "fixed" and sched.model is None
+    floor = -(-S // 2) if reshapes else S
+    if start not in (0, None):
+        floor = S  # a resumed run keeps S live
     live = {(r, s) for r in range(D) for s in range(S)}
     out = []
-    for f in sched.faults:
+    if sched.service and (sched.model or sched.shape or sched.resume or any(
+            f.why in ("pause", "rejoined") for f in faults)):
+        out.append("a harsher kind through the service")
+    for f in faults:
         if not 0 <= f.iteration < N:
             out.append(f"{f.short()}: iteration outside 0..{N - 1}")
         if not (0 <= f.worker[0] < D and 0 <= f.worker[1] < S):
             out.append(f"{f.short()}: worker outside the grid")
     if sched.snapshot_every is not None:
         out.append("a drawn schedule sets --snapshot-every (not the default flags)")
+    due: dict = {}  # dead worker -> its next rejoin
     for i in range(N):
-        at = [f for f in sched.faults if f.iteration == i]
+        at = [f for f in faults if f.iteration == i]
         rejoins = [f for f in at if f.kind == "rejoin"]
         for f in rejoins:
             if f.worker in live:
@@ -51,12 +85,17 @@ def violations(sched: Schedule) -> list[str]:
                 out.append(f"{f.short()}: rejoins too late to train")
             live.add(f.worker)
         kills = [f for f in at if f.kind == "kill"]
-        single = [f for f in kills if f.why not in GROUP_KINDS]
+        single = [f for f in kills if f.why not in MULTI_WHYS]
         if len(single) > MAX_KILLS_PER_ITERATION:
             out.append(f"iteration {i}: {len(single)} single kills")
         for f in kills:
-            if f.worker not in live or any(r.worker == f.worker for r in rejoins):
+            if f.worker not in live or (f.why != "rejoined" and
+                                        any(r.worker == f.worker for r in rejoins)):
                 out.append(f"{f.short()}: kill of a worker not (yet) live")
+            if f.why == "rejoined" and not any(r.worker == f.worker and i - 1 <= r.iteration
+                                               for r in faults if r.kind == "rejoin"
+                                               and r.iteration <= i):
+                out.append(f"{f.short()}: a rejoined kill of a worker that did not just return")
             if f.why == "donor" and not any(r.worker[1] == f.worker[1] for r in rejoins):
                 out.append(f"{f.short()}: a donor kill with no rejoin of its home stage")
         # a group kind is whole: every worker live before the kills of that home stage / row
@@ -66,9 +105,22 @@ def violations(sched: Schedule) -> list[str]:
                 if lost != {w for w in live if w[key] == g}:
                     out.append(f"iteration {i}: {why} {g} not lost whole")
         live -= {f.worker for f in kills}
-        floor = -(-S // 2)  # fewer than S: a shape (<= 2 stages merged)
+        for f in kills:
+            later = [r.iteration for r in faults if r.kind == "rejoin" and r.worker == f.worker
+                     and r.iteration > i]
+            if later:
+                due[f.worker] = min(later)
+        for f in rejoins:
+            due.pop(f.worker, None)
         if len(live) < floor:
-            out.append(f"iteration {i}: {len(live)} live workers, fewer than {floor}")
+            pause = [f for f in kills if f.why == "pause"]
+            back = len(live) + sum(1 for w in due if w not in live)
+            if not pause and not any(f.why == "pause" for f in faults if f.iteration < i):
+                out.append(f"iteration {i}: {len(live)} live workers, fewer than {floor}")
+            elif not live or back < floor or any(f.worker not in due for f in pause):
+                out.append(f"iteration {i}: a pause ({len(live)} live) with too few due back")
+            if [f for f in kills if f.why != "pause"]:
+                out.append(f"iteration {i}: a kill while fewer than {floor} are live")
         for f in (f for f in at if f.kind == "stall"):
             if f.worker not in live:
                 out.append(f"{f.short()}: stall of a dead worker")
@@ -136,6 +188,9 @@ def test_grid_run_length_and_service_outage_stay_in_range(seed, index, service):
     assert 2 <= s.microbatches <= 4
     assert (8 <= s.iterations <= 10) if service else (12 <= s.iterations <= 16)
     assert s.of("kill"), "every schedule kills someone"
+    if s.resume is not None:
+        D2, S2, M2 = s.final_grid()
+        assert D2 * M2 == s.replicas * s.microbatches and D2 * S2 <= 6 and 2 <= S2 <= 3
     if service:
         assert 2 <= s.outage.at_s <= 10 and 1 <= s.outage.outage_s <= 15
     else:
@@ -150,8 +205,12 @@ def test_flags_read_back_as_recycle_train_parses_them(seed, service):
     assert args[:8] == ["-d", str(s.replicas), "-s", str(s.stages), "-m", str(s.microbatches),
                         "--iterations", str(s.iterations)]
     assert "--snapshot-every" not in args  # the default flags: snapshots on, K auto
+    rest = args[8:]
+    if s.shape:  # a pause of a shape that cannot cut: `--shape fixed` first
+        assert rest[:2] == ["--shape", s.shape] and s.shape == "fixed"
+        rest = rest[2:]
     got = []
-    for flag, value in zip(args[8::2], args[9::2]):
+    for flag, value in zip(rest[0::2], rest[1::2]):
         if flag == "--stall":
             r, st_, i, secs = parse_stall(value)
             got.append(("stall", (r, st_), i, secs))
@@ -191,7 +250,8 @@ def test_seeds_reach_every_kind_of_fault():
             found.add("stall")
         found |= s.kinds()
     assert found == {"donor kill", "two kills in one iteration", "killed and rejoined twice",
-                     "stall", "stage", "node", "node add", "shape"}
+                     "stall", "stage", "node", "node add", "shape", "pause", "rejoined kill",
+                     "resume", "resume grid", "dropout", "mlp"}
 
 
 @pytest.mark.procs
@@ -357,3 +417,85 @@ def test_chaos_through_a_crashing_service_runs_exact_and_leak_free(tmp_path, see
 def test_schedules_draw_shape_changes_locally_and_through_a_service(service):
     drawn = [draw_one(3, k, service) for k in range(60)]
     assert sum("shape" in s.kinds() for s in drawn) >= 6
+
+
+# ---- the harsher kinds (issue 42 item 5) ------------------------------------------------
+@settings(max_examples=300, deadline=None)
+@given(seeds, indices)
+def test_every_too_few_live_stretch_is_a_pause_with_its_victims_due_back(seed, index):
+    """Fewer live workers than any shape runs on only after a "pause" kill, at least one
+    left, every victim due back (the run pauses and starts them at once), no other kill
+    until they are; the built-in GPT at S = 2 pauses only under --shape fixed."""
+    s = draw_one(seed, index)
+    assert violations(s) == [], s
+    if "pause" in s.kinds():
+        pause = [f for f in s.of("kill") if f.why == "pause"]
+        assert pause and len({f.iteration for f in pause}) == 1
+        assert all(any(r.worker == f.worker and r.iteration > f.iteration for r in s.of("rejoin"))
+                   for f in pause)
+        assert s.fewest_live() >= 1
+        if s.model is None and s.stages == 2:
+            assert s.shape == "fixed"
+
+
+@settings(max_examples=300, deadline=None)
+@given(seeds, indices)
+def test_resume_grids_keep_the_global_batch(seed, index):
+    s = draw_one(seed, index)
+    if s.resume is None:
+        return
+    D2, S2, M2 = s.final_grid()
+    assert (D2, S2, M2) in resume_grids(s.replicas, s.stages, s.microbatches, s.model is None)
+    assert D2 * M2 == s.replicas * s.microbatches
+    args = s.resume_args()
+    assert args[:4] == ["-d", str(D2), "-s", str(S2)]
+    # M follows D when D changes (recycle/commands/train.py): it is given only on the same D
+    assert ("-m" in args) == (D2 == s.replicas)
+    assert all(f.iteration > s.resume.after for f in s.resume.faults)
+    assert all(f.iteration <= s.resume.after for f in s.faults)
+
+
+def test_resume_grids():
+    assert resume_grids(2, 2, 4) == [(2, 2, 4), (1, 2, 8), (1, 3, 8), (2, 3, 4)]
+    assert resume_grids(2, 3, 3, reshapes=False) == [(2, 3, 3), (1, 3, 6)]
+    assert all(d * m == 6 and d * s <= 6 for d, s, m in resume_grids(3, 2, 2))
+
+
+def test_the_harsher_kinds_are_local_only_and_the_old_schedules_stay():
+    """Through a service none is drawn; a local schedule that draws none of them is the
+    schedule its (seed, index) drew before they existed (their own random stream)."""
+    for k in range(40):
+        s = draw_one(5, k, service=True)
+        assert s.model is None and s.shape is None and s.resume is None
+        assert not any(f.why in ("pause", "rejoined") for f in s.faults)
+    # seed 97 run 0 (no harsher kind): as drawn before them
+    assert draw_one(97, 0).describe() == "k1:0@4 k2:0@5 r1:0@5 r2:0@9 s0:0@12/3.2s"
+
+
+def test_the_replay_catches_broken_harsher_schedules():
+    def sched(*faults, **kw):
+        return Schedule(0, 0, 2, 2, 2, 12, tuple(Fault(*f) for f in faults), **kw)
+    # a pause: fewer than S live under --shape fixed, victims due back
+    ok = sched(("kill", (0, 0), 3, None, "pause"), ("kill", (1, 0), 3, None, "pause"),
+               ("kill", (0, 1), 3, None, "pause"), ("rejoin", (0, 0), 5), ("rejoin", (1, 0), 5),
+               ("rejoin", (0, 1), 5), shape="fixed")
+    assert violations(ok) == [] and "pause" in ok.kinds()
+    assert violations(sched(("kill", (0, 0), 3, None, "pause"), ("kill", (1, 0), 3, None, "pause"),
+                            ("kill", (0, 1), 3, None, "pause"), ("rejoin", (0, 0), 5),
+                            ("rejoin", (1, 0), 5), shape="fixed"))  # (0, 1) never back
+    assert violations(sched(("kill", (0, 0), 3), ("kill", (1, 1), 3), ("kill", (1, 0), 4),
+                            ("rejoin", (0, 0), 5), ("rejoin", (1, 1), 5), ("rejoin", (1, 0), 6),
+                            shape="fixed"))  # too few live, not drawn as a pause
+    # a worker killed again in the iteration it returns at: only as a "rejoined" kill
+    assert not violations(sched(("kill", (0, 0), 1), ("rejoin", (0, 0), 3),
+                                ("kill", (0, 0), 3, None, "rejoined")))
+    assert violations(sched(("kill", (0, 0), 1), ("kill", (0, 0), 6, None, "rejoined")))
+    # a resume: its faults after the job kill, the global batch kept
+    r = Schedule(0, 0, 2, 2, 4, 12, (Fault("kill", (0, 0), 1),),
+                 resume=Resume(4, 1, 3, 8, ()))
+    assert violations(r) == [] and {"resume", "resume grid"} <= r.kinds()
+    assert violations(Schedule(0, 0, 2, 2, 4, 12, (Fault("kill", (0, 0), 1),),
+                               resume=Resume(4, 1, 3, 4, ())))  # the batch halves
+    assert violations(Schedule(0, 0, 2, 2, 4, 12, (Fault("kill", (0, 0), 5),),
+                               resume=Resume(4, 2, 2, 4, ())))  # a fault after the kill
+    assert r.resume_args()[:6] == ["-d", "1", "-s", "3", "--iterations", "12"]

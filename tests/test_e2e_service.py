@@ -229,7 +229,9 @@ def test_too_few_live_workers_pause_the_service_job_and_it_resumes_exact(tmp_pat
         assert "halted" not in states and h["job"]["state"] == "finished", h["events"]
         kinds = [(e["kind"], e["replica"], e["stage"]) for e in h["events"]]
         assert kinds[-1] == ("recovery", 0, 1), kinds
-        assert "from peer-memory snapshots" in logs(tmp_path)
+        # the newest copy of every stage: a snapshot, or the checkpoint on disk (a tier too)
+        assert re.search(r"rolled back to iteration \d+ from (peer-memory snapshots|the "
+                         r"checkpoint on disk of iteration)", logs(tmp_path)), logs(tmp_path)
     finally:
         srv.stop()
 

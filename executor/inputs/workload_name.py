@@ -113,6 +113,22 @@ def param_hash(module) -> str:
     return h.hexdigest()
 
 
+def _no_empty_stage(wl: Workload, name: str, cfg: ModelConfig, stages: int) -> None:
+    """Every stage holds parameters (built on the meta device: no memory): a stage with
+    none has nothing to train, and its optimizer refuses it when its worker starts (a
+    worker crash the run took for a failure)."""
+    for s in range(stages):
+        try:
+            with torch.device("meta"):
+                built = wl.build_stage(cfg, s, stages)
+        except Exception:  # noqa: BLE001 - the real builds below say what is wrong
+            return
+        if next(iter(built.parameters()), None) is None:
+            raise ValueError(f"--model {name}: stage {s} of {stages} holds no parameters "
+                             f"(--layers {cfg.n_layers} is too few for {stages} stages): "
+                             f"give fewer -s or more --layers")
+
+
 def check_workload(name: str, cfg: ModelConfig, stages: int,
                    notes: Optional[list] = None) -> Workload:
     """Load NAME twice and build every stage from each: the parameters must be identical,
@@ -123,6 +139,7 @@ def check_workload(name: str, cfg: ModelConfig, stages: int,
     test_executor_compute.py hold them to it): building llama:8b twice on the CPU would
     take 64 GB before a GPU profile even starts."""
     first = load_workload(name)
+    _no_empty_stage(first, name, cfg, stages)
     if split_name(name) is not None:
         return first
     second = load_workload(name)

@@ -36,7 +36,8 @@ def chaos_cmd(
     """Train under random kills, rejoins, stalls (and service crashes); report each outcome."""
     from rich.console import Console
 
-    from recycle.chaos.report import recovery_lines, summarize, summary_line, table
+    from recycle.chaos.report import (kinds_line, recovery_lines, summarize, summary_line,
+                                      table)
     from recycle.chaos.runner import run_schedule
     from recycle.chaos.schedule import draw
 
@@ -62,6 +63,7 @@ def chaos_cmd(
                   f"n{sched.iterations} {sched.describe()}")
         rec = run_schedule(sched, out_dir, time_limit)
         err.print(f"  -> {rec['outcome']} in {rec['wall_s']:.1f} s"
+                  + (f" ({rec['note']})" if rec.get("note") else "")
                   + (f": {rec['error']}" if rec.get("error") else "")
                   + (f" (kept {rec['run_dir']})" if rec.get("run_dir") else ""))
         records.append(rec)
@@ -78,6 +80,7 @@ def chaos_cmd(
         for leak in rec["leaks"]:
             out.print(f"{rec['name']}: leaked process {leak}", soft_wrap=True)
     out.print(summary_line(summary))
+    out.print(kinds_line(summary), soft_wrap=True)
     if json_path:
         _save(json_path, seed, records, complete=True)
     raise typer.Exit(0 if summary["ok"] else 1)

@@ -73,6 +73,32 @@ def recovery_stats(records: list[dict]) -> dict:
     return out
 
 
+# Every kind of fault a schedule may draw, in the words of the "Runs with each kind of
+# fault" line (schedule.py's module docstring says what each is).
+KIND_NAMES = {
+    "random": "a random kill", "stage": "a whole home stage lost", "node": "a whole node lost",
+    "node add": "a node added back",
+    "donor": "a donor killed (a peer of a rejoining worker's home stage)",
+    "stall": "a worker stalled", "shape": "fewer live workers than stages (a shape change)",
+    "pause": "fewer live workers than any shape runs on, rejoins due (a pause)",
+    "rejoined kill": "a worker killed again in the iteration it came back or the next",
+    "resume": "the whole job SIGKILLed and resumed from its checkpoints",
+    "resume grid": "...resumed on another grid of the same global batch",
+    "dropout": "a module-factory model with dropout (DropoutGPT)",
+    "mlp": "a module-factory Workload (examples/mlp_workload.py)",
+    "service": "the service killed and restarted"}
+
+
+def fault_kinds(record: dict) -> set[str]:
+    """The kinds of fault (KIND_NAMES) a record's schedule drew."""
+    sched = record.get("schedule") or {}
+    faults = list(sched.get("faults", [])) + list((sched.get("resume") or {}).get("faults", []))
+    out = {f.get("why") for f in faults if f["kind"] == "kill"} & set(KIND_NAMES)
+    out |= {"stall"} if any(f["kind"] == "stall" for f in faults) else set()
+    out |= {"service"} if sched.get("outage") else set()
+    return out | (set(record.get("kinds") or []) & set(KIND_NAMES))
+
+
 def keeps_snapshots(record: dict) -> bool:
     """The run kept peer-memory snapshots: its schedule left the default flags
     (snapshot_every None) or gave a K; 0, in older records, had them off."""
@@ -90,7 +116,8 @@ def summarize(records: list[dict]) -> dict:
         k = (r.get("elastic") or {}).get("snapshot_every")
         if k is not None:
             chosen[str(k)] = chosen.get(str(k), 0) + 1
-    return {"runs": len(records), "counts": counts,
+    kinds = {k: sum(1 for r in records if k in fault_kinds(r)) for k in KIND_NAMES}
+    return {"runs": len(records), "counts": counts, "kinds": kinds,
             "leaks": sum(len(r["leaks"]) for r in records),
             "recovery": recovery_stats(records),
             "elastic": {"runs": len(elastic),
@@ -129,6 +156,12 @@ def summary_line(summary: dict) -> str:
              f"({el['runs']} runs kept snapshots{': ' + every if every else ''})"
              if el else "")
     return f"{summary['runs']} runs: {counts}; {summary['leaks']} leaked processes{moves}"
+
+
+def kinds_line(summary: dict) -> str:
+    kinds = summary.get("kinds") or {}
+    return "Runs with each kind of fault: " + "; ".join(
+        f"{KIND_NAMES[k]} {n}" for k, n in kinds.items() if k in KIND_NAMES) + "."
 
 
 def recovery_lines(summary: dict) -> list[str]:

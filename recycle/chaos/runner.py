@@ -3,14 +3,23 @@
 Outcomes: exact (losses and per-stage parameter checksums equal the one-process reference
 within 1e-5), inexact, hang (wall-time limit hit), crash (non-zero exit), halt (exit 3),
 leak (a tagged process outlived the run; it is SIGKILLed). Only exact is a success. A halt
-is a failure of the run: snapshots are on and a schedule keeps at least S workers live, so
-a copy of every stage lives throughout (in peer memory, or the start rebuilt from the
-seed). Every command runs as real processes in a session of its own.
+is a failure of the run: snapshots are on and checkpoints written every iteration, and a
+schedule that leaves fewer live workers than a shape runs on has every one of them due
+back (a pause, schedule.py), so a copy of every stage lives throughout (in peer memory, on
+disk, or the start rebuilt from the seed) and a worker is due back whenever too few live.
+Every command runs as real processes in a session of its own.
+
+A schedule with a `resume` runs twice: `recycle train` is SIGKILLed (its whole process
+group) once iteration `after`'s line is in its log, then `recycle train --resume` of its
+checkpoints (written every iteration by default: --checkpoint-every 1) runs to the end on
+the resumed grid; if no checkpoint was complete by then, the final grid trains from
+scratch (the record says so). It is judged against the reference of the final grid.
 """
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -20,12 +29,14 @@ import time
 from typing import Optional
 
 from recycle.chaos.leaks import kill_group, new_tag, reap_leaks, tagged_env, wait_gone
-from recycle.chaos.schedule import Schedule
+from recycle.chaos.schedule import MODELS, Schedule
 
 RECYCLE = [sys.executable, "-m", "recycle.cli"]
 # A tiny model: a 2-core machine runs up to 6 workers plus a service.
 MODEL_ARGS = ["--d-model", "16", "--layers", "2", "--heads", "2", "--seq-len", "8",
               "--micro-batch-size", "2", "--vocab", "32"]
+# A module-factory model (schedule.MODELS): three blocks, so 3 stages each hold one.
+FACTORY_LAYERS = 3
 TOLERANCE = 1e-5
 # --timeout: short, so faults cost little. With a service 3 s. A rejoin holds the others at
 # its iteration until it is admitted (up to 4 timeouts + 60 s with a service: an outage
@@ -34,6 +45,20 @@ TOLERANCE = 1e-5
 COMM_TIMEOUT_S = {False: 2.0, True: 3.0}
 TIME_LIMIT_S = {False: 120.0, True: 240.0}
 EXIT_HALT = 3
+# A halt is never expected of a drawn schedule (module docstring): its record says why.
+HALT_IS_A_FAILURE = ("halt, a failure here: a copy of every stage lived (peer memory or "
+                     "disk) and a worker was due back whenever too few were live; last line: ")
+ITERATION_LINE = re.compile(rb"^iter\s+(\d+)\s", re.M)
+JOB_KILL_GRACE_S = 20.0  # a SIGKILLed run's workers leave within this (test_never_hang)
+
+
+def model_args(model: Optional[str]) -> list[str]:
+    """The model flags: MODEL_ARGS for the built-in GPT, else the module factory."""
+    if model is None:
+        return list(MODEL_ARGS)
+    args = list(MODEL_ARGS)
+    args[args.index("--layers") + 1] = str(FACTORY_LAYERS)
+    return ["--model", MODELS[model], *args]
 
 
 def run_schedule(sched: Schedule, out_dir: str, time_limit_s: Optional[float] = None) -> dict:
@@ -46,7 +71,9 @@ def run_schedule(sched: Schedule, out_dir: str, time_limit_s: Optional[float] = 
               "grid": sched.grid, "microbatches": sched.microbatches,
               "iterations": sched.iterations, "faults": sched.describe(),
               "schedule": sched.to_dict(), "log": os.path.join(out_dir, name + ".log"),
-              "max_diff": None, "recovery": [], "leaks": [], "lingering": [], "error": None}
+              "max_diff": None, "recovery": [], "leaks": [], "lingering": [], "error": None,
+              "kinds": sorted(sched.kinds()),
+              "final_grid": "{}x{} m{}".format(*sched.final_grid())}
     try:
         ref = reference(sched, os.path.join(out_dir, "references"))
     except RuntimeError as exc:
@@ -70,14 +97,16 @@ def run_schedule(sched: Schedule, out_dir: str, time_limit_s: Optional[float] = 
 
 # ---- the reference -------------------------------------------------------------------
 def reference(sched: Schedule, cache_dir: str) -> dict:
-    """The one-process run's summary, cached per (grid, M, iterations)."""
+    """The one-process run's summary of the schedule's final grid (the resumed run's, if
+    any), cached per (model, grid, M, iterations)."""
     os.makedirs(cache_dir, exist_ok=True)
-    key = f"ref-{sched.replicas}x{sched.stages}-m{sched.microbatches}-n{sched.iterations}"
+    D, S, M = sched.final_grid()
+    key = f"ref-{sched.model or 'gpt'}-{D}x{S}-m{M}-n{sched.iterations}"
     path = os.path.join(cache_dir, key + ".json")
     if not os.path.exists(path):
-        cmd = RECYCLE + ["train", "-d", str(sched.replicas), "-s", str(sched.stages),
-                         "-m", str(sched.microbatches), "--iterations", str(sched.iterations),
-                         "--reference", "--summary", path + ".tmp", *MODEL_ARGS]
+        cmd = RECYCLE + ["train", "-d", str(D), "-s", str(S), "-m", str(M),
+                         "--iterations", str(sched.iterations),
+                         "--reference", "--summary", path + ".tmp", *model_args(sched.model)]
         tag = new_tag()
         try:
             done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True,
@@ -100,7 +129,19 @@ def train_command(sched: Schedule, run_dir: str, service_args: tuple = ()) -> li
     return RECYCLE + ["train", *sched.to_args(), *service_args,
                       "--summary", os.path.join(run_dir, "run.json"),
                       "--run-dir", os.path.join(run_dir, "workers"),
-                      "--timeout", f"{COMM_TIMEOUT_S[sched.service]:g}", *MODEL_ARGS]
+                      "--timeout", f"{COMM_TIMEOUT_S[sched.service]:g}",
+                      *model_args(sched.model)]
+
+
+def resume_command(sched: Schedule, run_dir: str, checkpoints: Optional[str]) -> list[str]:
+    """The second run of a `resume` schedule: `--resume` of the first's checkpoints (the
+    model and settings come from them), or with none complete the final grid afresh."""
+    tail = ["--summary", os.path.join(run_dir, "run.json"),
+            "--run-dir", os.path.join(run_dir, "resumed"),
+            "--timeout", f"{COMM_TIMEOUT_S[sched.service]:g}"]
+    if checkpoints is None:
+        return RECYCLE + ["train", *sched.fresh_args(), *tail, *model_args(sched.model)]
+    return RECYCLE + ["train", "--resume", checkpoints, *sched.resume_args(), *tail]
 
 
 def _run_local(sched: Schedule, run_dir: str, limit: float, record: dict) -> None:
@@ -108,7 +149,32 @@ def _run_local(sched: Schedule, run_dir: str, limit: float, record: dict) -> Non
     cmd = train_command(sched, run_dir)
     record["command"] = shlex.join(cmd)
     try:
-        _train(cmd, tag, limit, record)
+        if sched.resume is None:
+            _train(cmd, tag, limit, record)
+            return
+        t0 = time.monotonic()
+        _train(cmd, tag, limit, record, kill_after=sched.resume.after)
+        first = record.pop("outcome")
+        if first not in ("done", "job-killed"):  # failed before the job kill: that is all
+            record["outcome"] = first
+            return
+        if "pgid" in record:
+            record["job_kill_lingering"] = [str(p) for p in wait_gone(tag, JOB_KILL_GRACE_S)]
+            kill_group(record.pop("pgid"))
+            record["leaks"] += reap_leaks(tag)  # a worker that outlived the job kill
+        from executor.checkpoint.manifest import newest
+        ckpt_root = os.path.join(run_dir, "workers", "checkpoints")
+        found = newest(ckpt_root) if os.path.isdir(ckpt_root) else None
+        record["resumed_from"] = found
+        if found is None:
+            record["note"] = (f"job killed after iteration {sched.resume.after} before any "
+                              "checkpoint was complete: the final grid trained from scratch")
+        cmd2 = resume_command(sched, run_dir, None if found is None else ckpt_root)
+        record["first_command"], record["command"] = record["command"], shlex.join(cmd2)
+        record["first_wall_s"] = record.get("wall_s")
+        left = max(10.0, limit - (time.monotonic() - t0))
+        _train(cmd2, tag, left, record)
+        record["wall_s"] = round(time.monotonic() - t0, 1)
     finally:
         _cleanup(tag, record)
 
@@ -147,16 +213,30 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
 
 
 def _train(cmd: list[str], tag: str, limit: float, record: dict,
-           env: Optional[dict] = None) -> None:
+           env: Optional[dict] = None, kill_after: Optional[int] = None) -> None:
+    """Run `cmd` to its end (or `limit`); with `kill_after`, SIGKILL its whole process
+    group as soon as its log has that iteration's line (outcome "job-killed")."""
     t0 = time.monotonic()
     with open(record["log"], "ab") as log:
         log.write(f"$ {shlex.join(cmd)}\n".encode())
         log.flush()
+        start = log.tell()
         proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log,
                                 stderr=subprocess.STDOUT, env={**tagged_env(tag), **(env or {})},
                                 start_new_session=True)
+        killed = False
         try:
-            code = proc.wait(limit)
+            if kill_after is None:
+                code = proc.wait(limit)
+            else:
+                code = _wait_for_iteration(proc, record["log"], start, kill_after,
+                                           t0 + limit)
+                if code is None and time.monotonic() < t0 + limit:
+                    kill_group(proc.pid)  # the whole job, mid-run
+                    proc.wait()
+                    killed = True
+                elif code is None:
+                    raise subprocess.TimeoutExpired(cmd, limit)
         except subprocess.TimeoutExpired:
             code = None
             kill_group(proc.pid)
@@ -166,15 +246,41 @@ def _train(cmd: list[str], tag: str, limit: float, record: dict,
             raise
     record["wall_s"] = round(time.monotonic() - t0, 1)
     record["pgid"] = proc.pid
-    if code is None:
+    if killed:
+        record["outcome"] = "job-killed"
+        with open(record["log"], "ab") as log:
+            log.write(f"chaos: SIGKILLed the job's process group after iteration "
+                      f"{kill_after}'s line\n".encode())
+    elif code is None:
         record.update(outcome="hang", error=f"no exit in {limit:g} s; last line: "
                                             f"{_last_line(_tail(record['log']))}")
     elif code == EXIT_HALT:
-        record.update(outcome="halt", error=_last_line(_tail(record["log"])))
+        record.update(outcome="halt",
+                      error=HALT_IS_A_FAILURE + _last_line(_tail(record["log"])))
     elif code != 0:
         record.update(outcome="crash", exit_code=code, error=_last_line(_tail(record["log"])))
     else:
         record["outcome"] = "done"
+
+
+def _wait_for_iteration(proc: subprocess.Popen, log_path: str, start: int, iteration: int,
+                        deadline: float) -> Optional[int]:
+    """Poll until the log (from byte `start`) has a line of `iteration` or later: None then
+    (or at the deadline); the exit code if the process ends first."""
+    while time.monotonic() < deadline:
+        code = proc.poll()
+        if code is not None:
+            return code
+        try:
+            with open(log_path, "rb") as fh:
+                fh.seek(start)
+                text = fh.read()
+        except OSError:
+            text = b""
+        if any(int(m) >= iteration for m in ITERATION_LINE.findall(text)):
+            return None
+        time.sleep(0.05)
+    return proc.poll()
 
 
 def _cleanup(tag: str, record: dict) -> None:
