@@ -10,15 +10,7 @@ import json
 import os
 import platform
 
-from recycle.chaos.report import OUTCOMES, recovery_stats, summarize
-
-# (kind, why) of a scheduled fault -> how the table names it
-KINDS = ((("kill", "random"), "a random kill"),
-         (("kill", "stage"), "a whole home stage lost"), (("kill", "node"), "a whole node lost"),
-         (("rejoin", "node"), "a node added back"), (("kill", "holder"), "a snapshot holder killed"),
-         (("kill", "move"), "a kill in the iteration of a move"),
-         (("kill", "donor"), "a donor killed (a peer of a rejoining worker's home stage)"),
-         (("stall", None), "a worker stalled"))
+from recycle.chaos.report import KIND_NAMES, OUTCOMES, fault_kinds, recovery_stats, summarize
 
 MODES = (("local", "local, all"), ("local-clean", "local, no other fault in flight"),
          ("service", "service, all (outage included)"),
@@ -33,7 +25,9 @@ def main(argv=None) -> int:
     ap.add_argument("--commit", default="?")
     ap.add_argument("--out", default="benchmarks/results/chaos.md")
     ap.add_argument("--title", default="Chaos soak: random kills, rejoins, stalls, donor kills, "
-                    "whole stages and nodes lost, nodes added, service crashes")
+                    "whole stages and nodes lost, nodes added, pauses with workers due back, "
+                    "kills of returning workers, the whole job killed and resumed on another "
+                    "grid, module-factory models with dropout, service crashes")
     args = ap.parse_args(argv)
     runs = []
     for f in args.files:
@@ -43,17 +37,15 @@ def main(argv=None) -> int:
     for r in runs:
         counts[r["outcome"]] = counts.get(r["outcome"], 0) + 1
     stats = recovery_stats(runs)
-    having = {name: sum(any((f["kind"], f.get("why")) == kind for f in r["schedule"]["faults"])
-                        for r in runs) for kind, name in KINDS}
-    having = {name: n for name, n in having.items() if n}  # kinds these schedules draw
-    having["the service killed and restarted"] = sum(bool(r["schedule"].get("outage"))
-                                                     for r in runs)
+    # the kinds these schedules drew, as `recycle chaos` names them (recycle/chaos/report.py)
+    having = {name: sum(kind in fault_kinds(r) for r in runs) for kind, name in KIND_NAMES.items()}
+    having = {name: n for name, n in having.items() if n}
     el = summarize(runs)["elastic"]
     lines = [f"# {args.title}", "",
              "Commands (at commit " + args.commit + "):", ""]
     lines += [f"    {c}" for c in args.command]
     lines += ["", f"Machine: {platform.machine()}, {os.cpu_count()} cores (shared). Each run "
-              "trains a tiny GPT under a seeded schedule with a hard time limit, compares "
+              "trains a tiny model (the built-in GPT, DropoutGPT or the MLP Workload of examples/) under a seeded schedule with a hard time limit, compares "
               "losses and per-stage parameter checksums with the one-process reference "
               "(1e-5), and checks that no process it started is left.", "",
               "| runs | " + " | ".join(counts) + " | leaked processes | max loss diff |",
@@ -66,8 +58,9 @@ def main(argv=None) -> int:
                   f"K={k} in {n}" for k, n in el["snapshot_every"].items()) + ")"
                  if el.get("snapshot_every") else "")
               + f"; plans moved a worker {el['moves']} times in "
-              f"{el['runs_with_moves']} runs, restored a stage from peer memory (or "
-              f"rebuilt it from the seed) {el['snapshot_restores']} times (of which "
+              f"{el['runs_with_moves']} runs, restored a stage lost whole from the "
+              f"newest copy of it (peer memory, a checkpoint on disk, or the start) "
+              f"{el['snapshot_restores']} times (of which "
               f"{el.get('replays', 0)} replayed the lost stage alone from the boundary logs, "
               f"the rest rolled the job back: {el.get('retrained_iterations', 0)} iterations "
               f"trained again in all), changed the pipeline's shape "
