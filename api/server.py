@@ -63,7 +63,13 @@ class ServeOptions:
     elastic_snapshots: bool = _opt(
         True, "the jobs' runs keep peer-memory snapshots (`recycle train --snapshot-every`, "
         "on by default): a stage that loses every worker is restored from its snapshot "
-        "instead of halting the job; --no-elastic-snapshots for runs with them off")
+        "instead of halting the job; --no-elastic-snapshots for runs with them off (a run "
+        "whose auto K turns out off says so in its progress)")
+    elastic_disk: bool = _opt(
+        True, "the jobs' runs also restore a stage that loses every worker from a disk "
+        "checkpoint or their start (`recycle train` always can): with snapshots off such a "
+        "loss rolls the job back instead of halting it; --no-elastic-disk for runs that "
+        "cannot (their checkpoint directory unreadable from some host, and resumed)")
     log_level: str = _opt("info", ", ".join(LOG_LEVELS))
 
 
@@ -130,6 +136,6 @@ def run_service(o: ServeOptions, solver_list: tuple[str, ...]) -> None:
                      solvers=solver_list, cpsat_time_limit_s=o.cpsat_time_limit,
                      solver_workers=o.solver_workers, suspect_grace_s=o.suspect_grace,
                      speed_window=o.speed_window, elastic_horizon=o.elastic_horizon,
-                     elastic_snapshots=o.elastic_snapshots)
+                     elastic_snapshots=o.elastic_snapshots, elastic_disk=o.elastic_disk)
     Server(app, host=o.host, port=o.port, log_level=log_level, access_log=False,
            timeout_graceful_shutdown=5).run()

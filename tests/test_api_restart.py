@@ -28,7 +28,7 @@ def test_sigkill_and_restart_keeps_everything(tmp_path):
     db = tmp_path / "service.db"
     # without snapshots a stage lost whole halts job b (with them, the default, it moves)
     args = ("--solvers", "greedy", "--max-failures", "1", "--heartbeat-timeout", "30",
-            "--no-elastic-snapshots")
+            "--no-elastic-snapshots", "--no-elastic-disk")
     srv = ProcServer(db, *args).start()
     try:
         c = httpx.Client(base_url=srv.url, headers=admin_headers(), timeout=10)

@@ -66,7 +66,8 @@ def test_fewer_live_workers_than_stages_pauses_until_enough_are_back():
     m, d = m.fail((0, 2))  # a death while paused: still paused, one live worker
     assert isinstance(d, Pause) and d.reason == "1 live worker cannot serve 3 stages"
     m, d = m.recover((0, 0), 2)  # back with no state: 2 live, still paused
-    assert isinstance(d, Pause) and m.incarnation((0, 0)) == 2 and (0, 0) in m.moving
+    assert isinstance(d, Pause) and m.incarnation((0, 0)) == 2 and m.back == {(0, 0)}
+    assert m.entered(m.version).back == {(0, 0)}  # no version admitted it yet
     m, d = m.recover((1, 0), 2)  # 3 live: a version that serves every stage
     assert isinstance(d, Publish) and m.state == "running" and m.reason is None
     assert d.version == v + 1 and d.incarnations[0][0] == d.incarnations[1][0] == 2

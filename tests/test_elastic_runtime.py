@@ -81,10 +81,14 @@ def test_a_stage_lost_before_its_first_snapshot_rolls_back_to_the_start(tmp_path
                          r"state of iteration -1 from the seed", log), log
 
 
-def test_losing_a_stage_without_snapshots_still_halts_with_the_reason(tmp_path):
+def test_losing_a_stage_without_snapshots_restores_it_from_the_disk(tmp_path):
+    """Issue 42: with snapshots off a stage lost whole halted the run, though its state was
+    on disk (a checkpoint of every iteration) or at the start; the job now rolls back to
+    the newest copy of every stage there."""
     res = run(tmp_path, 2, 2, 6, faults=Faults(kills=[(0, 1, 1), (1, 1, 2)]), snapshot_every=0)
-    assert res.summary is None and "stage 1 has no live replica" in res.halted
-    assert "no snapshot in peer memory" in res.halted
+    assert_exact(res, 2, 2, 6, tmp_path)
+    assert any(re.search(r"rolled back to iteration -?\d+ from (the checkpoint on disk|the "
+                         r"seed)", e) for e in res.events), res.events
 
 
 def test_fewer_live_workers_than_stages_pause_until_a_restart_is_back(tmp_path):
@@ -99,7 +103,8 @@ def test_fewer_live_workers_than_stages_pause_until_a_restart_is_back(tmp_path):
     assert el["pauses"] == 1 and el["paused_s"] > 0 and el["snapshot_restores"] == 1, el
     paused = [e for e in res.events if e.startswith("training paused")]
     assert paused == ["training paused: 1 live worker cannot serve 2 stages; waiting for "
-                      "workers to come back (every stage's state stays in peer memory)"]
+                      "workers to come back (every stage's state has a copy in peer memory, "
+                      "on disk or at the start)"]
     assert any(e.startswith("training resumes after") for e in res.events), res.events
 
 

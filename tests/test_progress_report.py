@@ -102,7 +102,7 @@ def test_a_finished_job_shows_its_workers_finished(server, admin):
 def test_a_halted_job_answers_410(tmp_path):
     # a service that plans for runs without snapshots halts (with them it would pause)
     with ThreadServer(tmp_path / "service.db", precompute_failures=0,
-                      elastic_snapshots=False) as server, \
+                      elastic_snapshots=False, elastic_disk=False) as server, \
             httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as admin:
         job, token = register_job(admin, D=1, S=2, M=2)
         assert admin.post(f"/v1/jobs/{job}/events", json={

@@ -93,7 +93,8 @@ def test_a_shape_is_one_of_auto_or_fixed(admin):
 
 def test_halt_when_a_stage_loses_every_replica_without_snapshots(tmp_path):
     with ThreadServer(tmp_path / "service.db", heartbeat_timeout_s=HB_TIMEOUT,
-                      precompute_failures=1, elastic_snapshots=False) as server, \
+                      precompute_failures=1, elastic_snapshots=False,
+                      elastic_disk=False) as server, \
             httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as admin:
         _halts(admin, server)
 
@@ -197,3 +198,63 @@ def test_a_run_that_cannot_change_shape_refuses_a_job_that_may(admin, server, tm
             assert "\n" not in msg
         finally:
             watch.close()
+
+
+# ---- issue 42 item 3: a paused job stays paused through deaths and returns -----------------
+def _events(admin, jid, steps):
+    out = []
+    for i, (kind, r, s) in enumerate(steps):
+        res = admin.post(f"/v1/jobs/{jid}/events", json=ev(f"{kind[0]}{i}-{r}{s}", kind, r, s))
+        assert res.status_code == 200, res.text
+        out.append(res.json())
+    return out
+
+
+def test_a_worker_back_during_a_pause_holds_nothing_when_every_live_worker_entered(admin,
+                                                                                  server):
+    """2x3, fixed shape: paused with one live worker; 0:2 comes back (its old process had
+    entered the version in force, so once 0:0 says it entered it too every live worker
+    has): the membership forgot that 0:2's new process holds nothing and planned it as
+    the holder of stage 2."""
+    jid, token = register(admin, shape="fixed", D=2, S=3, M=2)
+    hb = worker(server, token)
+    got = _events(admin, jid, [("failure", 1, 0), ("failure", 1, 1), ("failure", 1, 2)])
+    v = got[-1]["plan_version"]
+    for s in range(3):
+        assert hb.post(f"/v1/jobs/{jid}/heartbeats", json={
+            "replica": 0, "stage": s, "iteration": 2, "entered_version": v}).status_code == 200
+    got = _events(admin, jid, [("failure", 0, 2), ("failure", 0, 1), ("recovery", 0, 2)])
+    assert [r["state"] for r in got] == ["paused"] * 3, got
+    assert hb.post(f"/v1/jobs/{jid}/heartbeats", json={
+        "replica": 0, "stage": 0, "iteration": 2, "entered_version": v}).status_code == 200
+    (back,) = _events(admin, jid, [("recovery", 1, 1)])
+    assert back["state"] == "running", back
+    plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+    joins = {m["worker"] for m in plan["moves"] if m["from_stage"] is None}
+    assert joins == {"0.2", "1.1"}, plan["moves"]
+
+
+def test_a_paused_job_restarted_with_a_worker_back_resumes_when_enough_are_back(tmp_path):
+    """The issue's run through the service: paused with 1:0 back (no version admits it,
+    it fills no slot of the plan in force); the service restarts; 0:2's return makes three
+    live workers. The restarted service had forgotten 1:0 and halted ("2 live workers
+    cannot serve 3 stages")."""
+    db = tmp_path / "service.db"
+    with ThreadServer(db, heartbeat_timeout_s=30, precompute_failures=0) as server, \
+            httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as admin:
+        jid, _ = register(admin, shape="fixed", D=2, S=3, M=2)
+        got = _events(admin, jid, [
+            ("failure", 1, 0), ("failure", 0, 1), ("failure", 1, 2), ("recovery", 1, 0),
+            ("failure", 1, 1), ("recovery", 1, 2), ("failure", 1, 0),
+            ("failure", 0, 2), ("failure", 1, 2), ("recovery", 1, 0)])
+        assert [r["state"] for r in got[-3:]] == ["paused"] * 3, got[-3:]
+        assert got[-1]["reason"] == "2 live workers cannot serve 3 stages"
+    with ThreadServer(db, heartbeat_timeout_s=30, precompute_failures=0) as server, \
+            httpx.Client(base_url=server.url, headers=admin_headers(), timeout=10) as admin:
+        assert server.service.jobs[jid].members.back == {(1, 0)}
+        (back,) = _events(admin, jid, [("recovery", 0, 2)])
+        assert back["state"] == "running", back
+        plan = admin.get(f"/v1/jobs/{jid}/plan").json()
+        assert {r["stage"] for r in plan["roles"]} == {0, 1, 2}
+        joins = {m["worker"] for m in plan["moves"] if m["from_stage"] is None}
+        assert joins == {"1.0", "0.2"}, plan["moves"]

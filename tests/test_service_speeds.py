@@ -222,7 +222,7 @@ def test_speed_too_small_for_the_spec_is_422(admin, server):
 def test_halted_and_finished_jobs_refuse_speeds(admin, server, tmp_path):
     # a service that plans for runs without snapshots halts (with them it would pause)
     with ThreadServer(tmp_path / "service.db", precompute_failures=0,
-                      elastic_snapshots=False) as plain, \
+                      elastic_snapshots=False, elastic_disk=False) as plain, \
             httpx.Client(base_url=plain.url, headers=admin_headers(), timeout=10) as other:
         jid, token = register(other, D=1, S=2, M=2)
         assert other.post(f"/v1/jobs/{jid}/events", json={

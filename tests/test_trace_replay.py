@@ -104,7 +104,8 @@ def test_a_trace_that_leaves_fewer_workers_than_stages_pauses_until_a_node_is_ad
     assert (replay.kills, replay.restarts) == (5, 1), res.events
     assert res.summary.elastic["pauses"] == 1, res.events
     assert "training paused: 1 live worker cannot serve 2 stages; waiting for workers to " \
-        "come back (every stage's state stays in peer memory)" in res.events
+        "come back (every stage's state has a copy in peer memory, on disk or at the " \
+        "start)" in res.events
 
 
 def test_recycle_train_replays_two_hours_of_the_p3_trace_exactly(tmp_path):

@@ -94,9 +94,13 @@ class ServiceConfig:
     # worker only into a stage left empty. With `elastic_snapshots` (the default, as
     # `recycle train --snapshot-every auto` is) every stage's state also lives in peer
     # memory, so an empty stage is restored from it instead of halting, and too few live
-    # workers pause the job (nothing is lost) rather than halt it.
+    # workers pause the job (nothing is lost) rather than halt it. A job whose run reports
+    # that auto chose no snapshots (its progress, snapshot_every 0) is planned without them
+    # from then on. `elastic_disk`: the runs also restore a stage lost whole from a disk
+    # checkpoint or their start (on by default: `recycle train` always can).
     elastic_horizon: Optional[float] = None
     elastic_snapshots: bool = True
+    elastic_disk: bool = True  # as `recycle serve` (api/server.py ServeOptions)
 
     @property
     def grace_s(self) -> float:
@@ -121,12 +125,13 @@ class ServiceConfig:
         workers, and a decision carries the empty slots to plan for and the roles. With
         shape `auto` (the job's workers can build stages of other unit ranges), fewer live
         workers than stages cut the pipeline into fewer stages (planner/shapes/)."""
-        return {"job": spec, "snapshots": self.elastic_snapshots,
+        return {"job": spec, "snapshots": self.elastic_snapshots, "disk": self.elastic_disk,
                 "shapes": shape == "auto",
                 "horizon": self.elastic_horizon_of(spec),
-                # nothing is lost while peer memory holds every stage: too few live
-                # workers pause the job (no version published) until enough are back
-                "pause": self.elastic_snapshots}
+                # nothing is lost while some tier holds every stage: too few live workers
+                # pause the job (no version published) until enough are back; the
+                # membership halts when a stage has no copy left
+                "pause": self.elastic_snapshots or self.elastic_disk}
 
 
 @dataclass

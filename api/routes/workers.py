@@ -69,7 +69,8 @@ async def progress(job_id: str, report: ProgressIn, request: Request):
     coordinator at most about once a second; the live page shows the last one. Kept in
     memory with the job (a restarted service shows it again at the next report). Taken
     while the job runs and once it finished (the last report may cross the finish); a
-    halted job answers 410."""
+    halted job answers 410. A report of snapshot_every 0 (the run keeps no peer-memory
+    snapshots: off, or `auto` chose off) turns them off in the job's membership."""
     job = request.app.state.service.job(job_id)
     if job.state == "halted":
         raise job.halted_error()
@@ -77,4 +78,9 @@ async def progress(job_id: str, report: ProgressIn, request: Request):
         raise ApiError(422, f"iteration {report.iteration} is not below iterations "
                             f"{report.iterations}")
     job.progress = {**report.model_dump(), "at": time.time()}
+    if report.snapshot_every == 0 and job.members.snapshots:
+        # the run keeps no peer-memory snapshots (off, or auto chose off within its memory
+        # budget): plan no restore from one and count its one-copy stages as halt risks
+        async with job.lock:  # after an event in flight (it stores the membership it read)
+            job.members = job.members.with_snapshots(False)
     return {"state": job.state, "iteration": report.iteration}

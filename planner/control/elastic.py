@@ -10,10 +10,10 @@ Policy (docs/design.md, "Roles"):
   no move pays for itself within the horizon, nobody changes stage and the plan is the
   plain failed set (roles stay as they are, identity for a run that never moved).
 - A stage that lost every live worker takes a worker from the stage that misses it
-  least; its state comes from the stage's peer-memory snapshot (every live stage rolls
-  back to the snapshot's iteration). Without snapshots there is no copy: the run halts.
-- Fewer live workers than stages: no assignment serves every stage; the run halts (or,
-  with snapshots in a local run, pauses until workers are back: membership.py).
+  least; its state comes from the stage's peer-memory snapshot, or another tier (a disk
+  checkpoint, the seed). With no copy in any tier the run halts.
+- Fewer live workers than stages: no assignment serves every stage; membership.py pauses
+  (nothing lost) or halts.
 """
 from __future__ import annotations
 
@@ -51,9 +51,14 @@ def slots_of(replicas: int, stages: int, dead: Iterable[Worker],
 
 def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role]],
              fresh: Iterable[Worker] = (), horizon: float = 0.0,
-             snapshots: bool = False) -> tuple[Optional[Reassigned], Optional[str]]:
+             snapshots: bool = False, restorable: Optional[bool] = None
+             ) -> tuple[Optional[Reassigned], Optional[str]]:
     """The roles after a change: `dead` workers gone, `fresh` ones (a new process with no
-    state) back. Returns (Reassigned, None) or (None, the reason no plan exists)."""
+    state) back. `snapshots`: every stage also lives in peer memory (no stage is a halt
+    risk); `restorable` (default: `snapshots`): a stage lost whole has a copy in some tier
+    (peer memory, a disk checkpoint, the seed). Returns (Reassigned, None) or (None, the
+    reason no plan exists)."""
+    restorable = snapshots if restorable is None else restorable
     D, S = job.replicas, job.stages
     dead = {tuple(w) for w in dead}
     live: dict[str, Optional[Worker]] = slots_of(D, S, dead | set(map(tuple, fresh)), roles)
@@ -62,11 +67,11 @@ def reassign(job: JobSpec, dead: Iterable[Worker], roles: Optional[Iterable[Role
     try:
         a = choose_roles(job, live, horizon, snapshots=snapshots)
     except NoRolesError as exc:
-        # Membership pauses before asking when it may (a local run with snapshots); here
-        # (the service, or no snapshots) the run halts with its newest checkpoint.
+        # Membership asks only with as many live workers as stages (it pauses or halts
+        # otherwise); a driver that asks directly is told that no plan exists.
         return None, f"{exc}: the run halts; resume from checkpoint once workers are back"
     lost = a.snapshot_stages
-    if lost and not snapshots:
+    if lost and not restorable:
         return None, (f"stage {lost[0]} has no live replica and no snapshot in peer memory "
                       f"(`recycle train --snapshot-every K` keeps them): restore from checkpoint")
     shifted = [m for m in a.moves if m.from_stage is not None or m.source == "snapshot"]

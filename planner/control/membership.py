@@ -12,11 +12,16 @@ Rules (docs/design.md, "Membership"):
 - A worker's process is known by its incarnation (1 for its first process); a plan admits
   one incarnation per worker, and a report about an older one is stale.
 - A death is a failure event at once: the survivors train re-routed until the worker is
-  back. Losing every worker of a stage leaves no plan: the run halts.
-- Elastic with snapshots and `pause`: fewer live workers than stages is no plan yet, but
-  no loss either (peer memory still holds every stage): the membership pauses, keeps
-  counting deaths and returns, and resumes with the first version that serves every
-  stage. Workers that came back during the pause hold no state (`moving`).
+  back. Losing every worker of a stage, with no other copy of its state, leaves no plan:
+  the run halts naming the stage.
+- State lives in tiers (live holders, peer-memory `snapshots`, `disk` checkpoints or the
+  run's seed): a stage lost whole is restored when the run keeps snapshots or a disk copy.
+- Elastic with `pause`: fewer live workers than a plan can use is no plan yet, but no loss
+  either while every stage has a copy in some tier: the membership pauses, and further
+  deaths and returns keep it paused until a version serves every stage. It halts only when
+  some stage's state survives in no tier (the driver also halts a pause that no worker
+  is due back to end). Workers that came back during the pause hold no state (`back`);
+  no version admitted them, so `entered` leaves them so.
 - A newer process of a failed worker is admitted by a plan that names its incarnation; a
   newer process of a worker the plan still counts as live replaces it (same failed set).
 - A suspect with nobody dead is answered by the same failed set as a new version, so that
@@ -116,9 +121,18 @@ class Membership:
     # every worker has entered that version (`entered`), they count as holding no state, so
     # a stage whose only other holders die meanwhile is known to need a snapshot.
     moving: frozenset = frozenset()
-    # With snapshots: fewer live workers than stages pauses rather than halts (the local
-    # coordinator waits for its restarts; the service halts, it has no paused state).
+    # The driver has a paused state: fewer live workers than a plan can use pauses rather
+    # than halts while every stage's state has a copy in some tier (the local coordinator
+    # waits for its restarts, the service for its workers or an operator).
     pause: bool = False
+    # A stage lost whole is also restorable from a disk checkpoint or the run's seed (the
+    # executor's disk tier, executor/runtime/stage_state/): without it, only `snapshots`
+    # (peer memory) keep a copy of a stage whose every live holder died.
+    disk: bool = False
+    # Workers that came back while paused: no version admits them yet, so they hold no
+    # state; unlike `moving`, no `entered` clears them (the version in force was entered
+    # before they came back). Empty while running.
+    back: frozenset = frozenset()
     # Shapes (docs/design.md section 12): where fewer live workers are left than stages,
     # the pipeline is cut into fewer stages (planner/shapes/) instead of pausing or halting;
     # once cut, every later version is planned on a shape (it carries a partition, the
@@ -134,13 +148,13 @@ class Membership:
               state: State = "running", reason: Optional[str] = None,
               job: Optional[JobSpec] = None, roles: Optional[Iterable[Role]] = None,
               snapshots: bool = False, horizon: float = 0.0,
-              pause: bool = False, shapes: bool = False) -> "Membership":
+              pause: bool = False, shapes: bool = False, disk: bool = False) -> "Membership":
         grid = (tuple(tuple(row) for row in incarnations) if incarnations is not None
                 else tuple((1,) * stages for _ in range(replicas)))
         return cls(replicas, stages, grid, frozenset(tuple(w) for w in failed), version,
                    state=state, reason=reason, job=job,
                    roles=None if roles is None else tuple(roles), snapshots=snapshots,
-                   horizon=horizon, pause=pause, shapes=shapes)
+                   horizon=horizon, pause=pause, shapes=shapes, disk=disk)
 
     @classmethod
     def following(cls, plan: Plan, **kw) -> "Membership":
@@ -161,7 +175,12 @@ class Membership:
         if plan.partition is not None:
             m = replace(m, partition=plan.partition, shape_job=plan.job)
         # its moves count as in flight until its workers are seen to enter it (`entered`)
-        return replace(m, moving=frozenset(home_of(mv.worker) for mv in plan.moves or ()))
+        m = replace(m, moving=frozenset(home_of(mv.worker) for mv in plan.moves or ()))
+        if m.state == "paused":  # live workers no slot of the plan names came back meanwhile
+            named = (set(dead_of(plan.roles, replicas, stages)) if plan.roles is not None
+                     else {tuple(w) for w in plan.failed})
+            m = replace(m, back=frozenset(named - m.failed))
+        return m
 
     def incarnation(self, w: Worker) -> int:
         return self.incarnations[w[0]][w[1]]
@@ -263,6 +282,10 @@ class Membership:
                                 "process replaces it by sending its incarnation)")
         if k <= have:
             return self, Reject(f"{_name(w)} incarnation {k} is not newer than {have}")
+        if self.state == "paused" and self.job is not None:
+            # no version to re-stamp: the new process holds nothing, as a return does
+            return self._reassigned(self.failed, (w,), self._with_incarnation(w, k),
+                                    "replacement")
         return self._publish(self.failed, self._with_incarnation(w, k), "replacement",
                              same_plan=True)
 
@@ -298,6 +321,14 @@ class Membership:
         """The same membership, planned for `speeds` (None: nominal)."""
         return replace(self, speeds=None if speeds is None else tuple(tuple(r) for r in speeds))
 
+    def with_snapshots(self, on: bool) -> "Membership":
+        """The same membership, knowing whether the run keeps peer-memory snapshots: a
+        run started with `--snapshot-every auto` is taken to keep them until its workers
+        have chosen K, and auto may choose off (the memory budget, cadence.py). The next
+        transition plans with it: no restore from a snapshot nobody holds, the one-copy
+        stages counted as a halt risk."""
+        return self if self.snapshots == bool(on) else replace(self, snapshots=bool(on))
+
     def finish(self) -> tuple["Membership", Decision]:
         if self.state == "halted":
             return self, Reject(self.reason or "job halted")
@@ -320,8 +351,10 @@ class Membership:
 
     def _reassigned(self, failed: frozenset, fresh: tuple, grid: Grid,
                     cause: str) -> tuple["Membership", Decision]:
-        """Elastic: the roles for the new live set (elastic.reassign), or a halt."""
-        stateless = tuple(fresh) + tuple(sorted(w for w in self.moving
+        """Elastic: the roles for the new live set (elastic.reassign, or a shape), else a
+        pause or a halt (`_held`)."""
+        failed = frozenset(failed)
+        stateless = tuple(fresh) + tuple(sorted(w for w in self.moving | self.back
                                                 if w not in failed and w not in fresh))
         live = self.replicas * self.stages - len(failed)
         why = f"{live} live worker{'s' if live != 1 else ''} cannot serve {self.stages} stages"
@@ -330,21 +363,51 @@ class Membership:
             if not isinstance(out, str):
                 return out
             why = out  # no shape fits them either: pause for returns, as a fixed shape does
-        if self.pause and self.snapshots and live < self.stages:
-            paused = replace(self, failed=frozenset(failed), incarnations=grid, state="paused",
-                             reason=why, moving=frozenset(stateless))
+        elif live >= self.stages:
+            out, no = reassign(self.job, failed, self.roles, stateless, self.horizon,
+                               self.snapshots, restorable=self.restorable)
+            if out is not None:
+                new = replace(self, roles=out.roles, state="running", reason=None,
+                              back=frozenset(),
+                              moving=frozenset(home_of(m.worker) for m in out.moves))
+                return new._publish(failed, grid, cause, moves=out.moves)
+            why = no
+        return self._held(failed, fresh, stateless, grid, why)
+
+    @property
+    def restorable(self) -> bool:
+        """Is a stage whose every live holder died restorable from another tier?"""
+        return self.snapshots or self.disk
+
+    def _held(self, failed: frozenset, fresh: tuple, stateless: tuple, grid: Grid,
+              why: str) -> tuple["Membership", Decision]:
+        """No version serves this live set: a pause while every stage's state has a copy
+        in some tier and the driver can wait (`pause`), else a halt naming why: the stage
+        with no copy left, or the live set no plan can use."""
+        lost = self.lost_stage(failed, stateless)
+        if lost is not None:
+            why = (f"stage {lost} has no live replica and no snapshot in peer memory "
+                   "(`recycle train --snapshot-every K` keeps them): restore from checkpoint")
+        elif self.pause:
+            paused = replace(self, failed=failed, incarnations=grid, state="paused",
+                             reason=why, moving=self.moving - failed,
+                             back=frozenset((self.back | set(fresh)) - failed))
             return paused, Pause(why)
-        if self.shapes and (live < self.stages or self.partition is not None):
-            halted = replace(self, failed=frozenset(failed), state="halted", reason=why)
-            return halted, Halt(why)
-        out, why = reassign(self.job, failed, self.roles, stateless, self.horizon,
-                            self.snapshots)
-        if out is None:
-            halted = replace(self, failed=frozenset(failed), state="halted", reason=why)
-            return halted, Halt(why)
-        new = replace(self, roles=out.roles, state="running", reason=None,
-                      moving=frozenset(home_of(m.worker) for m in out.moves))
-        return new._publish(failed, grid, cause, moves=out.moves)
+        halted = replace(self, failed=failed, incarnations=grid, state="halted", reason=why)
+        return halted, Halt(why)
+
+    def lost_stage(self, failed: Iterable[Worker], stateless: Iterable[Worker] = ()
+                   ) -> Optional[int]:
+        """The first stage (of the shape in force) no live worker holds and no other tier
+        keeps a copy of (`restorable`); None when every stage has a copy somewhere."""
+        if self.restorable:
+            return None
+        failed = {tuple(w) for w in failed}
+        stateless = {tuple(w) for w in stateless}
+        live = slots_of(self.replicas, self.stages, failed | stateless, self.roles)
+        held = {slot[1] for slot in live.values()}
+        stages = self.shape_job.stages if self.shape_job is not None else self.stages
+        return next((s for s in range(stages) if s not in held), None)
 
     def _reshaped(self, failed: frozenset, stateless: tuple, grid: Grid,
                   cause: str) -> Union[tuple["Membership", Decision], str]:
@@ -357,26 +420,24 @@ class Membership:
         for w in stateless:
             if tuple(w) not in failed:
                 live[home_id(*w)] = None
-        if not self.snapshots:  # a stage of the shape in force with no live copy is lost
-            held = {slot[1] for slot in live.values() if slot is not None}
-            stages = self.shape_job.stages if self.shape_job is not None else self.stages
-            lost = [s for s in range(stages) if s not in held]
-            if lost:
-                return (f"stage {lost[0]} has no live replica and no snapshot in peer memory "
-                        "(`recycle train --snapshot-every K` keeps them): restore from "
-                        "checkpoint")
+        lost = self.lost_stage(failed, stateless)  # a stage of the shape in force, no copy
+        if lost is not None:
+            return (f"stage {lost} has no live replica and no snapshot in peer memory "
+                    "(`recycle train --snapshot-every K` keeps them): restore from "
+                    "checkpoint")
         out = shaped_plan_parts(self.job, current, live, self.horizon, self.snapshots)
         if isinstance(out, str):
             return out
         choice, part = out
         new = replace(self, roles=tuple(choice.roles), state="running", reason=None,
-                      partition=part, shape_job=choice.shape.job,
+                      partition=part, shape_job=choice.shape.job, back=frozenset(),
                       moving=frozenset(home_of(m.worker) for m in choice.moves))
         return new._publish(failed, grid, cause, moves=tuple(choice.moves))
 
     def entered(self, version: int) -> "Membership":
         """Every live worker entered `version`: its moves are done (the movers hold their
-        stages now)."""
+        stages now). Workers back during a pause (`back`) entered no version: they stay
+        without state."""
         return replace(self, moving=frozenset()) if version == self.version else self
 
     def _publish(self, failed: frozenset, grid: Grid, cause: str, same_plan: bool = False,

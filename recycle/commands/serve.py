@@ -28,6 +28,7 @@ def serve(db: str = _option("db"), host: str = _option("host"), port: int = _opt
           speed_window: int = _option("speed_window"),
           elastic_horizon: Optional[float] = _option("elastic_horizon"),
           elastic_snapshots: bool = _option("elastic_snapshots"),
+          elastic_disk: bool = _option("elastic_disk"),
           log_level: str = _option("log_level")) -> None:
     """Serve failure events in, versioned plans out (OpenAPI docs at /docs)."""
     from api.server import check_serve_options, run_service
@@ -37,7 +38,7 @@ def serve(db: str = _option("db"), host: str = _option("host"), port: int = _opt
              max_failures=max_failures, solvers=solvers, cpsat_time_limit=cpsat_time_limit,
              solver_workers=solver_workers, speed_window=speed_window,
              elastic_horizon=elastic_horizon, elastic_snapshots=elastic_snapshots,
-             log_level=log_level)
+             elastic_disk=elastic_disk, log_level=log_level)
     with user_errors("serve options"):
         solvers = check_serve_options(opts)
     run_service(opts, solvers)

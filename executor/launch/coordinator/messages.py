@@ -48,6 +48,8 @@ def on_done(c, w, m: P.Done) -> None:
         if m.snap_bytes is not None:  # the host memory its snapshots hold, and K in force
             c.snapshots.final(w, m.snap_every, m.snap_bytes, m.log_bytes)
     c.snapshots.look(c.store)
+    if c.snapshots.choice is not None and c.service is None:  # (the service's: its own)
+        c.plans.snapshots_chosen(c.snapshots.choice.every)
 
 
 def on_replayed(c, w, m: P.Replayed) -> None:

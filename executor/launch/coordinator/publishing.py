@@ -59,7 +59,8 @@ class Plans:
                 self.paused_since = time.monotonic()
                 self.record.pauses += 1
                 self.event(f"training paused: {decision.reason}; waiting for workers to "
-                           "come back (every stage's state stays in peer memory)")
+                           "come back (every stage's state has a copy in peer memory, on "
+                           "disk or at the start)")
             return
         if not isinstance(decision, Publish):
             return
@@ -82,6 +83,19 @@ class Plans:
             self.moved(plan)
         self.suspect_since = None
         self._install(plan)
+
+    def snapshots_chosen(self, every: int) -> None:
+        """The run's K is known (`--snapshot-every auto` chose it, cadence.py; the
+        membership took them as on until then). Off (the copies exceed the memory budget):
+        the membership plans without them from now on: a stage lost whole is restored from
+        a disk checkpoint or the seed where it counts that tier, else the run halts naming
+        the stage, and a stage left with one live holder is a halt risk again."""
+        if every != 0 or not self.members.snapshots:
+            return
+        self.members = self.members.with_snapshots(False)
+        self.event("the membership plans without peer-memory snapshots from now on: " + (
+            "a stage that loses every worker restores from a disk checkpoint or the seed"
+            if self.members.disk else "a stage that loses every worker halts the run"))
 
     def follow(self, plan: Plan) -> bool:
         """Service mode: take the service's newest plan; True if it is a new version."""
