@@ -115,3 +115,19 @@ def test_a_newer_checkpoint_on_disk_than_any_snapshot_is_the_copy_the_job_rolls_
     assert m and m.group(1) == m.group(2) and int(m.group(1)) in (6, 7), logs(tmp_path)
     assert el["retrained_iterations"] <= 2, el
     assert any("from the checkpoint on disk of iteration" in e for e in res.events), res.events
+
+
+def test_a_boundary_log_whose_snapshots_never_come_empties_and_stops():
+    """Issue 42 item 4: when `--snapshot-every auto` chooses off, no snapshot ever trims
+    the log, which filled to its budget and kept it; it now empties and stops."""
+    import torch
+
+    from executor.runtime.replay.boundary_log import BoundaryLog
+    log = BoundaryLog(10 ** 6, origin=-1)
+    for it in range(3):
+        log.keep(1, 0, it, 0, torch.ones(100))
+    assert log.bytes > 0 and log.on
+    log.off()
+    assert log.bytes == 0 and not log.on and not log.entries
+    log.keep(1, 0, 3, 0, torch.ones(100))
+    assert log.bytes == 0

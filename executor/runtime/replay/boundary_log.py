@@ -115,6 +115,12 @@ class BoundaryLog:
         sent again, from the same state, so what is kept of them goes."""
         self._drop(lambda i: i >= it)
 
+    def off(self) -> None:
+        """No snapshot will come (auto chose none): no replay can start from one, and no
+        snapshot would ever trim what is kept; the log empties and stops."""
+        self._drop(lambda i: True)
+        self.budget = 0
+
     def reshaped(self) -> None:
         """The job changed shape: stage numbers mean other units, and no replay reaches
         back past the change (the next snapshot is the new shape's)."""

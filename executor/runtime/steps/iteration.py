@@ -133,6 +133,8 @@ class IterationRuntime:
                            base_checksums=base_checksums(a.base, stage.module)
                            if final and a.conf is not a.base else None,
                            **(self._snapshot_figures() if final else {})))
+        if a.boundaries.on and a.snaps is not None and a.snaps.every == 0:
+            a.boundaries.off()  # auto chose no snapshots: nothing would ever trim the log
         if a.snaps is not None and a.snaps.due(it):
             a.boundaries.snapshot_at(it)  # every stage snapshots it: older logs may go
             stage.stepper.settle()  # the snapshot is of the final step (a clip may redo it)
