@@ -236,6 +236,24 @@ def test_too_few_live_workers_pause_the_service_job_and_it_resumes_exact(tmp_pat
         srv.stop()
 
 
+def test_a_rejoin_due_after_the_pause_starts_while_the_service_holds_the_job_paused(tmp_path):
+    """The same job with `--rejoin 0:1@4` instead of a restart: a rejoin waits for the
+    iteration before its own, which a paused job never reaches; the coordinator did not
+    know the service had paused the job, so the run hung until its deadline."""
+    srv = ProcServer(tmp_path / "service.db", "--solvers", "greedy", "--max-failures", "1",
+                     "--heartbeat-timeout", "10", "--suspect-grace", "3", *NO_SPEEDS).start()
+    try:
+        jid, token = register(srv.url, shape="fixed")
+        coord = coordinator(tmp_path, srv.url, jid, token, 6, faults=Faults(
+            kills=[(0, 0, 2), (0, 1, 2), (1, 1, 2)], rejoins=[(0, 1, 4)]))
+        res = coord.run()
+        assert_exact(res, coord, 6, tmp_path)
+        states = [e["state"] for e in history(srv.url, jid)["events"]]
+        assert "paused" in states and "halted" not in states, states
+    finally:
+        srv.stop()
+
+
 def test_service_sigkilled_and_restarted_mid_run(tmp_path):
     srv = ProcServer(tmp_path / "service.db", *SERVE).start()
     try:

@@ -138,6 +138,9 @@ class ServiceWatch:
         self.shape: str = self.http.job().get("shape") or "fixed"
         self.halted: Optional[str] = None
         self.lost: Optional[str] = None  # the service no longer knows the job
+        # the plan version a failure event's answer found the job paused under (too few
+        # live workers); the pause lasts until a newer version is published
+        self._paused_under: Optional[int] = None
         self._stop = threading.Event()
         self._reports: list[threading.Thread] = []
         self._thread = threading.Thread(target=self._follow, daemon=True)
@@ -219,6 +222,13 @@ class ServiceWatch:
             if plan is not None:
                 self.plan = plan
 
+    @property
+    def paused(self) -> bool:
+        """The service holds the job paused (a failure's answer said so, and no version
+        came since): nobody trains until workers are back."""
+        under = self._paused_under
+        return under is not None and self.plan.version <= under
+
     def finish(self, console=None, patience_s: float = 300.0) -> Optional[str]:
         """Tell the service training completed, retried while it is unreachable: a service
         that comes back without hearing it would take the workers' exit for failures and
@@ -260,8 +270,10 @@ class ServiceWatch:
             end = time.monotonic() + patience_s
             while not self._stop.is_set():
                 try:
-                    self.http.report_event(event_id, "failure", r, s, reason=why,
-                                           incarnation=incarnation)
+                    answer = self.http.report_event(event_id, "failure", r, s, reason=why,
+                                                    incarnation=incarnation)
+                    if answer.get("state") == "paused":
+                        self._paused_under = answer.get("plan_version", self.plan.version)
                     return
                 except httpx.TransportError:
                     if time.monotonic() > end:

@@ -26,8 +26,10 @@ class Admission:
     told to it that no plan has yet."""
 
     def __init__(self, rejoins: RejoinBook, processes: Processes, plans: Plans, steps: Steps,
-                 *, patience: Patience, record: RunRecord, event: Callable[[str], None]):
+                 *, patience: Patience, record: RunRecord, event: Callable[[str], None],
+                 service=None):
         self.rejoins, self.processes, self.plans, self.steps = rejoins, processes, plans, steps
+        self.service = service  # the plan service's ServiceWatch, if it decides the plans
         self.patience, self.record, self.event = patience, record, event
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
         self.reported: dict[Worker, int] = {}  # service: deaths told (incarnation), no plan yet
@@ -49,11 +51,14 @@ class Admission:
         (its death is a failure event first) and its old process has exited; for --rejoin,
         also once every live worker has completed the iteration before the rejoin's under
         that plan, so the iterations in between train re-routed, every time. A paused run
-        trains no iteration until workers are back: its rejoins start at once."""
+        trains no iteration until workers are back: its rejoins start at once (locally,
+        or when the service's answer to a failure said the job is paused: the iteration
+        before the rejoin's would never be reached, and the run hung)."""
         if (w not in self.plans.failed and w not in self.reported) or self.processes.running(w):
             return False
-        return (rejoin.asap or self.plans.paused_since is not None
-                or self.reached(rejoin.iteration - 1))
+        paused = self.plans.paused_since is not None or (
+            self.service is not None and self.service.paused)
+        return rejoin.asap or paused or self.reached(rejoin.iteration - 1)
 
     def spawn_due(self) -> None:
         for w, rejoin in self.rejoins.to_spawn(self.returning):
