@@ -251,8 +251,12 @@ class Agent:
     def _move(self, slot: tuple[int, int], plan: Plan) -> None:
         """Take the slot the plan's roles give us; a new stage is built empty (fresh)."""
         st = self.state
-        if slot[1] != st.me[1]:
-            self.log(f"moving from stage {st.me[1]} to stage {slot[1]} (plan v{plan.version})")
+        # the stage this process runs, not its last slot's: a plan of another shape gives
+        # a worker with state its new slot before the state moves by name (reshape.py);
+        # superseded before it entered, the worker still runs its old stage
+        if slot[1] != self.stage.stage:
+            self.log(f"moving from stage {self.stage.stage} to stage {slot[1]} "
+                     f"(plan v{plan.version})")
             if self.stage.stepper.unsettled() is None:  # else it waits for a dead stage:
                 self.stage.stepper.settle()  # the state left behind is not used anyway
             self.stage.close()
