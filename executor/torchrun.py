@@ -26,18 +26,29 @@ How torchrun's elastic agent maps onto ReCycle (docs/executor.md, "Several machi
     hold the trained state, so use static (or c10d with `--max-restarts 0`).
   - with `--max-restarts 0` a node's agent gives up instead: its workers count as failed
     and the others train on without them.
+  - a worker declared failed while it lives on (its node cut off from the coordinator by
+    a partition, or stalled) finds itself out of the plan once it hears from the store
+    again, and stops: fenced. It exits 5 (EXIT_FENCED) rather than 0 when the run goes on,
+    so that its node's agent restarts it (while `--max-restarts` remain) and it rejoins as
+    a returning worker; exit 0 would leave its slot empty for the rest of the run.
+  - gloo binds the interface towards the coordinator's store (runtime/transport/binding.py)
+    where it would otherwise bind loopback (a hostname that resolves to 127.0.x.x, a
+    container, a network namespace); GLOO_SOCKET_IFNAME, when set, wins.
 """
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import time
 
+from executor import protocol as P
 from executor import worker
 from executor.protocol import PLACEMENT
 
 PLACEMENTS = ("stages", "replicas")
 PLACEMENT_KEY = PLACEMENT  # the first process's --placement; the others must agree
+EXIT_FENCED = 5  # stopped while the run goes on: declared failed, so torchrun restarts it
 
 
 def rank_slot(rank: int, replicas: int, stages: int, placement: str) -> tuple[int, int]:
@@ -72,6 +83,44 @@ def torchrun_env() -> dict:
     return env
 
 
+def store_address(rest: list) -> str | None:
+    """The coordinator's store as the worker will read it: --store, else RECYCLE_STORE."""
+    for i, a in enumerate(rest):
+        if a == "--store" and i + 1 < len(rest):
+            return rest[i + 1]
+        if a.startswith("--store="):
+            return a.split("=", 1)[1]
+    return os.environ.get("RECYCLE_STORE")
+
+
+def run_over(address: str, wait_s: float) -> bool:
+    """Has the run ended (complete, or halted), as the coordinator's store says? Its
+    newest plan answers at once; through a plan service (whose plans end a worker before
+    the coordinator marks the store `finished`), the mark is awaited up to `wait_s`. A
+    store that is gone is a run over (the coordinator closes it last)."""
+    import json
+
+    from executor.runtime.transport.comm import connect_store
+    from executor.runtime.transport.rendezvous import read_int
+    from planner.plan import Plan
+    end = time.monotonic() + wait_s
+    try:
+        host, port = address.rsplit(":", 1)
+        store = connect_store(host, int(port), timeout_s=max(1.0, wait_s))
+        service = json.loads(store.get(P.CONFIG)).get("service")
+        while True:
+            if store.check([P.HALTED]) or store.check([P.FINISHED]):
+                return True
+            newest = read_int(store, P.PLAN_VERSION) - 1
+            if newest >= 0 and not Plan.from_json(store.get(P.plan_key(newest)).decode()).workers:
+                return True
+            if not service or time.monotonic() > end:
+                return False
+            time.sleep(0.1)
+    except Exception:  # noqa: BLE001 (closed, refused, timed out: the coordinator is done)
+        return True
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="executor.torchrun")
     ap.add_argument("--placement", choices=PLACEMENTS, default="stages",
@@ -81,6 +130,7 @@ def main(argv=None) -> int:
     args, rest = ap.parse_known_args(argv)
     env = torchrun_env()
     # A SIGKILLed torchrun agent runs no cleanup: its workers would train on to the end.
+    from executor.runtime.transport.binding import bind_gloo_towards
     from planner.procs import die_with_parent, watch_parent
     if os.getppid() != 1:  # torchrun may itself be a container's pid 1
         die_with_parent()
@@ -88,8 +138,20 @@ def main(argv=None) -> int:
     print(f"executor.torchrun: node {env['NODE']} rank {env['RANK']}/{env['WORLD_SIZE']} "
           f"local {env['LOCAL_RANK']}/{env['LOCAL_WORLD_SIZE']} restart {env['RESTART']}",
           flush=True)
-    return worker.main(rest, world_size=env["WORLD_SIZE"],
+    store = store_address(rest)
+    if store and (ifname := bind_gloo_towards(store.rsplit(":", 1)[0])):
+        print(f"executor.torchrun: gloo binds {ifname}, the interface towards the store at "
+              f"{store} (set GLOO_SOCKET_IFNAME to choose another)", flush=True)
+    code = worker.main(rest, world_size=env["WORLD_SIZE"],
                        slot_of=slot_of_rank(env["RANK"], args.placement))
+    # A worker stops with 0 when training is complete, and also when it finds itself
+    # fenced out of a run that goes on: then it must come back (a returning worker).
+    if code == 0 and store and not run_over(store, wait_s=5.0):
+        print(f"executor.torchrun: rank {env['RANK']} was fenced out of the run (declared "
+              f"failed while it lived on) and the run goes on: exit {EXIT_FENCED}, so that "
+              "torchrun restarts it as a returning worker", flush=True)
+        return EXIT_FENCED
+    return code
 
 
 def run() -> None:

@@ -10,12 +10,16 @@ if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   .venv/bin/pip install -q torch==2.13.0
 fi
 # Debian packages the tests use: a real headless browser for the live page
-# (tests/test_page_browser.py) and a real PostgreSQL server (tests/test_store_postgres.py).
-# Skipped in a second when already there.
+# (tests/test_page_browser.py), a real PostgreSQL server (tests/test_store_postgres.py),
+# and `ip`, `tc` and `nft` for test hosts in network namespaces whose links fail
+# (tests/test_network_faults.py). Skipped in a second when already there.
 need=()
 command -v chromium >/dev/null || need+=(chromium)
 command -v chromedriver >/dev/null || [ -x /usr/lib/chromium/chromedriver ] || need+=(chromium-driver)
 ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || need+=(postgresql)
+have() { command -v "$1" >/dev/null || [ -x "/usr/sbin/$1" ] || [ -x "/sbin/$1" ]; }
+{ have ip && have tc; } || need+=(iproute2)
+have nft || need+=(nftables)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=; [ "$(id -u)" = 0 ] || SUDO=sudo
   $SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq \

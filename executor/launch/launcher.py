@@ -37,6 +37,7 @@ from executor.launch.coordinator.publishing import Halted, Plans
 from executor.launch.coordinator.steps import Steps
 from executor.launch.coordinator.trace_faults import TraceFaults
 from executor.launch.faults.injector import Injector
+from executor.launch.faults.links import LinkReports
 from executor.launch.faults.rejoins import RejoinBook
 from executor.launch.report.progress_lines import ProgressLines
 from executor.launch.report.run_record import RunRecord
@@ -104,6 +105,7 @@ class Coordinator:
         members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=spec.job,
             snapshots=spec.snapshot_every != 0, horizon=LOCAL_HORIZON,
+            disk=True,  # a stage lost whole restores from a disk checkpoint or the start
             pause=True, shapes=spec.shape == "auto" and reshapes(spec.model)
         ).with_speeds(spec.job.speed)
         self.plans = Plans(self.store, spec.job, members, solver=spec.solver, mode=spec.mode,
@@ -113,7 +115,7 @@ class Coordinator:
         self.admission = Admission(
             RejoinBook(spec.faults.rejoin_entries, spec.external, self.patience.pause_limit),
             self.processes, self.plans, self.steps, patience=self.patience,
-            record=self.record, event=self.event)
+            record=self.record, event=self.event, service=service)
         self.trace = None if trace is None else TraceFaults(
             trace, self.processes, self.plans, self.steps, self.admission, record=self.record,
             event=self.event)
@@ -133,6 +135,9 @@ class Coordinator:
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
         self.model_exception = False  # the fatal is an exception the model's code raised
         self.no_copy: Optional[str] = None  # a worker found no live copy of some stage
+        self.links = LinkReports()  # cut links between live workers (faults/links.py)
+        # (worker, incarnation) -> messages ignored: sent by a process declared failed
+        self.fenced_messages: dict[tuple[Worker, int], int] = {}
 
     # ---- the parts' state, as the rest of the run reads it -------------------------------
     @property
@@ -243,18 +248,31 @@ class Coordinator:
         # With a service a worker may exit after it was declared failed (a stalled worker
         # that found itself fenced out): its exit still counts, a due rejoin restarts it.
         for w, code in self.processes.new_exits():
+            if self.processes.declared(w):  # failed already (silent, cut off): a rejoin may start
+                self.event(f"worker {wkey(w)}: its process declared failed exited "
+                           f"(code {code})")
+                continue
             self.died(w, f"process exited with code {code}")
-        if self.external:
-            for w, why in self.processes.silent(self.live(), self.plans.members.incarnation,
+        # Silence is death for workers on other hosts: torchrun'd ones, and local ones
+        # placed on hosts (processes.py RECYCLE_HOSTS), which a partition leaves alive but
+        # cut off. Local workers here die only by exiting (a SIGSTOP is a stall).
+        watched = self.live() if self.external else [
+            w for w in self.live() if w in self.processes.hosts]
+        if watched:
+            for w, why in self.processes.silent(watched, self.plans.members.incarnation,
                                                 self.patience, self.plans.suspect_since is not None):
+                self.processes.declare(w)  # alive, maybe: its exit is no second death
                 self.died(w, why)
         if self.trace is not None:
             self.trace.tick(now)
         self.admission.tick()
+        if self.service is None and (cut := self.links.verdict(now, self.live())) is not None:
+            self.processes.declare(cut[0])  # alive and connected: fenced, it stops
+            self.died(*cut)
         if self.service is not None:
             self.publish()
         elif (resync_due(self.plans.suspect_since, now, self.patience)
-              and self.plans.paused_since is None):
+              and self.plans.paused_since is None and not self.links.pending):
             # Comm trouble with nobody dead: a new version makes every worker re-sync
             # (planner/control/timing.py says when).
             self.event(f"suspect reported under plan v{self.version} but no worker died: "
@@ -276,9 +294,29 @@ class Coordinator:
     def handle(self, m: P.Message) -> None:
         if not isinstance(m, P.Message):
             raise TypeError(f"not a worker message: {m!r}")
+        if self.fenced(m):
+            return
+        if isinstance(m, P.Suspect):  # a link down between live workers (faults/links.py)
+            self.links.suspect(m.worker, m.reason, time.monotonic())
         handler = HANDLERS.get(type(m))  # messages.py; `Bye` is read only at the end
         if handler is not None:
             handler(self, m.worker, m)
+
+    def fenced(self, m: P.Message) -> bool:
+        """The plan version is the fence (docs/design.md section 6): a process declared
+        failed (cut off, or silent, while it may still live) is heard no more, whatever it
+        believes: not its losses, suspects, faults or halts. Its successor (a newer
+        incarnation asking in) is another process. Once per process, an event says so."""
+        w = m.worker
+        if w not in self.failed or m.inc > self.plans.members.incarnation(w):
+            return False
+        key = (w, m.inc)
+        self.fenced_messages[key] = self.fenced_messages.get(key, 0) + 1
+        if self.fenced_messages[key] == 1:
+            self.event(f"ignoring worker {wkey(w)} (incarnation {m.inc}): declared failed, "
+                       f"fenced out of plan v{self.version}; its {m.kind} of plan v{m.v} "
+                       "and all it sends after are not acted on")
+        return True
 
     @property
     def printed(self) -> int:
@@ -313,6 +351,8 @@ class Coordinator:
                "samples": (self.iterations - self.end.start) * self.n
                * self.spec.cfg.micro_batch_size,
                "wall_s": round(time.monotonic() - self.began, 3)}
+        if self.fenced_messages:  # what processes declared failed sent, ignored
+            out["fenced_messages"] = sum(self.fenced_messages.values())
         if self.trace is not None:
             t = self.trace.trace
             out.update(trace_events=t.applied(), trace_kills=t.kills, trace_restarts=t.restarts)

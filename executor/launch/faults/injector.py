@@ -7,6 +7,9 @@ The worker reports `mid` when it reaches the middle of its action list and, when
 may be due there, waits for the coordinator's go-ahead (agent.py) so the signal lands
 mid-iteration. Every entry fires at most once, in whichever incarnation of the worker
 reaches that iteration first (a re-run of the iteration after a rollback does not repeat it).
+
+Faults the network makes need workers on other hosts: RECYCLE_HOSTS / RECYCLE_STORE_ADDR
+(read here, checked with the run's other faults; coordinator/processes.py places them).
 """
 from __future__ import annotations
 
@@ -19,6 +22,10 @@ from typing import Callable
 from planner.errors import UserError
 
 Worker = tuple[int, int]
+# Local workers placed on other (test) hosts (coordinator/processes.py): the network can
+# fail them too, so a --rejoin/--restart of theirs needs no --kill or --stall.
+HOSTS_ENV = "RECYCLE_HOSTS"
+STORE_ADDR_ENV = "RECYCLE_STORE_ADDR"  # where the store listens, and they dial it
 
 
 def parse_event(text: str) -> tuple[int, int, int]:
@@ -51,11 +58,43 @@ def parse_slow(text: str) -> tuple[int, int, int, float]:
     return int(m[1]), int(m[2]), int(m[3]), factor
 
 
+def worker_hosts(text: str, replicas: int, stages: int) -> dict[Worker, str]:
+    """RECYCLE_HOSTS ("R:S=NETNS,...") as {worker: network namespace}; UserError (one
+    line) for a malformed entry, a worker outside the grid or a namespace not there."""
+    out: dict[Worker, str] = {}
+    for item in filter(None, (x.strip() for x in text.split(","))):
+        key, sep, ns = item.partition("=")
+        r, colon, st = key.partition(":")
+        if not (sep and colon and r.strip().isdigit() and st.strip().isdigit() and ns.strip()):
+            raise UserError(f"{HOSTS_ENV}: cannot read {item!r}: expected REPLICA:STAGE=NETNS")
+        w, ns = (int(r), int(st)), ns.strip()
+        if not (w[0] < replicas and w[1] < stages):
+            raise UserError(f"{HOSTS_ENV}: no worker {w[0]}:{w[1]} in a {replicas}x{stages} grid")
+        path = ns if ns.startswith("/") else os.path.join("/run/netns", ns)
+        if not os.path.exists(path):
+            raise UserError(f"{HOSTS_ENV}: worker {w[0]}:{w[1]}: no network namespace {ns} "
+                            f"({path}; make it with `ip netns add {ns}`)")
+        out[w] = ns
+    return out
+
+
+def check_hosts(replicas: int, stages: int) -> None:
+    """RECYCLE_HOSTS and RECYCLE_STORE_ADDR as `recycle train` reads them: refused in one
+    line before the run starts (coordinator/processes.py places the workers)."""
+    if worker_hosts(os.environ.get(HOSTS_ENV, ""), replicas, stages) and not os.environ.get(
+            STORE_ADDR_ENV, "").strip():
+        raise UserError(f"{HOSTS_ENV} places workers on other hosts: set {STORE_ADDR_ENV} "
+                        "to an address of this machine that they reach")
+
+
 def check_faults(replicas: int, stages: int, iterations: int, kills=(), rejoins=(),
                  stalls=(), slows=(), external: bool = False) -> None:
     """Refuse (ValueError, one line) a fault no run could ever carry out: it would be
     waited for, or silently never happen. With external workers a death may come from
-    their launcher (torchrun stops a node's other workers), so a rejoin needs no kill."""
+    their launcher (torchrun stops a node's other workers), and with workers on other
+    hosts (RECYCLE_HOSTS) from the network (a partition), so a rejoin needs no kill."""
+    check_hosts(replicas, stages)
+    external = external or bool(os.environ.get(HOSTS_ENV, "").strip())
     def flag_of(rejoin) -> str:  # (r, s, it[, asap]): asap entries are --restart's
         return "--restart" if len(rejoin) > 3 and rejoin[3] else "--rejoin"
 

@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 
 from executor import protocol as P
+from executor.runtime.transport.binding import LINK_DOWN, probe_listener, unreachable
 from executor.runtime.transport.waiting import CommError, WaitEnded, wait_until
 from executor.runtime.transport.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
 from executor.timeouts import Timeouts
@@ -57,7 +58,10 @@ def host_store(bind_host: str, port: int, timeout_s: float) -> dist.TCPStore:
     sock.bind((bind_host, port))
     sock.listen(512)
     port = sock.getsockname()[1]
-    return dist.TCPStore("127.0.0.1", port, None, True, timeout=timedelta(seconds=timeout_s),
+    # its own client connects where it listens (loopback reaches only a loopback or
+    # wildcard bind; a store on a test host's bridge address refused it)
+    me = "127.0.0.1" if bind_host in ("0.0.0.0", "") else bind_host
+    return dist.TCPStore(me, port, None, True, timeout=timedelta(seconds=timeout_s),
                          wait_for_workers=False, master_listen_fd=sock.detach())
 
 
@@ -110,8 +114,17 @@ class World:
         # Called when a receive is about to block: work the worker can do while it waits
         # (the stepper's copy for rollback); it must not communicate.
         self.on_idle: Optional[Callable[[], None]] = None
+        self._probe = None  # the socket our check-in names (_meet), for the peers' probes
         if newer is not None:
             self._meet(store, newer, missing or (lambda ws: None))
+            # A version after the first follows a failure (or a change): before gloo's
+            # rendezvous, which waits out its timeout on a cut link and says not where,
+            # the members probe each other (binding.py; a few ms when all are reachable).
+            down = self._links_down(store) if version > 0 else []
+            if down:
+                self.close()
+                raise CommError(f"world v{version} rendezvous: {LINK_DOWN} to {down} (no "
+                                "TCP connection to their address)", down[0])
         # Process groups are built directly, each under its own explicit store prefix, not
         # with init_process_group/new_group: those name groups by a process-wide counter
         # that advances even when a rendezvous fails partway, after which this process's
@@ -129,8 +142,34 @@ class World:
             self.stage_group = (self._nccl(sub, peers.index(me), len(peers)) if self.nccl else
                                 dist.ProcessGroupGloo(sub, peers.index(me), len(peers), self.timeout))
         except Exception as exc:
+            down = self._links_down(store)  # before close(): our own listener stays up
             self.close()
+            if down:  # alive peers (checked in) that this worker cannot reach: say whom
+                raise CommError(f"world v{version} rendezvous failed: {LINK_DOWN} to "
+                                f"{down} (no TCP connection to their address); "
+                                f"{str(exc)[:200]}", down[0]) from exc
             raise CommError(f"world v{version} rendezvous failed: {str(exc)[:200]}") from exc
+
+    def _links_down(self, store: dist.Store) -> list:
+        """The members checked in under this version whose probe address no TCP
+        connection reaches (binding.unreachable), in rank order: before a later version's
+        rendezvous, and after any failed one."""
+        if self._probe is None:
+            return []
+        peers = {}
+        try:
+            for w in self.workers:
+                key = P.checkin_key(self.version, w)
+                if w != self.me and store.check([key]):
+                    addr = store.get(key).decode()
+                    if ":" in addr:
+                        peers[w] = addr
+        except Exception:  # the store itself is out of reach: no link to blame
+            return []
+        # SYNs lost to packet loss are sent again after 1 and 3 s: a link that answers
+        # none within the comm timeout (at most 5 s) is down
+        probe_s = min(5.0, self.timeout.total_seconds())
+        return sorted(unreachable(peers, probe_s))
 
     def _nccl(self, store: dist.Store, rank: int, size: int):
         """One NCCL communicator, built now (not at the first collective) so that a failed
@@ -158,7 +197,11 @@ class World:
         failed or re-publish."""
         keys = [P.checkin_key(self.version, w) for w in self.workers]
         mine = keys[self.rank]
-        store.set(mine, "1")
+        # checked in with where gloo listens: a failed rendezvous probes the links
+        # (binding.py); "1" where no probe socket can be opened
+        self._probe = probe_listener(len(self.workers))
+        store.set(mine, "1" if self._probe is None else
+                  "%s:%d" % self._probe.getsockname()[:2])
         absent = lambda: [w for w, k in zip(self.workers, keys) if not store.check([k])]  # noqa: E731
         try:
             wait_until(lambda: store.check(keys), f"world v{self.version} rendezvous",
@@ -167,6 +210,9 @@ class World:
                              lambda: missing(absent())))
         except WaitEnded:
             store.delete_key(mine)  # nobody should wait for us here any more
+            if self._probe is not None:
+                self._probe.close()
+                self._probe = None
             raise
 
     # ---- p2p -------------------------------------------------------------------------
@@ -395,6 +441,9 @@ class World:
         background thread: the worker moves on to the next version meanwhile."""
         self._pending.clear()
         self._early.clear()
+        probe, self._probe = getattr(self, "_probe", None), None
+        if probe is not None:
+            probe.close()
         groups = []
         for name in ("stage_group", "data", "ctrl"):
             pg = getattr(self, name, None)
