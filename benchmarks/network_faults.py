@@ -6,15 +6,16 @@ survivors train under the plan that routes around it, and whether the run stayed
 Needs root (network namespaces, veth links, nftables, tc). Each case is one run of
 tests/netns_support.py, the one tests/test_network_faults.py asserts on: a 2x2 grid
 (M=2, the tiny GPT), every worker on its own host (a network namespace on a bridge; the
-coordinator's store at the bridge's address), `--timeout 3`, the fault injected once
-the named iteration is in:
+coordinator's store at the bridge's address), `--timeout 3` (torchrun: 6), the fault
+injected once the named iteration is in:
   partition  (a)+(b) 1:1's host drops every packet; healed once the others train without
              it; `--restart 1:1@6` brings it back
   cut        (c) only the link between 0:0 (stage 0) and 0:1 (stage 1) is cut
   slow       (d) 1:1's link at 400 kbit/s both ways (tc tbf)
   loss       (e) every host drops 5% of its packets in and out (nftables numgen)
   torchrun   (a)+(b) through torchrun: node 1 (replica 1) partitioned, healed at once;
-             torchrun restarts the fenced workers
+             torchrun restarts the fenced workers (`--timeout 6`: the hold for them lasts
+             4 x --timeout + 5 s, and a node's restart takes up to ~16 s here)
 Times are seconds after the injection: `detect` to the coordinator's first event after it
 (the death or cut it declares; for a slow or lossy link, a re-published plan if any),
 `recover` until every worker of the first plan that trained after that event had entered
@@ -45,7 +46,8 @@ CASES = {
     "loss": (4, ns.loss_case, "every host drops 5% of its packets in and out (nftables "
              "`numgen random mod 100 < 5 drop`)"),
     "torchrun": (2, ns.torchrun_partition_case, "torchrun, node 1 (replica 1) on its own "
-                 "host partitioned, healed at once; torchrun restarts the fenced workers"),
+                 "host partitioned, healed at once; torchrun restarts the fenced workers "
+                 f"(`--timeout {ns.TORCHRUN_TIMEOUT:g}`)"),
 }
 
 
@@ -98,7 +100,8 @@ def main() -> None:
         "A 2x2 grid (M=2, the tiny GPT: vocab 32, seq 8, d 16, 2 layers), every worker on "
         "its own test host (a network namespace on a veth link to a bridge; the "
         "coordinator's store at the bridge's address; gloo over the links), "
-        f"`--timeout {ns.TIMEOUT:g}`. Seconds after the fault was injected: **detect** the "
+        f"`--timeout {ns.TIMEOUT:g}` (torchrun: {ns.TORCHRUN_TIMEOUT:g}). Seconds after the "
+        "fault was injected: **detect** the "
         "coordinator's first event after it, **recover** every worker of the first plan that "
         "trained after it had entered that plan, **back** the cut-off worker admitted "
         "again. **exact**: losses and final parameters equal the one-process reference's "

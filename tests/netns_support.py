@@ -17,7 +17,12 @@ HOST torchrun ...`) reach the store and each other over real links, so faults ar
 Everything a Lab makes it removes in close() (its namespaces, with the rules and qdiscs
 in them, the veths and the bridge), also after a failed test; names carry a random tag
 so concurrent runs never meet. `Lab.unavailable()` says why a test must skip (not root,
-no CAP_NET_ADMIN, no `ip`/`nft`/`tc`, a kernel that refuses namespaces)."""
+no CAP_NET_ADMIN, no `ip`/`nft`/`tc`, a kernel that refuses namespaces).
+
+`LocalRun` runs the local coordinator (executor/launch/launcher.py) in this process on a
+thread, its workers on the lab's hosts, with every line it prints stamped with the time
+it came; the `*_case` functions at the end are the cases tests/test_network_faults.py
+asserts on and benchmarks/network_faults.py times."""
 from __future__ import annotations
 
 import functools
@@ -332,6 +337,7 @@ class LocalRun:
 # times them) -----------------------------------------------------------------------------
 D, S, M = 2, 2, 2
 TIMEOUT = 3.0  # --timeout: every detection below is a few of these
+TORCHRUN_TIMEOUT = 6.0  # through torchrun: its restarts must come back within the hold
 FOUR_HOSTS = {(0, 0): 0, (0, 1): 1, (1, 0): 2, (1, 1): 3}  # one worker a host
 ITER_LINE = re.compile(r"iter +(\d+) .*plan v(\d+) +failed (.*)$")
 
@@ -377,7 +383,7 @@ def model_config():
 def _spec(iterations: int, **extra) -> dict:
     from planner.job import JobSpec
     return dict(cfg=model_config(), job=JobSpec.uniform(D, S, M), iterations=iterations,
-                timeout=TIMEOUT, **extra)
+                **{"timeout": TIMEOUT, **extra})
 
 
 def _finish(out: Outcome, iterations: int, timeout_s: float) -> Outcome:
@@ -545,8 +551,10 @@ def torchrun_partition_case(lab: Lab, run_dir: str, iterations: int = 10) -> Out
 
     from executor.inputs.launch_spec import Faults
     hold = iterations - 4
+    # The hold for a torchrun'd worker lasts 4 x --timeout + 5 s from its death; a node's
+    # restart (two new processes importing torch) took up to ~16 s on a busy 2-core machine
     run = LocalRun(lab, run_dir, {}, **_spec(
-        iterations, deadline_s=170, external=True,
+        iterations, deadline_s=170, external=True, timeout=TORCHRUN_TIMEOUT,
         faults=Faults(rejoins=[(1, 0, hold), (1, 1, hold)])))
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=root, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1",

@@ -70,7 +70,7 @@ def test_the_last_stage_replays_with_the_clip_the_run_applied(tmp_path):
 def test_a_dead_senders_missing_log_falls_back_to_the_global_rollback_and_says_why(tmp_path):
     # 0:0 dies at iteration 6 with what it sent of iteration 5; stage 1 then dies whole at
     # 8: its window (5..7) lacks 0:0's activations of 5, so the job rolls back to 4
-    res = run(tmp_path, 2, 3, 12, snapshot_every=5,
+    res = run(tmp_path, 2, 3, 12, snapshot_every=5, checkpoint_every=100,  # memory tier
               faults=Faults(kills=[(0, 0, 6), (0, 1, 8), (1, 1, 8)]))
     el = _exact(res, 2, 3, 12, tmp_path)
     assert el["replays"] == 0 and el["retrained_iterations"] >= 1, el
