@@ -11,7 +11,7 @@ injected once the named iteration is in:
   partition  (a)+(b) 1:1's host drops every packet; healed once the others train without
              it; `--restart 1:1@6` brings it back
   cut        (c) only the link between 0:0 (stage 0) and 0:1 (stage 1) is cut
-  slow       (d) 1:1's link at 400 kbit/s both ways (tc tbf)
+  slow       (d) 1:1's link at 400 kbit/s both ways (tc tbf): planned around as a straggler
   loss       (e) every host drops 5% of its packets in and out (nftables numgen)
   torchrun   (a)+(b) through torchrun: node 1 (replica 1) partitioned, healed at once;
              torchrun restarts the fenced workers (`--timeout 6`: the hold for them lasts
@@ -152,11 +152,15 @@ READING = """\
   ends report the link down and the coordinator fences one end. Detection is the
   failed iteration's timeout, one re-published version (a timeout more), its probe (up
   to a timeout) and a second of gathering reports: about 3 x `--timeout` + 1 s.
-- **slow**: no event. The straggler detector measures each worker's compute as CPU
-  time, which waiting on a slow link does not use, so it does not re-plan: the slow link
-  slows every iteration it is on (see the s/iteration notes) and training stays exact.
-  Planning around a slow link needs the runtime to report how long each worker waits on
-  each peer (executor/runtime/steps/: a per-peer receive wait beside the compute time).
+- **slow**: the worker behind the slow link computes as fast as ever, but its TCP
+  connections stay busy: once an iteration each worker reads the kernel's busy time of
+  its connections to its neighbours on other hosts (TCP_INFO, link_meter.py) and reports
+  max(compute, link) per micro-batch, its own link being the fastest of its neighbour
+  links (1:0, sending into the slow link, has a fast one to 0:0: not it). The detector
+  (window of 3, persist 3) marks 1:1 slow and the next plan routes micro-batches away.
+  The gradient all-reduce of stage 1 still crosses the link every iteration, so the
+  iteration gains less than the micro-batches moved: see the s/iteration notes.
+  Before this, no event: the detector saw CPU time only.
 - **loss**: TCP resends what is lost (the first resend after 200 ms, doubling), so
   iterations slow down. A segment lost again and again outlasts `--timeout` now and then:
   the iteration is aborted, the coordinator re-publishes the same members (the event

@@ -77,14 +77,16 @@ def test_cut_between_two_stages_fences_one_end_and_the_rest_train_on(tmp_path, l
 
 @needs_hosts
 @pytest.mark.hard_timeout(150)
-def test_slow_link_trains_exact(tmp_path, lab):
-    """(d). Worker 1:1's link at 400 kbit/s both ways (tc tbf) from iteration 2: its stage
-    partners and pipeline neighbours wait on it. The straggler detector measures compute
-    (CPU time), not waiting, so it does not re-plan; training is exact, only slower
-    (benchmarks/results/network_faults.md has the figures)."""
-    out = slow_case(lab, str(tmp_path), iterations=8)
+def test_slow_link_is_planned_around_as_a_straggler(tmp_path, lab):
+    """(d). Worker 1:1's link at 400 kbit/s both ways (tc tbf) from iteration 2: its
+    compute is as fast as ever, but its connections stay busy (the kernel's figure,
+    link_meter.py), so it reports the link's time per micro-batch; the detector marks it
+    slow and the next plan routes micro-batches away from it; exact."""
+    out = slow_case(lab, str(tmp_path))
     assert out.exact, _why(out)
-    assert out.result.summary.plans, out.result.summary
+    assert "'1:1'" in out.detect_line, out.detect_line  # the worker behind the slow link
+    assert not any(k in out.detect_line for k in ("'0:0'", "'0:1'", "'1:0'")), out.detect_line
+    assert len(out.result.summary.plans) > 1, out.result.summary
 
 
 @needs_hosts
@@ -113,7 +115,9 @@ def test_torchrun_node_partitioned_is_fenced_and_restarted_by_torchrun_once_heal
         assert f"worker {w} is back (incarnation 2)" in ev, ev
     assert out.nodes == [0, 0], out.nodes
     down = [p for p in out.result.summary.plans if p["failed"] == [[1, 0], [1, 1]]]
-    assert down and down[0]["first_iteration"] >= 1, out.result.summary.plans
+    # the others trained on without node 1 (from iteration 0 again when the partition
+    # caught a worker before its step of iteration 0 was final: a roll-back, still exact)
+    assert down, out.result.summary.plans
     node1 = open(tmp_path / "node1.log").read()
     # its workers stopped fenced once healed (exit 5), or died of a store request that
     # timed out while cut off: either way torchrun restarted them (exit 0 it does not)

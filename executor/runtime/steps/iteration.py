@@ -127,7 +127,9 @@ class IterationRuntime:
         if final or (st.writer and stage.parts.due(it)):
             stage.stepper.settle()  # what is published or saved must be final
         n = sum(1 for x in self.actions if x.op == "F")
-        st.last_compute = (it, self.clock.per_microbatch(n, stage.stepper.idle_cpu_s))
+        # a worker paced by its link is as slow as one paced by its compute (link_meter.py)
+        st.last_compute = (it, max(self.clock.per_microbatch(n, stage.stepper.idle_cpu_s),
+                                   a.world.link_seconds_per_microbatch(n)))
         a.source.send(Done(it=it, losses=losses, compute=round(st.last_compute[1], 7),
                            slot=list(st.me), checksum=checksum(stage.module) if final else None,
                            base_checksums=base_checksums(a.base, stage.module)

@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from executor import protocol as P
 from executor.runtime.transport.binding import LINK_DOWN, probe_listener, unreachable
+from executor.runtime.transport.link_meter import LinkMeter
 from executor.runtime.transport.waiting import CommError, WaitEnded, wait_until
 from executor.runtime.transport.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
 from executor.timeouts import Timeouts
@@ -115,6 +116,7 @@ class World:
         # (the stepper's copy for rollback); it must not communicate.
         self.on_idle: Optional[Callable[[], None]] = None
         self._probe = None  # the socket our check-in names (_meet), for the peers' probes
+        self._meter: Optional[LinkMeter] = None
         if newer is not None:
             self._meet(store, newer, missing or (lambda ws: None))
             # A version after the first follows a failure (or a change): before gloo's
@@ -149,6 +151,7 @@ class World:
                                 f"{down} (no TCP connection to their address); "
                                 f"{str(exc)[:200]}", down[0]) from exc
             raise CommError(f"world v{version} rendezvous failed: {str(exc)[:200]}") from exc
+        self._meter = self._meter_links(store)
 
     def _links_down(self, store: dist.Store) -> list:
         """The members checked in under this version whose probe address no TCP
@@ -156,20 +159,43 @@ class World:
         rendezvous, and after any failed one."""
         if self._probe is None:
             return []
+        peers = self._probe_addresses(store, self.workers)
+        # SYNs lost to packet loss are sent again after 1 and 3 s: a link that answers
+        # none within the comm timeout (at most 5 s) is down
+        probe_s = min(5.0, self.timeout.total_seconds())
+        return sorted(unreachable(peers, probe_s))
+
+    def _probe_addresses(self, store: dist.Store, members) -> dict:
+        """{member: "host:port"} of those of `members` (not us) checked in under this
+        version with a probe socket; {} when the store is out of reach."""
         peers = {}
         try:
-            for w in self.workers:
+            for w in members:
                 key = P.checkin_key(self.version, w)
                 if w != self.me and store.check([key]):
                     addr = store.get(key).decode()
                     if ":" in addr:
                         peers[w] = addr
         except Exception:  # the store itself is out of reach: no link to blame
-            return []
-        # SYNs lost to packet loss are sent again after 1 and 3 s: a link that answers
-        # none within the comm timeout (at most 5 s) is down
-        probe_s = min(5.0, self.timeout.total_seconds())
-        return sorted(unreachable(peers, probe_s))
+            return {}
+        return peers
+
+    def _meter_links(self, store: dist.Store) -> Optional[LinkMeter]:
+        """Time this worker's links to the members of its own and the adjacent stages
+        on other hosts (link_meter.py); None where every member shares our host."""
+        if self._probe is None:
+            return None
+        mine = self._probe.getsockname()[0]
+        near = [w for w in self.workers if abs(w[1] - self.me[1]) <= 1]
+        hosts = {a.rpartition(":")[0] for a in self._probe_addresses(store, near).values()}
+        hosts.discard(mine)
+        hosts = {h for h in hosts if not h.startswith("127.")}
+        return LinkMeter(hosts) if hosts else None
+
+    def link_seconds_per_microbatch(self, microbatches: int) -> float:
+        """What this worker's own link took per micro-batch since the last call to carry
+        what it sent (link_meter.py; 0.0 where it has none)."""
+        return 0.0 if self._meter is None else self._meter.seconds_per_microbatch(microbatches)
 
     def _nccl(self, store: dist.Store, rank: int, size: int):
         """One NCCL communicator, built now (not at the first collective) so that a failed
@@ -441,6 +467,7 @@ class World:
         background thread: the worker moves on to the next version meanwhile."""
         self._pending.clear()
         self._early.clear()
+        self._meter = None
         probe, self._probe = getattr(self, "_probe", None), None
         if probe is not None:
             probe.close()
