@@ -100,7 +100,7 @@ def run_over(address: str, wait_s: float) -> bool:
     store that is gone is a run over (the coordinator closes it last)."""
     import json
 
-    from executor.runtime.transport.comm import connect_store
+    from executor.runtime.transport.endpoints import connect_store
     from executor.runtime.transport.rendezvous import read_int
     from planner.plan import Plan
     end = time.monotonic() + wait_s

@@ -21,7 +21,7 @@ import torch
 from executor.checkpoint import Manifest
 from executor import protocol as P
 from executor.runtime.agent import Agent
-from executor.runtime.transport.comm import connect_store, local_workers_hint, pick_device
+from executor.runtime.transport.endpoints import connect_store, local_workers_hint, pick_device
 from executor.runtime.peer_snapshots.cadence import budget_bytes, log_budget
 from executor.launch.faults.injector import fault_iterations
 from executor.data.token_file import with_data

@@ -444,7 +444,7 @@ def forge_stale(lab: Lab, run: "LocalRun", w, inc: int, version: int) -> None:
     """What a fenced process could still send, sent as it: a fatal error (the run would
     halt) and iteration 0's losses, all 99 (the losses would be wrong)."""
     from executor import protocol as P
-    from executor.runtime.transport.comm import connect_store
+    from executor.runtime.transport.endpoints import connect_store
     store = connect_store(lab.gateway, run.coordinator.store.port, timeout_s=10)
     for m in (P.Done(it=0, losses={g: 99.0 for g in range(D * M)}),
               P.Fatal(reason="a stale report of a fenced process")):

@@ -19,7 +19,8 @@ from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec
-from executor.runtime.transport.comm import FWD, World, connect_store, host_store
+from executor.runtime.transport.comm import FWD, World
+from executor.runtime.transport.endpoints import connect_store, host_store
 from executor.runtime.transport.wire import ActivationSpec, ActivationSpecError
 from planner.job import JobSpec
 

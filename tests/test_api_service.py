@@ -285,7 +285,7 @@ def test_admin_token_required_for_list_and_metrics_open(server):
 def test_service_watch_and_worker_source(admin, server):
     """`recycle train --service`: the coordinator follows the service's plans; a worker
     reports suspects and rejoins over HTTP, and ends when the coordinator's store says so."""
-    from executor.runtime.transport.comm import connect_store
+    from executor.runtime.transport.endpoints import connect_store
     from executor.sources.service_source import ServiceWatch, ServiceWorkerSource
     jid, token = register(admin, D=2, S=2, M=2)
     watch = ServiceWatch(server.url, jid, token, timeout_s=5)

@@ -21,7 +21,8 @@ import time
 import pytest
 import torch
 
-from executor.runtime.transport.comm import CommError, World, connect_store
+from executor.runtime.transport.comm import CommError, World
+from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.transport.waiting import NEWER_PLAN
 from planner.solvers.backends import solve
 from planner.job import JobSpec

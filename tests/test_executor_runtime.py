@@ -20,7 +20,7 @@ from rich.console import Console
 from executor.runtime.agent import Agent
 from executor.runtime.worker_config import WorkerConfig
 from executor.protocol import Done
-from executor.runtime.transport.comm import connect_store
+from executor.runtime.transport.endpoints import connect_store
 from executor.launch.faults.injector import parse_event, parse_stall
 from executor.launch.launcher import train
 from executor.inputs.launch_spec import Faults, LaunchSpec

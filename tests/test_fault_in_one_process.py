@@ -18,7 +18,7 @@ from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.launcher import Coordinator
 from executor.protocol import incarnation_key
 from executor.runtime.agent import Agent
-from executor.runtime.transport.comm import connect_store
+from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.transport.rendezvous import StorePlanSource
 from executor.runtime.worker_config import WorkerConfig
 from executor.timeouts import Timeouts

@@ -191,7 +191,7 @@ def test_a_torchrun_worker_that_stops_while_the_run_goes_on_was_fenced():
     """executor.torchrun's exit: 0 only when the run is over (complete, halted, or its
     store gone), else EXIT_FENCED so that torchrun restarts it."""
     from executor import protocol as P
-    from executor.runtime.transport.comm import host_store
+    from executor.runtime.transport.endpoints import host_store
     from executor.runtime.transport.rendezvous import publish_plan
     from executor.torchrun import run_over
     from planner.job import JobSpec

@@ -53,7 +53,8 @@ def test_killed_in_its_own_rejoin_iteration_does_not_stall(tmp_path):
 def _world_member(port, who, out):
     """Process A: a world whose rendezvous fails (its peer never comes), then the next
     version's world with that peer. Process B: only the second world."""
-    from executor.runtime.transport.comm import CommError, World, connect_store
+    from executor.runtime.transport.comm import CommError, World
+    from executor.runtime.transport.endpoints import connect_store
     store = connect_store("127.0.0.1", port, timeout_s=10)
     me, peer = ((0, 0), (1, 0)) if who == "A" else ((1, 0), (0, 0))
     try:
@@ -77,7 +78,7 @@ def _world_member(port, who, out):
 def test_world_forms_after_a_failed_rendezvous():
     """Cause 2: a failed rendezvous must not shift this process's store keys: the next
     version's world forms with a peer that never saw the failed one."""
-    from executor.runtime.transport.comm import host_store
+    from executor.runtime.transport.endpoints import host_store
     store = host_store("127.0.0.1", 0, 10)
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()

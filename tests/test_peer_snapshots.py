@@ -22,7 +22,7 @@ from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
 from executor.compute.one_process.reference import checksum, train_reference
 from executor.inputs.worker_settings import WorkerSettings
-from executor.runtime.transport.comm import connect_store
+from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.peer_snapshots import (PeerSnapshots, SnapshotError, common_iteration,
                                              fetch, held_by, inventory, where_held)
 from executor.protocol import Done
@@ -143,7 +143,7 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
 # ---- across processes ----------------------------------------------------------------------
 HOLDER = """
 import sys, time
-from executor.runtime.transport.comm import connect_store
+from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.peer_snapshots import PeerSnapshots
 store = connect_store("127.0.0.1", int(sys.argv[1]), timeout_s=10)
 snaps = PeerSnapshots(store, sys.argv[2], 1, 2, timeout_s=10)

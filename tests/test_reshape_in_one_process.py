@@ -13,7 +13,7 @@ from executor.compute.model import ModelConfig
 from executor.compute.one_process.reference import snapshot, train_reference
 from executor.protocol import Done, incarnation_key
 from executor.runtime.agent import Agent
-from executor.runtime.transport.comm import connect_store
+from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.transport.rendezvous import Mailbox, StorePlanSource, publish_plan
 from executor.runtime.worker_config import WorkerConfig
 from executor.timeouts import Timeouts

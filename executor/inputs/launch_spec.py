@@ -139,7 +139,7 @@ class LaunchSpec:
         check_plannable(D, S, M)
         if not self.external:  # the workers are this machine's processes
             from executor.inputs.train_options import check_local_workers
-            from executor.runtime.transport.comm import check_device
+            from executor.runtime.transport.endpoints import check_device
             check_local_workers(D, S)
             check_device(self.device)  # torchrun'd workers check their own hosts
         check_faults(D, S, self.iterations, self.faults.kills, self.faults.rejoin_entries,

@@ -28,7 +28,7 @@ from rich.console import Console
 from executor.inputs.worker_settings import WorkerSettings
 from executor.launch.faults.injector import HOSTS_ENV, STORE_ADDR_ENV, worker_hosts
 from executor.runtime.transport.binding import bind_gloo_towards, enter_netns
-from executor.runtime.transport.comm import host_store
+from executor.runtime.transport.endpoints import host_store
 from executor.protocol import CONFIG, heartbeat_key, wkey
 from executor.runtime.transport.rendezvous import Mailbox
 from executor.worker import child as worker_child

@@ -68,24 +68,30 @@ def route_interface(host: str) -> Optional[str]:
     return None
 
 
-def gloo_would_use_loopback() -> bool:
-    """gloo's default device (no GLOO_SOCKET_IFNAME): the hostname's address if it can
-    bind one of them, else loopback."""
+def _hostname_address() -> Optional[str]:
+    """The hostname's first address that is not loopback and can be bound here: where
+    gloo's default device listens (None: it takes loopback)."""
     try:
-        addrs = {ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None,
-                                                        socket.AF_INET)}
+        addrs = [ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None,
+                                                        socket.AF_INET)]
     except socket.gaierror:
-        return True
+        return None
     for a in addrs:
         if ipaddress.ip_address(a).is_loopback:
             continue
         try:
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 s.bind((a, 0))
-            return False
+            return a
         except OSError:
             continue
-    return True
+    return None
+
+
+def gloo_would_use_loopback() -> bool:
+    """gloo's default device (no GLOO_SOCKET_IFNAME): the hostname's address if it can
+    bind one of them, else loopback."""
+    return _hostname_address() is None
 
 
 def bind_gloo_towards(store_host: str) -> Optional[str]:
@@ -130,21 +136,7 @@ def gloo_address() -> str:
     names = [n for n in os.environ.get(GLOO_IFNAME, "").split(",") if n]
     if names:
         return interface_address(names[0]) or "127.0.0.1"
-    try:
-        addrs = [ai[4][0] for ai in socket.getaddrinfo(socket.gethostname(), None,
-                                                        socket.AF_INET)]
-    except socket.gaierror:
-        addrs = []
-    for a in addrs:
-        if ipaddress.ip_address(a).is_loopback:
-            continue
-        try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                s.bind((a, 0))
-            return a
-        except OSError:
-            continue
-    return "127.0.0.1"
+    return _hostname_address() or "127.0.0.1"
 
 
 def probe_listener(backlog: int) -> Optional[socket.socket]:

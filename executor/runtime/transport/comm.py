@@ -9,13 +9,11 @@ Inside a world:
   - one group per stage, of its live peers only, for the all-reduce of its gradients;
   - small control traffic (all-gather of ints, byte blobs for state transfer).
 Every blocking call has a timeout: a SIGKILLed peer shows up as "connection closed" at
-once, a hung one as a timeout, both as CommError, never as a hang.
-Before the gloo rendezvous the members check in on the store (World._meet), watching for a
-newer plan meanwhile: gloo's own rendezvous blocks uninterruptibly for the whole timeout.
-
-Devices: on CUDA with one GPU per local worker the world is "cpu:gloo,cuda:nccl" (data
-over NCCL, control over gloo); with fewer GPUs than workers everything goes through gloo
-with CPU copies (NCCL cannot run two ranks on one device).
+once, a hung one as a timeout, both as CommError, never as a hang. Before the gloo
+rendezvous the members check in on the store (World._meet), watching for a newer plan:
+gloo's own rendezvous blocks uninterruptibly for the whole timeout. The links: member_links.py.
+On CUDA with one GPU per local worker: data over NCCL, control over gloo; with fewer GPUs
+than workers everything goes through gloo with CPU copies (NCCL cannot share a device).
 """
 from __future__ import annotations
 
@@ -29,58 +27,18 @@ import torch
 import torch.distributed as dist
 
 from executor import protocol as P
-from executor.runtime.transport.binding import LINK_DOWN, probe_listener, unreachable
-from executor.runtime.transport.link_meter import LinkMeter
+from executor.runtime.transport.binding import LINK_DOWN
+from executor.runtime.transport.member_links import MemberLinks
 from executor.runtime.transport.waiting import CommError, WaitEnded, wait_until
 from executor.runtime.transport.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
 from executor.timeouts import Timeouts
-from planner.errors import UserError
 
 Worker = tuple[int, int]
 FWD, BWD = 0, 1
 _BLOB_TAG = 1 << 24
 
 
-__all__ = ["World", "CommError", "WaitEnded", "connect_store", "host_store", "check_device",
-           "pick_device", "local_workers_hint"]
-
-
-def connect_store(host: str, port: int, timeout_s: float, is_master: bool = False) -> dist.TCPStore:
-    return dist.TCPStore(host, port, None, is_master, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False)
-
-
-def host_store(bind_host: str, port: int, timeout_s: float) -> dist.TCPStore:
-    """The coordinator's store, listening on `bind_host` only (TCPStore alone would listen
-    on every interface): we bind the socket and hand it over."""
-    import socket
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((bind_host, port))
-    sock.listen(512)
-    port = sock.getsockname()[1]
-    # its own client connects where it listens (loopback reaches only a loopback or
-    # wildcard bind; a store on a test host's bridge address refused it)
-    me = "127.0.0.1" if bind_host in ("0.0.0.0", "") else bind_host
-    return dist.TCPStore(me, port, None, True, timeout=timedelta(seconds=timeout_s),
-                         wait_for_workers=False, master_listen_fd=sock.detach())
-
-
-def check_device(want: str = "auto") -> str:
-    """'auto', 'cpu' or 'cuda' as asked; ValueError (one line) for a device not here."""
-    if want not in ("auto", "cpu", "cuda"):
-        raise UserError(f"--device must be auto, cpu or cuda, not {want!r}")
-    if want == "cuda" and not torch.cuda.is_available():
-        raise UserError("--device cuda: no CUDA device on this machine "
-                         f"(torch {torch.__version__}, torch.cuda.is_available() is False)")
-    return want
-
-
-def pick_device(local_rank: int, want: str = "auto") -> torch.device:
-    """The worker's device: GPU local_rank (modulo the GPUs there are) on CUDA."""
-    if check_device(want) != "cpu" and torch.cuda.is_available():
-        return torch.device("cuda", local_rank % torch.cuda.device_count())
-    return torch.device("cpu")
+__all__ = ["World", "CommError", "WaitEnded"]
 
 
 class World:
@@ -115,14 +73,13 @@ class World:
         # Called when a receive is about to block: work the worker can do while it waits
         # (the stepper's copy for rollback); it must not communicate.
         self.on_idle: Optional[Callable[[], None]] = None
-        self._probe = None  # the socket our check-in names (_meet), for the peers' probes
-        self._meter: Optional[LinkMeter] = None
+        self._links = MemberLinks(version, me, self.workers, timeout_s)  # probe and meter
         if newer is not None:
             self._meet(store, newer, missing or (lambda ws: None))
             # A version after the first follows a failure (or a change): before gloo's
             # rendezvous, which waits out its timeout on a cut link and says not where,
             # the members probe each other (binding.py; a few ms when all are reachable).
-            down = self._links_down(store) if version > 0 else []
+            down = self._links.down(store) if version > 0 else []
             if down:
                 self.close()
                 raise CommError(f"world v{version} rendezvous: {LINK_DOWN} to {down} (no "
@@ -144,58 +101,19 @@ class World:
             self.stage_group = (self._nccl(sub, peers.index(me), len(peers)) if self.nccl else
                                 dist.ProcessGroupGloo(sub, peers.index(me), len(peers), self.timeout))
         except Exception as exc:
-            down = self._links_down(store)  # before close(): our own listener stays up
+            down = self._links.down(store)  # before close(): our own listener stays up
             self.close()
             if down:  # alive peers (checked in) that this worker cannot reach: say whom
                 raise CommError(f"world v{version} rendezvous failed: {LINK_DOWN} to "
                                 f"{down} (no TCP connection to their address); "
                                 f"{str(exc)[:200]}", down[0]) from exc
             raise CommError(f"world v{version} rendezvous failed: {str(exc)[:200]}") from exc
-        self._meter = self._meter_links(store)
-
-    def _links_down(self, store: dist.Store) -> list:
-        """The members checked in under this version whose probe address no TCP
-        connection reaches (binding.unreachable), in rank order: before a later version's
-        rendezvous, and after any failed one."""
-        if self._probe is None:
-            return []
-        peers = self._probe_addresses(store, self.workers)
-        # SYNs lost to packet loss are sent again after 1 and 3 s: a link that answers
-        # none within the comm timeout (at most 5 s) is down
-        probe_s = min(5.0, self.timeout.total_seconds())
-        return sorted(unreachable(peers, probe_s))
-
-    def _probe_addresses(self, store: dist.Store, members) -> dict:
-        """{member: "host:port"} of those of `members` (not us) checked in under this
-        version with a probe socket; {} when the store is out of reach."""
-        peers = {}
-        try:
-            for w in members:
-                key = P.checkin_key(self.version, w)
-                if w != self.me and store.check([key]):
-                    addr = store.get(key).decode()
-                    if ":" in addr:
-                        peers[w] = addr
-        except Exception:  # the store itself is out of reach: no link to blame
-            return {}
-        return peers
-
-    def _meter_links(self, store: dist.Store) -> Optional[LinkMeter]:
-        """Time this worker's links to the members of its own and the adjacent stages
-        on other hosts (link_meter.py); None where every member shares our host."""
-        if self._probe is None:
-            return None
-        mine = self._probe.getsockname()[0]
-        near = [w for w in self.workers if abs(w[1] - self.me[1]) <= 1]
-        hosts = {a.rpartition(":")[0] for a in self._probe_addresses(store, near).values()}
-        hosts.discard(mine)
-        hosts = {h for h in hosts if not h.startswith("127.")}
-        return LinkMeter(hosts) if hosts else None
+        self._links.start_meter(store)
 
     def link_seconds_per_microbatch(self, microbatches: int) -> float:
         """What this worker's own link took per micro-batch since the last call to carry
         what it sent (link_meter.py; 0.0 where it has none)."""
-        return 0.0 if self._meter is None else self._meter.seconds_per_microbatch(microbatches)
+        return self._links.seconds_per_microbatch(microbatches)
 
     def _nccl(self, store: dist.Store, rank: int, size: int):
         """One NCCL communicator, built now (not at the first collective) so that a failed
@@ -224,10 +142,7 @@ class World:
         keys = [P.checkin_key(self.version, w) for w in self.workers]
         mine = keys[self.rank]
         # checked in with where gloo listens: a failed rendezvous probes the links
-        # (binding.py); "1" where no probe socket can be opened
-        self._probe = probe_listener(len(self.workers))
-        store.set(mine, "1" if self._probe is None else
-                  "%s:%d" % self._probe.getsockname()[:2])
+        store.set(mine, self._links.checkin())
         absent = lambda: [w for w, k in zip(self.workers, keys) if not store.check([k])]  # noqa: E731
         try:
             wait_until(lambda: store.check(keys), f"world v{self.version} rendezvous",
@@ -236,9 +151,7 @@ class World:
                              lambda: missing(absent())))
         except WaitEnded:
             store.delete_key(mine)  # nobody should wait for us here any more
-            if self._probe is not None:
-                self._probe.close()
-                self._probe = None
+            self._links.close()
             raise
 
     # ---- p2p -------------------------------------------------------------------------
@@ -467,10 +380,9 @@ class World:
         background thread: the worker moves on to the next version meanwhile."""
         self._pending.clear()
         self._early.clear()
-        self._meter = None
-        probe, self._probe = getattr(self, "_probe", None), None
-        if probe is not None:
-            probe.close()
+        links = getattr(self, "_links", None)
+        if links is not None:
+            links.close()
         groups = []
         for name in ("stage_group", "data", "ctrl"):
             pg = getattr(self, name, None)
@@ -486,9 +398,3 @@ class World:
         if groups:
             threading.Thread(target=groups.clear, name=f"close-v{self.version}",
                              daemon=True).start()
-
-
-def local_workers_hint() -> Optional[int]:
-    """torchrun tells how many ranks share this host; NCCL needs one GPU each."""
-    v = os.environ.get("LOCAL_WORLD_SIZE")
-    return int(v) if v else None
