@@ -210,7 +210,7 @@ def profile_cmd(
 
     from executor.compute.config import TrainingSettings
     from executor.compute.measure.profile import profile
-    from executor.runtime.transport.comm import check_device
+    from executor.runtime.transport.endpoints import check_device
 
     with user_errors("profile options"):
         check_device(device)

@@ -119,4 +119,13 @@ class Plans:
         for m in plan.moves or ():
             self.event(f"plan v{plan.version}: worker {m.worker} moves "
                        f"{'in' if m.from_stage is None else f'from stage {m.from_stage}'} "
-                       f"to stage {m.to_stage} (state from a {m.source})")
+                       f"to stage {m.to_stage} ({_STATE_FROM[m.source]})")
+
+
+# Move.source: "peer", a live holder of the stage sends it; "snapshot", none lives: the
+# stage restores from the newest copy any tier holds (stage_state/restore_plan.py), which
+# the members agree on when they enter the plan -- the coordinator does not know it yet.
+_STATE_FROM = {"peer": "state from a live peer",
+               "snapshot": "no live holder: state from the newest copy in peer memory, "
+                           "on disk or the start"}
+
