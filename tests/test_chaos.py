@@ -399,16 +399,19 @@ def test_a_sigkilled_chaos_leaves_no_run_behind(tmp_path):
     assert leftovers == [], "processes outlived a SIGKILLed `recycle chaos`:\n" + "\n".join(leftovers)
 
 
-@pytest.mark.slow
+# One seed of each in the default run (.ci/run); the others are the `slow` tier
+# (`pytest -m slow`), beside the soak's committed figures (benchmarks/results/chaos.md).
+SEEDS = [1, pytest.param(2, marks=pytest.mark.slow), pytest.param(3, marks=pytest.mark.slow)]
+
+
 @pytest.mark.hard_timeout(240)
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_chaos_runs_exact_and_leak_free(tmp_path, seed):
     run_and_check(tmp_path, "--seed", str(seed), "--runs", "1", limit=200)
 
 
-@pytest.mark.slow
 @pytest.mark.hard_timeout(420)
-@pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("seed", SEEDS)
 def test_chaos_through_a_crashing_service_runs_exact_and_leak_free(tmp_path, seed):
     run_and_check(tmp_path, "--seed", str(seed), "--runs", "1", "--service", limit=380)
 

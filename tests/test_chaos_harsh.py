@@ -38,9 +38,15 @@ SCHEDULES = {
 }
 
 
-@pytest.mark.slow
+# "rejoined kill" in the default run (.ci/run); the others are the `slow` tier
+# (`pytest -m slow`): the pause and the resume on another grid have their own tests in the
+# default run (test_pause_not_halt.py, test_checkpoint_any_shape.py)
+KINDS = [k if k == "rejoined kill" else pytest.param(k, marks=pytest.mark.slow)
+         for k in sorted(SCHEDULES)]
+
+
 @pytest.mark.hard_timeout(300)
-@pytest.mark.parametrize("kind", sorted(SCHEDULES))
+@pytest.mark.parametrize("kind", KINDS)
 def test_each_harsher_kind_runs_exact_and_leak_free(tmp_path, kind):
     sched = SCHEDULES[kind]
     assert kind in sched.kinds()
