@@ -8,6 +8,12 @@ heartbeat plus `suspect_grace_s` and wakes the monitor at once, so a worker alre
 silent that long is declared failed immediately; a heartbeat clears the suspicion.
 The monitor sleeps until the next deadline or a wake-up: no polling loop.
 
+A cut link (two live workers that cannot reach each other, both still heartbeating) kills
+no heartbeat, so no deadline ever expires: every plan of the same members failed its
+rendezvous and the job went round for ever. Suspect reports that say LINK_DOWN are kept
+per job (planner/control/cut_links.py, as the local coordinator keeps them); once both
+ends of a link said so, one end is declared failed (the plan version fences it).
+
 Incarnations: a heartbeat names the sender's process incarnation (optional). Only the one
 the plan admits keeps the worker alive: an older one is superseded (409), a newer one must
 first post its recovery event (409: its heartbeats must not mask its predecessor's death).
@@ -25,6 +31,7 @@ from typing import Optional
 from api.models import EventIn
 from api.jobs.runtime import ApiError, JobRuntime
 from api.service import Service
+from planner.control.cut_links import LINK_DOWN, LinkReports
 from planner.control.timing import dead_at
 
 log = logging.getLogger("recycle.api")
@@ -41,6 +48,7 @@ class Monitor:
         self._to_arm: list[tuple[str, int, int]] = []
         self._arming: Optional[asyncio.Future] = None
         self._task: Optional[asyncio.Task] = None
+        self.links: dict[str, LinkReports] = {}  # per job: cut links reported
 
     def start(self) -> None:
         now = time.monotonic()
@@ -121,6 +129,32 @@ class Monitor:
         self._wake.set()
         return max(0.0, dl[w] - now)
 
+    def link_down(self, job: JobRuntime, reporter: tuple[int, int], reason: str) -> None:
+        """A suspect report from `reporter` whose reason says LINK_DOWN: kept, and the
+        verdict looked at once the gathering time is over."""
+        if LINK_DOWN not in reason:
+            return
+        reports = self.links.setdefault(job.id, LinkReports())
+        fresh = reports.first is None
+        reports.suspect(reporter, reason, time.monotonic())
+        if fresh and reports.pending:
+            asyncio.get_running_loop().call_later(
+                reports.gather_s, lambda: asyncio.ensure_future(self._cut(job.id)))
+
+    async def _cut(self, job_id: str) -> None:
+        reports, job = self.links.get(job_id), self.service.jobs.get(job_id)
+        if reports is None or job is None or job.state not in ("running", "paused"):
+            self.links.pop(job_id, None)
+            return
+        D, S = job.spec.replicas, job.spec.stages
+        live = [(r, s) for r in range(D) for s in range(S) if (r, s) not in job.failed]
+        verdict = reports.verdict(time.monotonic(), live)
+        if verdict is not None:
+            await self._fail(job, verdict[0], verdict[1], "cut", job.incarnation(*verdict[0]))
+        elif reports.pending:  # the other end's report may still come (its patience)
+            asyncio.get_running_loop().call_later(
+                reports.gather_s, lambda: asyncio.ensure_future(self._cut(job_id)))
+
     def forget(self, job_id: str, w: tuple[int, int]) -> None:
         """After a failure or recovery event: unwatched until its next heartbeat."""
         self.last.get(job_id, {}).pop(w, None)
@@ -131,6 +165,7 @@ class Monitor:
         self.last.pop(job_id, None)
         self.deadline.pop(job_id, None)
         self.watched.pop(job_id, None)
+        self.links.pop(job_id, None)
 
     # ---- the loop ----------------------------------------------------------------------
     def _expired(self, now: float) -> list[tuple[str, tuple[int, int]]]:
@@ -161,17 +196,27 @@ class Monitor:
         self.forget(job_id, w)
         if job is None or job.state not in ("running", "paused") or w in job.failed:
             return
-        ev = EventIn(event_id=f"heartbeat-{w[0]}-{w[1]}-{uuid.uuid4().hex[:8]}",
-                     kind="failure", replica=w[0], stage=w[1], incarnation=watched,
-                     reason=f"no heartbeat for {silent:.2f} s")
+        answer = await self._fail(job, w, f"no heartbeat for {silent:.2f} s", "heartbeat",
+                                  watched)
+        if answer is not None:
+            self.service.metrics.heartbeats_missed.inc()
+            log.warning("job %s: worker %s:%s missed heartbeats (%.2f s): plan v%s, state %s",
+                        job_id, w[0], w[1], silent, answer["plan_version"], answer["state"])
+
+    async def _fail(self, job: JobRuntime, w: tuple[int, int], reason: str, source: str,
+                    incarnation: Optional[int]) -> Optional[dict]:
+        """Post the failure event of `w` as an operator would; its answer, or None."""
+        if w in job.failed:
+            return None
+        ev = EventIn(event_id=f"{source}-{w[0]}-{w[1]}-{uuid.uuid4().hex[:8]}",
+                     kind="failure", replica=w[0], stage=w[1], incarnation=incarnation,
+                     reason=reason[:500])
         try:
-            answer, _ = await self.service.apply_event(job, ev, "heartbeat")
+            answer, _ = await self.service.apply_event(job, ev, source)
         except ApiError as e:  # raced with an operator's event: nothing to do
-            log.info("job %s: heartbeat failure of %s:%s not applied: %s", job_id, *w, e.detail)
-            return
+            log.info("job %s: %s failure of %s:%s not applied: %s", job.id, source, *w, e.detail)
+            return None
         except Exception:  # noqa: BLE001 - the monitor must keep running
-            log.exception("job %s: could not declare %s:%s failed", job_id, *w)
-            return
-        self.service.metrics.heartbeats_missed.inc()
-        log.warning("job %s: worker %s:%s missed heartbeats (%.2f s): plan v%s, state %s",
-                    job_id, w[0], w[1], silent, answer["plan_version"], answer["state"])
+            log.exception("job %s: could not declare %s:%s failed", job.id, *w)
+            return None
+        return answer

@@ -253,6 +253,48 @@ def test_suspect_of_a_live_worker_republishes_the_same_failed_set(admin, server)
         beater.join()
 
 
+def test_a_cut_link_reported_from_both_ends_fences_one_end(admin, server):
+    """Both ends of a cut link heartbeat and report each other with LINK_DOWN (the words a
+    worker's failed rendezvous probe writes, member_links.py): the service fenced nobody
+    (every heartbeat arrived) and re-published the same members for ever. Now one end is
+    declared failed once both said so; one end alone (a probe lost to packet loss) fences
+    nobody."""
+    jid, token = register(admin)
+    w = worker(server, token)
+    stop = threading.Event()
+
+    def alive():
+        while not stop.is_set():
+            for slot in ((0, 1), (0, 2), (1, 1)):
+                w.post(f"/v1/jobs/{jid}/heartbeats",
+                       json={"replica": slot[0], "stage": slot[1], "iteration": 0})
+            time.sleep(HB_TIMEOUT / 10)
+    beater = threading.Thread(target=alive)
+    beater.start()
+
+    def cut(frm, to):
+        return w.post(f"/v1/jobs/{jid}/suspects", json={
+            "replica": to[0], "stage": to[1], "reporter": {"replica": frm[0], "stage": frm[1]},
+            "reason": f"world v1 rendezvous: link down to [({to[0]}, {to[1]})] (no TCP "
+                      "connection to their address)"})
+    try:
+        time.sleep(HB_TIMEOUT / 5)
+        assert cut((1, 1), (0, 1)).json()["declared_failed"] is False  # one end only
+        time.sleep(1.5)  # past the gathering time: still nobody failed
+        assert admin.get(f"/v1/jobs/{jid}").json()["failed"] == []
+        assert cut((0, 1), (0, 2)).status_code == 200
+        assert cut((0, 2), (0, 1)).status_code == 200
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not admin.get(f"/v1/jobs/{jid}").json()["failed"]:
+            time.sleep(0.05)
+        assert admin.get(f"/v1/jobs/{jid}").json()["failed"] in ([[0, 1]], [[0, 2]])
+        events = admin.get(f"/v1/jobs/{jid}/events").json()
+        assert [e["source"] for e in events] == ["cut"], events
+    finally:
+        stop.set()
+        beater.join()
+
+
 def test_http_plan_source(admin, server):
     jid, token = register(admin)
     with HttpPlanSource(server.url, jid, token, reporter=(0, 0)) as src:

@@ -127,7 +127,7 @@ def test_torchrun_node_partitioned_is_fenced_and_restarted_by_torchrun_once_heal
 # ---- the parts, without processes --------------------------------------------------------
 
 def test_a_cut_link_fences_the_end_with_most_links_down_once_both_ends_say_so():
-    from executor.launch.faults.links import LinkReports
+    from planner.control.cut_links import LinkReports
     live = [(0, 0), (0, 1), (1, 0), (1, 1)]
     links = LinkReports(gather_s=0.5, patience_s=6.0)
     links.suspect((0, 0), "(0, 0): world v1 rendezvous: link down to [(0, 1)] (no TCP", 10.0)

@@ -55,6 +55,10 @@ async def suspect(job_id: str, report: SuspectIn, request: Request):
         if job.state == "halted":
             raise job.halted_error()
         who = job.plan.filler(*who)
+    if report.reason and report.reporter is not None and job.plan.roles is None:
+        # a peer out of reach while alive: both ends of a cut link say so (heartbeats.py)
+        svc.monitor.link_down(job, (report.reporter.replica, report.reporter.stage),
+                              report.reason)
     left = None if who is None else svc.monitor.suspect(job, *who)
     if left is not None:  # if it turns out alive, the reporter still needs a new plan
         svc.resync_later(job, version)

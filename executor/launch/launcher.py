@@ -37,7 +37,7 @@ from executor.launch.coordinator.publishing import Halted, Plans
 from executor.launch.coordinator.steps import Steps
 from executor.launch.coordinator.trace_faults import TraceFaults
 from executor.launch.faults.injector import Injector
-from executor.launch.faults.links import LinkReports
+from planner.control.cut_links import LinkReports
 from executor.launch.faults.rejoins import RejoinBook
 from executor.launch.report.progress_lines import ProgressLines
 from executor.launch.report.run_record import RunRecord
@@ -135,7 +135,7 @@ class Coordinator:
         self.fatal: Optional[str] = None  # a worker found the model itself wrong (one line)
         self.model_exception = False  # the fatal is an exception the model's code raised
         self.no_copy: Optional[str] = None  # a worker found no live copy of some stage
-        self.links = LinkReports()  # cut links between live workers (faults/links.py)
+        self.links = LinkReports()  # cut links between live workers (planner/control/cut_links.py)
         # (worker, incarnation) -> messages ignored: sent by a process declared failed
         self.fenced_messages: dict[tuple[Worker, int], int] = {}
 
@@ -296,7 +296,7 @@ class Coordinator:
             raise TypeError(f"not a worker message: {m!r}")
         if self.fenced(m):
             return
-        if isinstance(m, P.Suspect):  # a link down between live workers (faults/links.py)
+        if isinstance(m, P.Suspect):  # a link down between live workers (planner/control/cut_links.py)
             self.links.suspect(m.worker, m.reason, time.monotonic())
         handler = HANDLERS.get(type(m))  # messages.py; `Bye` is read only at the end
         if handler is not None:

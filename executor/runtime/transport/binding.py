@@ -116,8 +116,8 @@ def bind_gloo_towards(store_host: str) -> Optional[str]:
 # member tries a TCP connection to every other member's: one that neither connects nor is
 # refused within the probe time is a link down (the peer itself is alive and checked in).
 # The suspect it reports says LINK_DOWN, so the coordinator can fence one end of a cut
-# link instead of re-publishing the same members forever (launcher.py, faults/links.py).
-LINK_DOWN = "link down"
+# link instead of re-publishing the same members forever (planner/control/cut_links.py).
+from planner.control.cut_links import LINK_DOWN  # noqa: E402,F401
 
 
 def interface_address(name: str) -> Optional[str]:

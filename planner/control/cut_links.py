@@ -3,14 +3,15 @@ connected to the store): which end the coordinator fences.
 
 Re-publishing the same members cannot help: every world of them fails its rendezvous
 (gloo connects every pair), and the coordinator used to re-publish forever. When a
-rendezvous fails, each member probes the others' addresses (runtime/transport/binding.py)
-and reports the peers it cannot reach as suspects whose reason says LINK_DOWN. A link is
+rendezvous fails, each member probes the others' addresses (executor/runtime/transport/
+member_links.py) and reports the peers it cannot reach as suspects whose reason says LINK_DOWN. A link is
 down when both of its ends say so (one probe lost to packet loss is not a cut). After a
 short gathering time the coordinator declares one worker failed: the one with the most
 links down (a worker cut off from many peers), on a tie the one whose stage keeps the
 most live workers (the plan routes around it best), then the highest (replica, stage). Its process
 is alive: it finds itself out of the next plan and stops (the plan version is the fence).
-Pure bookkeeping: the coordinator (launcher.py) feeds it and carries out the verdict.
+Pure bookkeeping: the local coordinator (executor/launch/launcher.py) and the service
+(api/heartbeats.py) feed it and carry out the verdict.
 """
 from __future__ import annotations
 
@@ -18,10 +19,10 @@ import re
 from collections import Counter
 from typing import Iterable, Optional
 
-from executor.protocol import wkey
-from executor.runtime.transport.binding import LINK_DOWN
-
 Worker = tuple[int, int]
+# What a worker's suspect report says of a peer it cannot reach at all (no TCP connection
+# to the address the peer checked in with), as opposed to one that stopped answering.
+LINK_DOWN = "link down"
 GATHER_S = 1.0  # both ends of a cut link probe at once: they report within this of each other
 PATIENCE_S = 6.0  # the other end's report is waited for this long (a loaded machine)
 
@@ -72,6 +73,6 @@ class LinkReports:
         per_stage = Counter(w[1] for w in live)
         victim = max(counts, key=lambda w: (counts[w], per_stage[w[1]], w))
         ends = sorted(w for link in cut if victim in link for w in link if w != victim)
-        names = ", ".join(wkey(w) for w in ends)
+        names = ", ".join(f"{r}:{s}" for r, s in ends)
         return victim, (f"link down to worker(s) {names}, both ends say so, while connected "
                         "to the store: fenced so that the others can meet")
