@@ -26,8 +26,8 @@ The kernel keeps busy time in jiffies (1-4 ms), so a fast link reads 0.
 
 Where the data goes over NCCL (one GPU per worker), it does not cross these sockets (NCCL
 keeps its own, or InfiniBand verbs the kernel never sees): the meter then watches gloo's
-control traffic only, which reads next to nothing, and a slow fabric link is left to the
-compute figure (NCCL's waits show in the CUDA events) -- a known gap on GPU clusters.
+control traffic only, which reads next to nothing: a slow fabric link under NCCL is not
+seen here, a known gap on GPU clusters.
 """
 from __future__ import annotations
 
