@@ -64,9 +64,8 @@ def _replay(sched: Schedule, D: int, S: int, faults, start) -> list[str]:
         floor = S  # a resumed run keeps S live
     live = {(r, s) for r in range(D) for s in range(S)}
     out = []
-    if sched.service and (sched.model or sched.shape or sched.resume or any(
-            f.why in ("pause", "rejoined") for f in faults)):
-        out.append("a harsher kind through the service")
+    if sched.service and sched.resume:
+        out.append("the whole job resumed through the service")
     for f in faults:
         if not 0 <= f.iteration < N:
             out.append(f"{f.short()}: iteration outside 0..{N - 1}")
@@ -464,13 +463,16 @@ def test_resume_grids():
     assert all(d * m == 6 and d * s <= 6 for d, s, m in resume_grids(3, 2, 2))
 
 
-def test_the_harsher_kinds_are_local_only_and_the_old_schedules_stay():
-    """Through a service none is drawn; a local schedule that draws none of them is the
-    schedule its (seed, index) drew before they existed (their own random stream)."""
-    for k in range(40):
-        s = draw_one(5, k, service=True)
-        assert s.model is None and s.shape is None and s.resume is None
-        assert not any(f.why in ("pause", "rejoined") for f in s.faults)
+def test_the_harsher_kinds_are_drawn_through_a_service_but_the_resume_and_old_schedules_stay():
+    """Through a service every harsher kind but the whole job killed and resumed is drawn
+    (that one drives `recycle train --resume` locally); a local schedule that draws none
+    of them is the schedule its (seed, index) drew before they existed (their own random
+    stream)."""
+    drawn = [draw_one(5, k, service=True) for k in range(40)]
+    assert all(s.resume is None for s in drawn)
+    assert any(s.model is not None for s in drawn) and any(s.shape == "fixed" for s in drawn)
+    assert any(f.why == "pause" for s in drawn for f in s.faults)
+    assert any(f.why == "rejoined" for s in drawn for f in s.faults)
     # seed 97 run 0 (no harsher kind): as drawn before them
     assert draw_one(97, 0).describe() == "k1:0@4 k2:0@5 r1:0@5 r2:0@9 s0:0@12/3.2s"
 

@@ -24,8 +24,9 @@ the same home stage as a worker rejoining in that iteration); a whole home stage
 workers: one machine locally), maybe added back later as one; stalls; fewer live workers
 than stages (a shape change); and with a service its SIGKILL and outage.
 
-Harsher kinds (issue 42 item 5; local schedules only, drawn from a second stream of the
-same (seed, index), so a schedule that draws none of them is the one drawn before):
+Harsher kinds (issue 42 item 5), drawn from a second stream of the same (seed, index), so
+a schedule that draws none of them is the one drawn before; through a service all but
+"resume" (its own stream again):
 - "pause" (P_PAUSE): at one iteration the kills leave fewer live workers than any shape
   can run on (S with `--shape fixed` or a model that cannot change shape, else ceil(S/2)),
   at least one left, and every victim is due back. The run must pause, not halt: while it
@@ -284,14 +285,21 @@ def draw_one(seed: int, index: int, service: bool = False) -> Schedule:
     model = shape = None
     mode = "plain"
     rekill = 0.0
-    if not service:
-        if harsh.random() < P_MODEL:
-            model = harsh.choice(sorted(MODELS))
-        u = harsh.random()
-        mode = "pause" if u < P_PAUSE else "resume" if u < P_PAUSE + P_RESUME else "plain"
-        if mode == "pause" and model is None and (S == 2 or harsh.random() < P_FIXED):
-            shape = "fixed"  # S = 2 auto runs on one worker: fewer is none at all
-        rekill = P_REJOINED_KILL
+    # Through a service too, but for the whole job killed and resumed (the runner drives
+    # `recycle train --resume` locally; a service job is registered again instead). The
+    # service's draws use a stream of their own, so its old schedules stay too.
+    hs = harsh if not service else random.Random(
+        f"recycle-chaos/{seed}/{index}/harsh-service")
+    if hs.random() < P_MODEL:
+        model = hs.choice(sorted(MODELS))
+    u = hs.random()
+    mode = "pause" if u < P_PAUSE else "resume" if u < P_PAUSE + P_RESUME else "plain"
+    if service and mode == "resume":
+        mode = "plain"
+    if mode == "pause" and model is None and (S == 2 or hs.random() < P_FIXED):
+        shape = "fixed"  # S = 2 auto runs on one worker: fewer is none at all
+    rekill = P_REJOINED_KILL
+    harsh = hs
     reshapes = shape != "fixed" and model is None
     run_floor = -(-S // 2) if reshapes else S
     floor = run_floor if shrink and reshapes else S
