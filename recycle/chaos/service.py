@@ -64,10 +64,12 @@ class Service:
             time.sleep(0.1)
         raise TimeoutError(f"recycle serve did not answer /healthz in {timeout_s:g} s")
 
-    def register(self, spec: dict) -> tuple[str, str]:
-        """POST /v1/jobs (docs/api.md): returns (job id, worker token)."""
+    def register(self, spec: dict, shape: str = "auto") -> tuple[str, str]:
+        """POST /v1/jobs (docs/api.md): returns (job id, worker token). `shape` "fixed"
+        for a run that cannot change the pipeline's shape (the run refuses an auto job)."""
+        query = "" if shape == "auto" else f"?shape={shape}"
         req = urllib.request.Request(
-            self.url + "/v1/jobs", data=json.dumps(spec).encode(), method="POST",
+            self.url + "/v1/jobs" + query, data=json.dumps(spec).encode(), method="POST",
             headers={"Authorization": f"Bearer {self.admin}",
                      "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
