@@ -18,6 +18,7 @@ MODEL = dict(d_model=32, n_layers=2, n_heads=2, seq_len=16, micro_batch_size=2, 
 D, M, N, KILL = 2, 2, 6, 2
 
 
+@pytest.mark.slow  # a benchmark peer (torchft), not the product: `pytest -m slow`
 @pytest.mark.hard_timeout(300)
 def test_torchft_drops_the_failed_share_recycle_keeps_it_exact(tmp_path):
     data = prepare([os.path.join(stdlib_dir(), "json")], str(tmp_path / "t.bin")).token_file.path

@@ -204,7 +204,9 @@ def test_workers_die_with_a_sigkilled_torchrun_agent(tmp_path):
             f.close()
 
 
-@pytest.mark.parametrize("lost", [1, 0], ids=["stage1-node", "stage0-master-node"])
+# losing the master node too is the same path with the store elsewhere: slow tier
+@pytest.mark.parametrize("lost", [1, pytest.param(0, marks=pytest.mark.slow)],
+                         ids=["stage1-node", "stage0-master-node"])
 def test_a_lost_torchrun_node_holding_a_whole_stage_is_replayed_from_peer_memory(tmp_path, lost):
     """2x2 with one node per stage (`-m executor.torchrun --placement replicas`, so RANK =
     stage*D + replica: node 0 holds 0:0 and 1:0, node 1 holds 0:1 and 1:1), snapshots
