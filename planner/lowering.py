@@ -89,3 +89,26 @@ def lower(plan: Plan, worker: Worker) -> list[Step]:
         else:
             out.append(Step(op, g, index=k))
     return out
+
+
+def lower_replay(stage: int, stages: int, microbatches: list[int],
+                 replayers: tuple[Worker, ...]) -> list[Step]:
+    """The steps one replayer of a stage lost whole runs per replayed iteration (the
+    executor's runtime/replay/): its micro-batches' F and fused B in turn, as in a plan
+    without the split (the same gradients, one traversal), the all-reduce over the
+    stage's replayers, the step. Messages name no peer: a replay's RECV reads the
+    boundary logs and its SEND logs what the stage sent, for a later loss."""
+    s, S, out = stage, stages, []
+    for k, g in enumerate(microbatches):
+        if s > 0:
+            out.append(Step(Op.RECV, g, None, FWD, s - 1, index=2 * k))
+        out.append(Step(Op.F, g, index=2 * k))
+        if s < S - 1:
+            out += [Step(Op.SEND, g, None, FWD, s, index=2 * k),
+                    Step(Op.RECV, g, None, BWD, s, index=2 * k + 1)]
+        out.append(Step(Op.B, g, index=2 * k + 1))
+        if s > 0:
+            out.append(Step(Op.SEND, g, None, BWD, s - 1, index=2 * k + 1))
+    n = 2 * len(microbatches)
+    return out + [Step(Op.ALLREDUCE, peers=tuple(sorted(replayers)), index=n),
+                  Step(Op.OPT, index=n)]

@@ -64,3 +64,30 @@ def test_the_fault_point_sits_before_the_middle_action():
     actions = len(plan.worker(0, 1).actions)
     assert marked[k + 1].index == actions // 2 and len(marked) == len(steps) + 1
     assert all(st.index < actions // 2 for st in marked[:k])
+
+
+def test_a_replay_lowers_to_f_and_fused_b_per_micro_batch_then_allreduce_and_step():
+    from planner.lowering import lower_replay
+    steps = lower_replay(1, 3, [2, 5], ((1, 1), (0, 1)))
+    assert [st.label(1) for st in steps] == [
+        "1RECV_F2", "1F2", "1SEND_F2", "1RECV_B2", "1B2", "1SEND_B2",
+        "1RECV_F5", "1F5", "1SEND_F5", "1RECV_B5", "1B5", "1SEND_B5", "1ALLREDUCE", "1OPT"]
+    assert {st.boundary for st in steps if st.direction == FWD} == {0, 1}
+    assert steps[-2].peers == ((0, 1), (1, 1)) and all(st.peer is None for st in steps)
+    first, last = lower_replay(0, 2, [0], ((0, 0),)), lower_replay(1, 2, [0], ((0, 1),))
+    assert [st.label(0) for st in first] == ["0F0", "0SEND_F0", "0RECV_B0", "0B0",
+                                             "0ALLREDUCE", "0OPT"]
+    assert [st.label(1) for st in last] == ["1RECV_F0", "1F0", "1B0", "1SEND_B0",
+                                            "1ALLREDUCE", "1OPT"]
+
+
+def test_the_replayer_steps_through_the_stepper_not_a_step_of_its_own():
+    """A replay once re-implemented the optimizer step (tied shares, learning rate, clip,
+    step): a change to StageStepper had to be made twice or replays stopped being exact."""
+    import inspect
+
+    from executor.runtime.replay import replayer
+    src = inspect.getsource(replayer)
+    for own in ("opt.step(", "lr.at(", "coefficient(", "scale_(", "backward_full(",
+                "compute.forward("):
+        assert own not in src, own

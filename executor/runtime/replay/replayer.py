@@ -6,8 +6,10 @@ world takes part (docs/executor.md, "Replay of a lost stage").
 2. move: each logged boundary message goes from the member that logged it to the member
    that replays its micro-batch, one blob per (sender, receiver) pair, in one order;
 3. replay (the lost stage's members): load the snapshot of iteration k, then per
-   iteration k+1..r-1 F and B of its micro-batches on the logged inputs, the all-reduce
-   over the stage's members, the step with the run's own clip norms;
+   iteration k+1..r-1 the steps planner/lowering.py's lower_replay gives (F and B of its
+   micro-batches on the logged inputs, the all-reduce over the stage's members, the
+   step), run by the iteration's own interpreter, StageSteps and StageStepper: a
+   change to how a stage computes or steps is a change to its replay too;
 4. the others wait for it on the store (a key per replayed iteration: a long replay is
    not a dead peer), then train on at r.
 """
@@ -16,7 +18,6 @@ from __future__ import annotations
 import time
 from typing import Optional
 
-from executor.optim.clip import coefficient, global_norm, scale_
 from executor.protocol import Replayed, replay_key, replay_progress_key
 from executor.runtime.peer_snapshots import fetch
 from executor.runtime.peer_snapshots.wire import held_state
@@ -24,8 +25,11 @@ from executor.runtime.replay.boundary_log import BWD, FWD, TIED_GRAD, TIED_VALUE
 from executor.runtime.replay.replay_plan import (ReplayPlan, decode, encode, inputs_of,
                                                  plan_replay, windows_of)
 from executor.runtime.steps.grad_sum import allreduce_grads
+from executor.runtime.steps.interpreter import StageSteps, run_steps
+from executor.runtime.steps.stepper import Logged
 from executor.runtime.steps.tied import shared, tied_inputs
 from executor.runtime.transport.waiting import DEADLINE, WaitEnded, wait_until
+from planner.lowering import FWD as STEP_FWD, Op, lower_replay
 
 
 def decide(agent, lost: list[int], r: int, held: dict) -> tuple[Optional[ReplayPlan], str]:
@@ -70,45 +74,58 @@ def carry_out(agent, plan, rp: ReplayPlan, held_by: dict) -> str:
     return source
 
 
-def _inputs(agent, inbox: dict, key):
-    """A logged message: moved here for the replay, or kept here all along."""
-    return inbox[key] if key in inbox else agent.boundaries.get(*key)
+class LogTransport:
+    """A replay's messages: a RECV reads the logged message (moved here, or logged here),
+    a SEND logs what the stage sends again, for a later loss to replay from."""
+
+    def __init__(self, log, inbox: dict, it: int):
+        self.log, self.inbox, self.it = log, inbox, it
+
+    def recv(self, st):
+        key = self._key(st)
+        return self.inbox[key] if key in self.inbox else self.log.get(*key)
+
+    def send(self, st, value) -> None:
+        self.log.keep(*self._key(st), value)
+
+    def _key(self, st) -> tuple:
+        """The log's key: the stage the message goes into, its direction, iteration and
+        micro-batch (a boundary b's activation goes into b+1, its gradient into b)."""
+        fwd = st.direction == STEP_FWD
+        return st.boundary + fwd, FWD if fwd else BWD, self.it, st.microbatch
 
 
 def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dict) -> str:
-    world, st, conf, stage, log = agent.world, agent.state, agent.conf, agent.stage, agent.boundaries
+    """Iterations k+1..r-1 of stage u through the iteration's own parts: its lowered steps
+    (planner/lowering.py lower_replay) by the interpreter's StageSteps over the logs,
+    the stage's all-reduce, and StageStepper.step with the logged norms and tied inputs."""
+    world, st, conf, stage = agent.world, agent.state, agent.conf, agent.stage
     S, M = conf.stages, conf.job.num_microbatches
-    win, me = rp.windows[u], st.me
+    win, me, mine = rp.windows[u], st.me, rp.mine(u, st.me, M)
     state, source = _snapshot(agent, plan, u, win.k, held_by)
     stage.load_state(state)
     stage.stepper.reset(win.k + 1)
-    mine = rp.mine(u, me, M)
     comp, last = stage.compute, u == S - 1
-    comp.split = False  # fused B: the same gradients, one traversal
+    comp.split = False  # fused B: F prepares no I
+    steps = lower_replay(u, S, mine, rp.replayers[u])
     t0 = time.perf_counter()
     writer = me == rp.replayers[u][0]
     losses: dict = {}
+
+    def progress() -> None:  # alive, and busy: the survivors' wait counts these
+        agent.store.add(replay_progress_key(plan.version, u), 1)
+
     for it in win.iterations:
         comp.begin(it)
-        for g in mine:
-            x, targets = (conf.workload.microbatch(conf.model, it, g)
-                          if u in (0, S - 1) else (None, None))
-            if u > 0:
-                x = _inputs(agent, inbox, (u, FWD, it, g))
-            out = comp.forward(g, x, targets if last else None)
-            gx = comp.backward_full(g, None if last else _inputs(agent, inbox, (u, BWD, it, g)))
-            if not last:  # what it sends, logged again: a later loss may need it
-                log.keep(u + 1, FWD, it, g, out)
-            if u > 0:
-                log.keep(u - 1, BWD, it, g, gx)
-            agent.store.add(replay_progress_key(plan.version, u), 1)  # alive, and busy
-        got = allreduce_grads(stage.params, world, comp.losses() if last else None, M,
-                              conf.device)
-        if last:
-            losses[it] = got
-        tied = {(d, g): _inputs(agent, inbox, (u, d, it, g)) for d, gs in rp.inputs[u]
-                if d in (TIED_GRAD, TIED_VALUE) for g in gs}
-        _step(stage.stepper, u, it, rp.norms.get(it), conf.training.clip, tied)
+        compute = StageSteps(comp, u, S, lambda g, it=it: conf.workload.microbatch(
+            conf.model, it, g), LogTransport(agent.boundaries, inbox, it))
+        table = {**compute.table(),
+                 Op.B: lambda s: (compute.backward(s), progress()),
+                 Op.ALLREDUCE: lambda s, it=it: losses.__setitem__(it, allreduce_grads(
+                     stage.params, world, comp.losses() if last else None, M, conf.device)),
+                 Op.OPT: lambda s, it=it: stage.stepper.step(
+                     it, plan.version, _logged(agent, inbox, rp, u, it))}
+        run_steps(steps, table)
         comp.reset()
         if writer:
             agent.store.set(replay_key(plan.version, u, it), "1")
@@ -121,32 +138,22 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
     if writer:
         agent.source.send(Replayed(stage=u, first=win.k + 1, last=win.last,
                                    seconds=round(seconds, 4), workers=len(rp.replayers[u]),
-                                   losses={str(i): v for i, v in losses.items()}))
+                                   losses={str(i): v for i, v in losses.items()
+                                           if last}))
     return f"{source}, replayed {len(win.iterations)} iterations"
 
 
-def _step(stepper, u: int, it: int, sums, clip: float, tied: dict) -> None:
-    """The optimizer step of a replayed iteration of stage u, as StageStepper.step took it:
-    the tied weights' shares added in (an owner) or left out (a mirror), the learning rate
-    of `it`, the clip the run applied (every stage's norm as logged), the step; then a
-    mirror copies the owner's stepped value in. What it would have published is logged
-    again (the exchange's `on_publish`). `tied`: (TIED_GRAD, mirror stage) / (TIED_VALUE, owner stage) -> tensors."""
-    ex = stepper.tied
-    shares = ex.take_shares()  # a mirror's: sent to the owner, not stepped here
-    if shares:
-        ex.tell("grad", it, shares)
-    blobs = lambda d: {s: dict(zip(shared(ex.ties, u, s), ts))  # noqa: E731
-                       for (dd, s), ts in tied.items() if dd == d}
-    ex.add_shares(blobs(TIED_GRAD))  # an owner's: g_owner + every mirror's share
-    stepper.lr.at(it)
-    if clip > 0:
-        c = coefficient(global_norm(sums), clip)
-        if c < 1.0:
-            scale_([p.grad for p in stepper.params], c)
-    stepper.opt.step()
-    ex.copy_values(blobs(TIED_VALUE))
-    if ex.owned:
-        ex.tell("value", it, ex.values())
+def _logged(agent, inbox: dict, rp: ReplayPlan, u: int, it: int) -> Logged:
+    """Step `it` of stage u's inputs as the run had them: the clip norms, the mirrors'
+    gradient shares (an owner) and the owner's stepped values (a mirror), by stage."""
+    ties = agent.stage.stepper.tied.ties
+    blobs: dict = {TIED_GRAD: {}, TIED_VALUE: {}}
+    for d, stages in rp.inputs[u]:
+        for s in stages if d in blobs else ():
+            key = (u, d, it, s)
+            ts = inbox[key] if key in inbox else agent.boundaries.get(*key)
+            blobs[d][s] = dict(zip(shared(ties, u, s), ts))
+    return Logged(rp.norms.get(it), blobs[TIED_GRAD], blobs[TIED_VALUE])
 
 
 def _snapshot(agent, plan, u: int, k: int, held_by: dict) -> tuple[dict, str]:

@@ -107,30 +107,39 @@ class StageStepper:
         # agent's boundary log keeps them: a replay of a lost stage steps with them).
         self.on_norms: Optional[Callable[[int, list], None]] = None
 
-    def step(self, it: int, version: int) -> None:
-        """Snapshot the pre-step state of iteration `it`, then step (plan `version`)."""
+    def step(self, it: int, version: int, logged: Optional["Logged"] = None) -> None:
+        """Snapshot the pre-step state of iteration `it`, then step (plan `version`).
+
+        `logged`: a replayed step of a stage lost whole (runtime/replay/): the clip norms
+        and the tied weights' inputs come from the boundary logs, as the run had them,
+        instead of the store; nothing is published (only told to `on_publish`, so the
+        log holds it again) and no pre-step copy is kept (a replay is redone whole, never
+        rolled back into). Otherwise the very step a live iteration takes."""
         if self.pending is not None or self.tied.pending is not None:
             self.settle()  # defensive: a step is always taken from a final state
         if self.tied.active:  # mirrors publish (and drop) theirs, owners add them
-            self.tied.send_grads(version, it)
-            self.tied.add_grads(version, it, self._waiter(version, f"tied gradients of "
-                                                                   f"iteration {it}"))
+            if logged is None:
+                self.tied.send_grads(version, it)
+                self.tied.add_grads(version, it, self._waiter(version, f"tied gradients "
+                                                                       f"of iteration {it}"))
+            else:
+                self.tied.tell("grad", it, self.tied.take_shares())
+                self.tied.add_shares(logged.shares)
         t0 = time.perf_counter()
-        self.snapshots.capture(it)
+        if logged is None:
+            self.snapshots.capture(it)
         t1 = time.perf_counter()
         self.lr.at(it)
         final = True
         if self.board is not None:
             grads = [p.grad for p in self.params]
-            self.board.publish(version, it, self.stage, stage_sq_norm(grads))
-            self.published.append((version, it))
-            sums = self.board.ready(version, it)
+            sums = logged.norms if logged is not None else self._publish_norm(version, it, grads)
             if sums is None:
                 self.stats.optimistic += 1
                 self.pending = _Pending(it, version, grads, _versions(grads))
                 final = False
             else:
-                self.stats.exact += 1
+                self.stats.exact += logged is None
                 self._noted(it, sums)
                 c = coefficient(global_norm(sums), self.training.clip)
                 if c < 1.0:
@@ -139,10 +148,20 @@ class StageStepper:
         self.stats.steps += 1
         self.stats.snapshot_s += t1 - t0
         self.stats.step_s += time.perf_counter() - t1
-        if final:
+        if logged is not None:  # a mirror takes the owner's logged value; an owner tells
+            self.tied.copy_values(logged.values)
+            if self.tied.owned:
+                self.tied.tell("value", it, self.tied.values())
+        elif final:
             self.tied.send_values(version, it)
             if self.tied.pending is None:  # a mirror's step is final once its copy is in
                 self.snapshots.copy_ahead(it + 1)
+
+    def _publish_norm(self, version: int, it: int, grads: list) -> Optional[list]:
+        """Publish this stage's squared norm; every stage's, if all are in already."""
+        self.board.publish(version, it, self.stage, stage_sq_norm(grads))
+        self.published.append((version, it))
+        return self.board.ready(version, it)
 
     def _noted(self, it: int, sums: list) -> None:
         if self.on_norms is not None:
@@ -265,6 +284,17 @@ class StageStepper:
     def snapshot_bytes(self) -> int:
         """Extra memory the kept snapshots hold."""
         return self.snapshots.held_bytes()
+
+
+@dataclass(frozen=True)
+class Logged:
+    """A replayed step's inputs, from the boundary logs (runtime/replay/): every stage's
+    squared gradient norm as the run clipped with it (None without the clip), the mirrors'
+    gradient shares an owner adds (mirror stage -> {tie: tensor}) and the stepped values a
+    mirror copies in (owner stage -> {tie: tensor})."""
+    norms: Optional[list]
+    shares: dict
+    values: dict
 
 
 @dataclass(frozen=True)
