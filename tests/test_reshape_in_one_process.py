@@ -80,8 +80,8 @@ def _drive(iterations: int, plans: list[tuple[int, Plan]], snapshot_every: int =
 def _final(agents) -> dict:
     out = {}
     for a in agents.values():
-        if a.state.done >= 0 and not a.state.fresh and a.stage is not None:
-            out.update(snapshot(a.stage.module))
+        if a.state.done >= 0 and not a.state.fresh and a.h.stage is not None:
+            out.update(snapshot(a.h.stage.module))
     return out
 
 
@@ -114,7 +114,7 @@ def test_five_of_eight_lost_the_three_left_train_on_three_stages_exact():
     agents = _drive(iterations, [(0, solve(job, [])), (5, shaped)], snapshot_every=2)
     left = [a for w, a in agents.items() if list(w) not in [list(f) for f in failed]]
     assert all(a.exit == 0 for a in agents.values())
-    assert all(a.conf.stages == shaped.job.stages for a in left)
+    assert all(a.h.conf.stages == shaped.job.stages for a in left)
     _assert_equal(_final({w: a for w, a in agents.items() if a in left}), _reference(iterations))
 
 
@@ -128,7 +128,7 @@ def test_all_eight_move_to_two_stages_by_name_from_live_holders():
     iterations = 7
     agents = _drive(iterations, [(0, solve(job, [])), (3, shaped)])
     assert all(a.exit == 0 for a in agents.values())
-    assert {a.conf.stages for a in agents.values()} == {shaped.job.stages}
+    assert {a.h.conf.stages for a in agents.values()} == {shaped.job.stages}
     _assert_equal(_final(agents), _reference(iterations))
 
 

@@ -15,6 +15,7 @@ world takes part (docs/executor.md, "Replay of a lost stage").
 """
 from __future__ import annotations
 
+
 import time
 from typing import Optional
 
@@ -31,16 +32,19 @@ from executor.runtime.steps.tied import shared, tied_inputs
 from executor.runtime.transport.waiting import DEADLINE, WaitEnded, wait_until
 from planner.lowering import FWD as STEP_FWD, Op, lower_replay
 
+from executor.runtime.stage_handle import StageHandle
 
-def decide(agent, lost: list[int], r: int, held: dict) -> tuple[Optional[ReplayPlan], str]:
+
+def decide(h: StageHandle, lost: list[int], r: int,
+           held: dict) -> tuple[Optional[ReplayPlan], str]:
     """The replay every member agrees on, or (None, why not: the job rolls back whole).
     `held`: stage -> iterations of its snapshots among the live workers (restore_plan
     reports)."""
-    world, conf, log = agent.world, agent.conf, agent.boundaries
+    world, conf, log = h.world, h.conf, h.boundaries
     S, M = conf.stages, conf.job.num_microbatches
     clip = conf.training.clip > 0
-    wins = windows_of(lost, held, agent.state.origin, r)
-    ties = agent.stage.stepper.tied.ties  # every stage carries the run's whole table
+    wins = windows_of(lost, held, h.state.origin, r)
+    ties = h.stage.stepper.tied.ties  # every stage carries the run's whole table
     inputs = {u: inputs_of(u, S, M, tied_inputs(ties, u)) for u in wins}
     rows = world.allgather_ints(encode(log, wins, inputs, S, M, clip) or [0])
     reports = {w: decode(row, wins, inputs, S, M, clip) for w, row in rows.items()}
@@ -49,28 +53,28 @@ def decide(agent, lost: list[int], r: int, held: dict) -> tuple[Optional[ReplayP
     if rp is None and not log.on:
         why = "boundary logs are off (--log-memory off)"
     if rp is None:
-        agent.log(f"cannot replay stage(s) {lost} from the boundary logs ({why}): "
+        h.log(f"cannot replay stage(s) {lost} from the boundary logs ({why}): "
                   f"the job rolls back to a snapshot")
     return rp, why
 
 
-def carry_out(agent, plan, rp: ReplayPlan, held_by: dict) -> str:
+def carry_out(h: StageHandle, plan, rp: ReplayPlan, held_by: dict) -> str:
     """Steps 2-4 for this member; where its state came from ("" for a survivor).
     `held_by`: (stage, iteration) -> the lowest member holding that snapshot."""
-    world, st, conf = agent.world, agent.state, agent.conf
+    world, st, conf = h.world, h.state, h.conf
     me, M = st.me, conf.job.num_microbatches
     inbox: dict = {}
     for src, dst, keys in rp.transfers(M):
         if src == me:
-            world.send_blob({k: agent.boundaries.get(*k) for k in keys}, dst)
+            world.send_blob({k: h.boundaries.get(*k) for k in keys}, dst)
         elif dst == me:
             inbox.update(world.recv_blob(src))
     u = me[1]
     source = ""
     if u in rp.windows:
-        source = _replay_stage(agent, plan, rp, u, inbox, held_by)
+        source = _replay_stage(h, plan, rp, u, inbox, held_by)
     else:
-        _await_replays(agent, plan, rp)
+        _await_replays(h, plan, rp)
     return source
 
 
@@ -95,14 +99,15 @@ class LogTransport:
         return st.boundary + fwd, FWD if fwd else BWD, self.it, st.microbatch
 
 
-def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dict) -> str:
+def _replay_stage(h: StageHandle, plan, rp: ReplayPlan, u: int, inbox: dict,
+                  held_by: dict) -> str:
     """Iterations k+1..r-1 of stage u through the iteration's own parts: its lowered steps
     (planner/lowering.py lower_replay) by the interpreter's StageSteps over the logs,
     the stage's all-reduce, and StageStepper.step with the logged norms and tied inputs."""
-    world, st, conf, stage = agent.world, agent.state, agent.conf, agent.stage
+    world, st, conf, stage = h.world, h.state, h.conf, h.stage
     S, M = conf.stages, conf.job.num_microbatches
     win, me, mine = rp.windows[u], st.me, rp.mine(u, st.me, M)
-    state, source = _snapshot(agent, plan, u, win.k, held_by)
+    state, source = _snapshot(h, plan, u, win.k, held_by)
     stage.load_state(state)
     stage.stepper.reset(win.k + 1)
     comp, last = stage.compute, u == S - 1
@@ -113,79 +118,79 @@ def _replay_stage(agent, plan, rp: ReplayPlan, u: int, inbox: dict, held_by: dic
     losses: dict = {}
 
     def progress() -> None:  # alive, and busy: the survivors' wait counts these
-        agent.store.add(replay_progress_key(plan.version, u), 1)
+        h.store.add(replay_progress_key(plan.version, u), 1)
 
     for it in win.iterations:
         comp.begin(it)
         compute = StageSteps(comp, u, S, lambda g, it=it: conf.workload.microbatch(
-            conf.model, it, g), LogTransport(agent.boundaries, inbox, it))
+            conf.model, it, g), LogTransport(h.boundaries, inbox, it))
         table = {**compute.table(),
                  Op.B: lambda s: (compute.backward(s), progress()),
                  Op.ALLREDUCE: lambda s, it=it: losses.__setitem__(it, allreduce_grads(
                      stage.params, world, comp.losses() if last else None, M, conf.device)),
                  Op.OPT: lambda s, it=it: stage.stepper.step(
-                     it, plan.version, _logged(agent, inbox, rp, u, it))}
+                     it, plan.version, _logged(h, inbox, rp, u, it))}
         run_steps(steps, table)
         comp.reset()
         if writer:
-            agent.store.set(replay_key(plan.version, u, it), "1")
+            h.store.set(replay_key(plan.version, u, it), "1")
     seconds = time.perf_counter() - t0
     st.fresh = False
-    agent.log(f"replayed stage {u} iterations {win.k + 1}..{win.last} from the boundary logs "
+    h.log(f"replayed stage {u} iterations {win.k + 1}..{win.last} from the boundary logs "
               f"({len(mine)} of {M} micro-batches per iteration here, "
               f"{len(rp.replayers[u])} workers) in {seconds:.3f} s; state of iteration "
               f"{win.k} from {source}")
     if writer:
-        agent.source.send(Replayed(stage=u, first=win.k + 1, last=win.last,
+        h.source.send(Replayed(stage=u, first=win.k + 1, last=win.last,
                                    seconds=round(seconds, 4), workers=len(rp.replayers[u]),
                                    losses={str(i): v for i, v in losses.items()
                                            if last}))
     return f"{source}, replayed {len(win.iterations)} iterations"
 
 
-def _logged(agent, inbox: dict, rp: ReplayPlan, u: int, it: int) -> Logged:
+def _logged(h: StageHandle, inbox: dict, rp: ReplayPlan, u: int, it: int) -> Logged:
     """Step `it` of stage u's inputs as the run had them: the clip norms, the mirrors'
     gradient shares (an owner) and the owner's stepped values (a mirror), by stage."""
-    ties = agent.stage.stepper.tied.ties
+    ties = h.stage.stepper.tied.ties
     blobs: dict = {TIED_GRAD: {}, TIED_VALUE: {}}
     for d, stages in rp.inputs[u]:
         for s in stages if d in blobs else ():
             key = (u, d, it, s)
-            ts = inbox[key] if key in inbox else agent.boundaries.get(*key)
+            ts = inbox[key] if key in inbox else h.boundaries.get(*key)
             blobs[d][s] = dict(zip(shared(ties, u, s), ts))
     return Logged(rp.norms.get(it), blobs[TIED_GRAD], blobs[TIED_VALUE])
 
 
-def _snapshot(agent, plan, u: int, k: int, held_by: dict) -> tuple[dict, str]:
+def _snapshot(h: StageHandle, plan, u: int, k: int, held_by: dict) -> tuple[dict, str]:
     """Stage u's state after step k: from the run's start, or the snapshot a member holds."""
     holder = held_by.get((u, k))
     if holder is None:  # only the start has no holder: every member rebuilds it
-        return agent.stage.initial_state(u), "the seed (the run's start)"
-    if holder == agent.state.me:
-        return held_state(agent.snaps.host.get(u, k)), "its own held snapshot"
+        return h.stage.initial_state(u), "the seed (the run's start)"
+    if holder == h.state.me:
+        return held_state(h.snaps.host.get(u, k)), "its own held snapshot"
     wid = plan.worker_id(*holder)
-    _, state = fetch(agent.store, wid, u, k, timeout_s=agent.snaps.timeout_s)
+    _, state = fetch(h.store, wid, u, k, timeout_s=h.snaps.timeout_s)
     return state, f"the snapshot held by worker {wid}"
 
 
-def _await_replays(agent, plan, rp: ReplayPlan) -> None:
+def _await_replays(h: StageHandle, plan, rp: ReplayPlan) -> None:
     """A survivor waits for every lost stage's replay, an iteration at a time, as long as
     it makes progress: a replay of many iterations of a wide stage may take minutes, but
     not one of its micro-batches more than another stage's step may take (the replayers
     count them in the store). A newer plan (a replayer died) ends the wait."""
-    limit = agent.conf.timeouts.other_stages
+    limit = h.conf.timeouts.other_stages
     for u, win in sorted(rp.windows.items()):
         progress = replay_progress_key(plan.version, u)
         for it in win.iterations:
             key, seen = replay_key(plan.version, u, it), -1
             while True:
                 try:
-                    wait_until(lambda: agent.store.check([key]), f"the replay of stage {u}, "
+                    wait_until(lambda: h.store.check([key]), f"the replay of stage {u}, "
                                f"iteration {it}", limit_s=limit,
-                               newer=lambda: agent.fence.next_plan(0))
+                               newer=lambda: h.newer_plan())
                     break
                 except WaitEnded as exc:
-                    done = int(agent.store.add(progress, 0))
+                    done = int(h.store.add(progress, 0))
                     if exc.reason != DEADLINE or done == seen:
                         raise  # superseded, or not one micro-batch more in `limit`
                     seen = done

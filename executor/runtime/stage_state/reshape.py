@@ -24,6 +24,7 @@ job back to the newest disk checkpoint, or the run's start).
 """
 from __future__ import annotations
 
+
 import dataclasses
 import time
 
@@ -37,6 +38,8 @@ from executor.runtime.stage_state.restore_plan import Has, decode, encode, tier_
 from executor.runtime.stage_state.settled import NoCopy, settled
 from executor.runtime.stage_state.shape import shape_id
 from executor.runtime.worker_config import WorkerConfig
+
+from executor.runtime.stage_handle import StageHandle
 
 NONE = -2
 
@@ -62,15 +65,15 @@ def needed(plan) -> bool:
     return plan.partition is not None
 
 
-def reshape(agent, plan, new: WorkerConfig, synced_cls):
+def reshape(h: StageHandle, plan, new: WorkerConfig, synced_cls):
     """Enter `plan` (its shape `new`); returns `synced_cls(iteration, how, source)`, or
     None when every member with state holds the new shape already (plain sync then)."""
-    world, st = agent.world, agent.state
+    world, st = h.world, h.state
     t0 = time.perf_counter()
-    old = agent.conf
+    old = h.conf
     # the same width on every member: a shape never has more stages than the job's own
-    width = max(old.model.n_layers + 1, agent.base.stages)
-    row = [shape_id(old), old.stages, agent.stage.stage, _settled(agent), int(st.fresh),
+    width = max(old.model.n_layers + 1, h.base.stages)
+    row = [shape_id(old), old.stages, h.stage.stage, _settled(h), int(st.fresh),
            *_padded(old.model.boundaries, width)]
     info = world.allgather_ints(row)
     holders = {w: r for w, r in info.items() if not r[4]}
@@ -88,17 +91,17 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
         k = min(r[3] for r in holders.values())
         providers = {s: min(w for w, r in holders.items() if r[2] == s) for s in range(S_old)}
         if not st.fresh:
-            _settle_at(agent, k)
+            _settle_at(h, k)
         source = "live workers"
     else:
-        k, providers, source = _restore_point(agent, info, S_old)
+        k, providers, source = _restore_point(h, info, S_old)
     me = st.me
     old_names = names_of(old_conf, S_old)
     new_names = names_of(new, new.stages)
     pieces: by_name.Pieces = {}
     for s in range(S_old if providers is not None else 0):
         p = providers[s]
-        src = by_name.split(_state_of(agent, s, k)) if me == p else None
+        src = by_name.split(_state_of(h, s, k)) if me == p else None
         for t in sorted(world.workers):
             if not old_names[s] & new_names[t[1]]:
                 continue
@@ -108,7 +111,7 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
                 world.send_blob(by_name.only(src, new_names[t[1]]), t)
             elif me == t:
                 pieces.update(world.recv_blob(p))
-    stage = agent.build_stage(new, me[1])  # as at the run's start: the seed's state
+    stage = h.new_stage(me[1], new)  # as at the run's start: the seed's state
     try:
         if providers is not None:
             stage.load_state(by_name.assemble(stage.module, stage.opt, pieces))
@@ -119,15 +122,15 @@ def reshape(agent, plan, new: WorkerConfig, synced_cls):
     except BaseException:
         stage.close()
         raise
-    agent.take_shape(new, stage, k)
+    h.take_shape(new, stage, k)
     if source != "live workers":
         st.restored_at = k
         if me == world.workers[0]:
             top = max(r[3] for r in info.values())
-            agent.source.send(RolledBack(to=k, tier=source, again=max(0, top - k), why=(
+            h.source.send(RolledBack(to=k, tier=source, again=max(0, top - k), why=(
                 "a stage lost whole before a change of shape: every stage goes back to the "
                 "newest copy of all of them")))
-    agent.log(f"changed shape to {new.stages} stages (blocks from {list(new.model.boundaries)}) "
+    h.log(f"changed shape to {new.stages} stages (blocks from {list(new.model.boundaries)}) "
               f"at iteration {k + 1}: stage {me[1]} from {source} in "
               f"{time.perf_counter() - t0:.3f} s")
     return synced_cls(k + 1, "reshaped", source)
@@ -137,27 +140,27 @@ def _padded(values, width: int) -> list[int]:
     return list(values)[:width] + [NONE] * (width - len(values))
 
 
-def _settled(agent) -> int:
-    return settled(agent) if not agent.state.fresh else -1
+def _settled(h: StageHandle) -> int:
+    return settled(h) if not h.state.fresh else -1
 
 
-def _settle_at(agent, k: int) -> None:
+def _settle_at(h: StageHandle, k: int) -> None:
     """Own (old) stage at its state after step k: rolled back if ahead, else settled."""
-    st, stepper = agent.state, agent.stage.stepper
+    st, stepper = h.state, h.stage.stepper
     if st.done > k:
         stepper.rollback(k + 1)
-        agent.log(f"rolled back iterations {k + 1}..{st.done} to change shape")
+        h.log(f"rolled back iterations {k + 1}..{st.done} to change shape")
         st.done = k
     else:
         stepper.settle()
 
 
-def _restore_point(agent, info: dict, S_old: int):
+def _restore_point(h: StageHandle, info: dict, S_old: int):
     """The newest iteration every old stage has a copy of; a provider of each (None when
     every member builds its new stage itself: at the run's start or a disk checkpoint
     that every member reads); and the tier, in words."""
-    world = agent.world
-    mine = _has(agent)
+    world = h.world
+    mine = _has(h)
     rows = world.allgather_ints(encode(mine, S_old))
     members = {w: decode(r, S_old) for w, r in rows.items()}
     have: dict[int, set[int]] = {s: set() for s in range(S_old)}
@@ -184,33 +187,33 @@ def _restore_point(agent, info: dict, S_old: int):
     return k, providers, "peer-memory snapshots"
 
 
-def _has(agent) -> Has:
-    snaps, st = agent.snaps, agent.state
-    stage = -1 if st.fresh else agent.stage.stage
+def _has(h: StageHandle) -> Has:
+    snaps, st = h.snaps, h.state
+    stage = -1 if st.fresh else h.stage.stage
     out: dict[int, set] = {}
     if snaps is not None:
         if stage >= 0 and snaps.local.stage == stage:
             out[stage] = set(snaps.local.iterations())
         for s, its in snaps.host.held().items():
             out.setdefault(s, set()).update(its)
-    st.disk = disk_copies(agent.base)
+    st.disk = disk_copies(h.base)
     # a member with no state yet builds its new stage like any other: the seed and disk
     # checkpoints serve it as well (reported as its origin and disk copies)
     return Has(stage, {s: tuple(sorted(i)) for s, i in out.items() if i}, st.origin,
                tuple(st.disk))
 
 
-def _state_of(agent, s: int, k: int) -> dict:
+def _state_of(h: StageHandle, s: int, k: int) -> dict:
     """Old stage s's state after step k, from this provider: its own stage (live, or its
     host copy), the seed at the run's start, or a snapshot it holds."""
-    st, snaps = agent.state, agent.snaps
-    own = not st.fresh and agent.stage.stage == s
+    st, snaps = h.state, h.snaps
+    own = not st.fresh and h.stage.stage == s
     if own and st.done == k:
-        return agent.stage.state()
+        return h.stage.state()
     if own and snaps is not None and snaps.local.stage == s and k in snaps.local.iterations():
         return snaps.local.state(k)
     if own and k == st.origin:
-        return agent.stage.initial_state(s)
+        return h.stage.initial_state(s)
     if own and k in st.disk:
-        return agent.stage.initial_state(s, st.disk[k])
+        return h.stage.initial_state(s, st.disk[k])
     return held_state(snaps.host.get(s, k))

@@ -18,6 +18,7 @@ Decided by one all-gather of (last settled iteration, needs state):
 """
 from __future__ import annotations
 
+
 from dataclasses import dataclass
 
 from executor.protocol import RolledBack
@@ -29,6 +30,8 @@ from executor.runtime.stage_state.disk_tier import disk_copies
 from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore, tier_of
 from executor.runtime.stage_state.settled import NoCopy, settled as _settled
 from executor.runtime.stage_state.shape import shaped_config
+
+from executor.runtime.stage_handle import StageHandle
 
 
 @dataclass(frozen=True)
@@ -42,59 +45,59 @@ class Synced:
     source: str = ""  # where a loaded or restored state came from
 
 
-def sync_state(agent, plan) -> Synced:
-    """Agree with the members of the new world on the iteration to train next; `agent`
+def sync_state(h: StageHandle, plan) -> Synced:
+    """Agree with the members of the new world on the iteration to train next; `h`
     holds its stage's state after the one before when this returns."""
-    world, st = agent.world, agent.state
+    world, st = h.world, h.state
     if reshape.needed(plan):
-        synced = reshape.reshape(agent, plan, shaped_config(agent.base, plan), Synced)
+        synced = reshape.reshape(h, plan, shaped_config(h.base, plan), Synced)
         if synced is not None:
             return synced
-    info = world.allgather_ints([_settled(agent), int(st.fresh)])
+    info = world.allgather_ints([_settled(h), int(st.fresh)])
     served = {w[1] for w, (_, fresh) in info.items() if not fresh}
-    lost = sorted(set(range(agent.conf.stages)) - served)
+    lost = sorted(set(range(h.conf.stages)) - served)
     top = max(done for done, _ in info.values())
     if not served:
-        k, source = restore_from_snapshots(agent, plan, top=top)
+        k, source = restore_from_snapshots(h, plan, top=top)
         return Synced(k + 1, "restored", source)
     r = min(done for done, fresh in info.values() if not fresh) + 1
     if not lost:
-        return _resume(agent, info, r)
-    members = _holdings(agent)
-    rp, why = (replayer.decide(agent, lost, r, _held(members)) if agent.snaps is not None
+        return _resume(h, info, r)
+    members = _holdings(h)
+    rp, why = (replayer.decide(h, lost, r, _held(members)) if h.snaps is not None
                else (None, "snapshots are off"))
     if rp is None:
-        k, source = restore_from_snapshots(agent, plan, members, why, top=top)
+        k, source = restore_from_snapshots(h, plan, members, why, top=top)
         return Synced(k + 1, "restored", source)
-    synced = _resume(agent, info, r) if st.me[1] not in lost else None
-    source = replayer.carry_out(agent, plan, rp, _held_by(members))
-    agent.boundaries.forget_from(r)
+    synced = _resume(h, info, r) if st.me[1] not in lost else None
+    source = replayer.carry_out(h, plan, rp, _held_by(members))
+    h.boundaries.forget_from(r)
     if synced is None:
-        agent.stage.stepper.reset(r)
+        h.stage.stepper.reset(r)
         return Synced(r, "replayed", source)
     return synced
 
 
-def _resume(agent, info: dict, r: int) -> Synced:
+def _resume(h: StageHandle, info: dict, r: int) -> Synced:
     """A member of a stage some live member holds: train on at r, from its own state
     (rolled back to r if ahead) or from a live member of its stage."""
-    world, st, stage = agent.world, agent.state, agent.stage
+    world, st, stage = h.world, h.state, h.stage
     me = st.me
     how, source = "kept", ""
     if not st.fresh and st.done >= r:
         stage.stepper.rollback(r)
-        agent.log(f"rolled back iterations {r}..{st.done} (plan v{world.version})")
+        h.log(f"rolled back iterations {r}..{st.done} (plan v{world.version})")
         how = "rolled back"
     elif not st.fresh:
         stage.stepper.settle()  # our last step is the state we train on (and may send)
     stage.stepper.keep_before(r)
-    agent.boundaries.forget_from(r)
+    h.boundaries.forget_from(r)
     peers = [w for w in world.workers if w[1] == me[1]]
     donors = [w for w in peers if not info[w][1]]
     takers = [w for w in peers if info[w][1]]
     if st.fresh:
         stage.load_state(world.recv_blob(donors[0]))
-        agent.log(f"loaded stage {me[1]} state from worker {donors[0]} at iteration {r - 1}")
+        h.log(f"loaded stage {me[1]} state from worker {donors[0]} at iteration {r - 1}")
         st.fresh = False
         how, source = "loaded", f"worker {donors[0]}"
     elif takers and me == donors[0]:
@@ -104,11 +107,11 @@ def _resume(agent, info: dict, r: int) -> Synced:
     return Synced(r, how, source)
 
 
-def _holdings(agent) -> dict:
+def _holdings(h: StageHandle) -> dict:
     """What each member can provide of every stage's state (one all-gather)."""
-    world, st, S = agent.world, agent.state, agent.conf.stages
-    copies = _copies(agent) if agent.snaps is not None else {}
-    st.disk = disk_copies(agent.base)
+    world, st, S = h.world, h.state, h.conf.stages
+    copies = _copies(h) if h.snaps is not None else {}
+    st.disk = disk_copies(h.base)
     rows = world.allgather_ints(encode(Has(st.me[1], copies, st.origin, tuple(st.disk)), S))
     return {w: decode(row, S) for w, row in rows.items()}
 
@@ -133,10 +136,10 @@ def _held_by(members: dict) -> dict:
     return out
 
 
-def _copies(agent) -> dict[int, tuple[int, ...]]:
+def _copies(h: StageHandle) -> dict[int, tuple[int, ...]]:
     """stage -> iterations this worker can provide: its own stage's host copies (when it
     holds trained state of the stage it fills now) and the snapshots it holds."""
-    snaps, st = agent.snaps, agent.state
+    snaps, st = h.snaps, h.state
     out: dict[int, set] = {}
     if not st.fresh and snaps.local.stage == st.me[1]:
         out[st.me[1]] = set(snaps.local.iterations())
@@ -145,29 +148,29 @@ def _copies(agent) -> dict[int, tuple[int, ...]]:
     return {s: tuple(sorted(its)) for s, its in out.items() if its}
 
 
-def _copy_of(agent, stage: int, k: int) -> tuple[dict, str]:
+def _copy_of(h: StageHandle, stage: int, k: int) -> tuple[dict, str]:
     """The state of `stage` after step k from this worker's own copies (host copies, the
     seed at the run's start, a disk checkpoint) or a snapshot it holds; and whence."""
-    snaps, st = agent.snaps, agent.state
+    snaps, st = h.snaps, h.state
     if snaps is not None and snaps.local.stage == stage and k in snaps.local.iterations():
         return snaps.local.state(k), "its own copy"
     if k == st.origin and stage == st.me[1]:
-        return agent.stage.initial_state(stage), "the seed (the run's start)"
+        return h.stage.initial_state(stage), "the seed (the run's start)"
     if k in st.disk and stage == st.me[1]:
-        return (agent.stage.initial_state(stage, st.disk[k]),
+        return (h.stage.initial_state(stage, st.disk[k]),
                 f"the checkpoint on disk of iteration {k}")
     return held_state(snaps.host.get(stage, k)), "a snapshot it holds"
 
 
-def restore_from_snapshots(agent, plan, members=None, why: str = "",
+def restore_from_snapshots(h: StageHandle, plan, members=None, why: str = "",
                            top: int = -1) -> tuple[int, str]:
     """Roll every member back to the newest iteration k every stage has a copy of in
     some tier; (k, where this worker's state came from). `members`: what each holds, if
     gathered; `why`: why no replay (told to the coordinator, for the run's summary);
     `top`: the newest iteration a member had stepped (what is trained again)."""
-    world, st, S = agent.world, agent.state, agent.conf.stages
+    world, st, S = h.world, h.state, h.conf.stages
     me = st.me
-    members = members if members is not None else _holdings(agent)
+    members = members if members is not None else _holdings(h)
     rp = plan_restore(members, S)
     if rp is None:
         raise NoCopy("no iteration has a copy of every stage in any tier (live workers, "
@@ -175,7 +178,7 @@ def restore_from_snapshots(agent, plan, members=None, why: str = "",
                      "resume from a checkpoint")
     k = rp.iteration
     blob = lambda s, p: members[p].stage == s and p in rp.own  # noqa: E731 (sent by world)
-    state, how = _copy_of(agent, me[1], k) if me in rp.own else (None, "")
+    state, how = _copy_of(h, me[1], k) if me in rp.own else (None, "")
     for s, taker in rp.sends(me):
         if blob(s, me):
             world.send_blob(state, taker)
@@ -185,20 +188,20 @@ def restore_from_snapshots(agent, plan, members=None, why: str = "",
             state, how = world.recv_blob(prov), f"worker {prov}"
         else:
             holder = plan.worker_id(*prov)
-            _, state = fetch(agent.store, holder, me[1], k, timeout_s=agent.snaps.timeout_s)
+            _, state = fetch(h.store, holder, me[1], k, timeout_s=h.snaps.timeout_s)
             how = f"the snapshot held by worker {holder}"
-    agent.log(f"restored stage {me[1]} at iteration {k} from {how}")
-    agent.stage.load_state(state)
-    agent.stage.stepper.reset(k + 1)
-    if agent.snaps is not None:
-        agent.snaps.local.drop_after(k)
-        agent.snaps.host.forget(None, k)
-    agent.boundaries.rolled_back_to(k)
+    h.log(f"restored stage {me[1]} at iteration {k} from {how}")
+    h.stage.load_state(state)
+    h.stage.stepper.reset(k + 1)
+    if h.snaps is not None:
+        h.snaps.local.drop_after(k)
+        h.snaps.host.forget(None, k)
+    h.boundaries.rolled_back_to(k)
     st.fresh = False
     st.restored_at = k
     tier = tier_of(members, k)
-    agent.log(f"rolled back to iteration {k} from {tier} (plan v{plan.version})")
+    h.log(f"rolled back to iteration {k} from {tier} (plan v{plan.version})")
     if me == world.workers[0]:  # one member tells the coordinator
-        agent.source.send(RolledBack(to=k, why=why or "no live worker kept any stage's state",
+        h.source.send(RolledBack(to=k, why=why or "no live worker kept any stage's state",
                                      tier=tier, again=max(0, top - k)))
     return k, how

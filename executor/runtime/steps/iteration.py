@@ -11,6 +11,7 @@ from typing import Optional
 
 from executor.compute.one_process.reference import checksum
 from executor.protocol import Done, Mid
+from executor.runtime.stage_handle import StageHandle
 from executor.runtime.stage_state.shape import base_checksums
 from executor.runtime.steps.compute_clock import ComputeClock
 from executor.runtime.steps.grad_sum import allreduce_grads
@@ -27,20 +28,17 @@ HOST = socket.gethostname()
 
 
 class IterationRuntime:
-    def __init__(self, agent):
-        """`agent`: the loop whose conf, state, stage runtime, world, source, snapshots and
-        log one iteration uses (it owns them; this only runs with them)."""
-        self.agent = agent
-        self.clock = ComputeClock(agent.conf.device, agent.conf.slows)
-        self._lowered: tuple[int, list] = (-1, [])  # (plan version, its steps for us)
+    def __init__(self, h: StageHandle):
+        """`h`: the worker's conf, state, stage runtime, world, source, snapshots and log
+        one iteration uses (the agent owns them; this only runs with them)."""
+        self.h = h
+        self.clock = ComputeClock(h.conf.device, h.conf.slows)
+        self._lowered: tuple = (None, [])  # ((plan version, slot), its steps for us)
         self._recvs: list = []
         self._ahead = 0
 
-    def forget_lowered(self) -> None:
-        self._lowered = (-1, [])
-
     def run(self, plan: Plan, wp: WorkerPlan, it: int) -> None:
-        a, st, stage = self.agent, self.agent.state, self.agent.stage
+        a, st, stage = self.h, self.h.state, self.h.stage
         self.actions = wp.actions
         if a.snaps is not None:
             a.snaps.follow(plan)  # who holds which stage's snapshot under this plan
@@ -70,22 +68,23 @@ class IterationRuntime:
 
     def _steps(self, plan: Plan) -> list:
         """This worker's steps under `plan`, lowered once per plan version."""
-        if self._lowered[0] != plan.version:
-            self._lowered = (plan.version, lower(plan, self.agent.state.me))
+        key = (plan.version, self.h.state.me)  # the steps depend on nothing else
+        if self._lowered[0] != key:
+            self._lowered = (key, lower(plan, key[1]))
         return self._lowered[1]
 
     def _fault(self, it: int) -> None:
         """The injection point: tell the coordinator (pid and host: a torchrun'd worker on
         its host can be signalled) and let the signal land right here. Only in iterations
         a fault may target us: a store round trip per iteration otherwise."""
-        a = self.agent
+        a = self.h
         a.source.send(Mid(it=it, wait=True, pid=os.getpid(), host=HOST))
         a.source.await_go(it, a.conf.timeouts.coordinator_answer)
 
     def _post_ahead(self, it: int, k: int, window: int = 2) -> None:
         """Before step k: keep the receives of the steps after it posted, at most
         `window` ahead (a buffer each), so their messages move while we compute."""
-        world = self.agent.world
+        world = self.h.world
         while self._ahead < len(self._recvs) and world.early_count() < window:
             idx, st = self._recvs[self._ahead]
             if idx > k and not world.post_early(st.boundary, st.peer, it, st.microbatch,
@@ -94,7 +93,7 @@ class IterationRuntime:
             self._ahead += 1
 
     def _batch(self, it: int, g: int):
-        return self._model("data", g, it, self.agent.stage.batches.get, it, g,
+        return self._model("data", g, it, self.h.stage.batches.get, it, g,
                            timed=False)  # loading is not compute: --slow must not stretch it
 
     def _model(self, what: str, g: int, it: int, fn, *args, timed: bool = True):
@@ -109,7 +108,7 @@ class IterationRuntime:
 
     def _allreduce(self) -> None:
         """ALLREDUCE: the stage's gradients summed over its live peers (the OPT follows)."""
-        a = self.agent
+        a = self.h
         self.clock.step_begins()
         last = a.state.me[1] == a.conf.stages - 1
         a.state.losses = allreduce_grads(a.stage.params, a.world,
@@ -118,7 +117,7 @@ class IterationRuntime:
 
     def _step(self, it: int, sync: bool) -> None:
         """OPT: snapshot, AdamW step, report the iteration (and its losses) done."""
-        a, st, stage = self.agent, self.agent.state, self.agent.stage
+        a, st, stage = self.h, self.h.state, self.h.stage
         losses, st.losses = st.losses, {}
         stage.stepper.step(it, st.version)
         stage.compute.reset()
@@ -148,8 +147,8 @@ class IterationRuntime:
 
     def _snapshot_figures(self) -> dict:
         """For the run's summary: K in force and the host memory snapshots hold here."""
-        snaps: Optional[object] = self.agent.snaps
-        log = self.agent.boundaries.stats.peak_bytes
+        snaps: Optional[object] = self.h.snaps
+        log = self.h.boundaries.stats.peak_bytes
         if snaps is None:
             return {"snap_every": 0, "snap_bytes": 0, "log_bytes": log}
         s = snaps.stats()
