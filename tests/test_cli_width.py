@@ -33,3 +33,36 @@ def test_help_and_tables_through_a_pipe_are_not_truncated():
 def test_columns_given_is_honoured():
     out = _piped("train", "--help", COLUMNS="100")
     assert max(len(ln) for ln in out.splitlines()) <= 100
+
+
+def _helps():
+    """(command path, option, help text) of every option of every `recycle` command."""
+    import typer.main
+
+    from recycle.cli import app
+
+    def walk(cmd, path):
+        for p in cmd.params:
+            if getattr(p, "help", None):
+                yield path, p.opts[0], p.help
+        if hasattr(cmd, "commands"):
+            for name, sub in cmd.commands.items():
+                yield from walk(sub, f"{path} {name}")
+    return list(walk(typer.main.get_command(app), "recycle"))
+
+
+def test_no_help_text_is_eaten_by_the_consoles_markup():
+    """`--snapshot-every`'s help showed `%%` (typer does no %-formatting) and `--config`'s
+    lost its section names ("with sections  ,"): rich took `[grid]` for a style tag."""
+    import re
+    helps = _helps()
+    assert len(helps) > 100
+    bad = [f"{c} {o}: {h[:60]}" for c, o, h in helps
+           if "%%" in h or re.search(r"(?<!\\)\[[a-z_]+\]", h)]
+    assert not bad, "\n".join(bad)
+
+
+@pytest.mark.hard_timeout(60)
+def test_the_config_sections_show_in_train_help():
+    out = _piped("train", "--help", COLUMNS="400")
+    assert "with sections [grid] [model] [optimizer]" in out and "%%" not in out, out
