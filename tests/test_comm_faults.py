@@ -159,3 +159,15 @@ def test_cuda_training_with_a_kill_matches_the_reference(tmp_path):
     assert res.summary is not None, f"{res.halted}\n{res.output}\n{logs(tmp_path)}"
     assert not compare(res.summary, train_reference(CFG, 2, M, 3, 2), 1e-4)
     assert "on cuda:" in logs(tmp_path) and "on cpu" not in logs(tmp_path)
+
+
+def test_a_backends_error_is_told_in_words_without_its_cpp_source():
+    from executor.runtime.transport.waiting import said
+    gloo = RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534]"
+                        " Connection closed by peer [127.0.0.1]:41922\nmore")
+    assert said(gloo) == "Connection closed by peer [127.0.0.1]:41922"
+    assert said(RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] "
+                             "Timed out waiting 3000ms for recv operation to complete")) == \
+        "Timed out waiting 3000ms for recv operation to complete"
+    assert said(RuntimeError("x" * 500)) == "x" * 200 and said(RuntimeError()) == "RuntimeError"
+    assert said(ValueError("[1, 2] is not a source")) == "[1, 2] is not a source"

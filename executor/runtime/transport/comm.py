@@ -29,7 +29,7 @@ import torch.distributed as dist
 from executor import protocol as P
 from executor.runtime.transport.binding import LINK_DOWN
 from executor.runtime.transport.member_links import MemberLinks
-from executor.runtime.transport.waiting import CommError, WaitEnded, wait_until
+from executor.runtime.transport.waiting import CommError, WaitEnded, said, wait_until
 from executor.runtime.transport.wire import Activation, ActivationSpec, ActivationSpecError, grad_message
 from executor.timeouts import Timeouts
 
@@ -106,8 +106,8 @@ class World:
             if down:  # alive peers (checked in) that this worker cannot reach: say whom
                 raise CommError(f"world v{version} rendezvous failed: {LINK_DOWN} to "
                                 f"{down} (no TCP connection to their address); "
-                                f"{str(exc)[:200]}", down[0]) from exc
-            raise CommError(f"world v{version} rendezvous failed: {str(exc)[:200]}") from exc
+                                f"{said(exc)}", down[0]) from exc
+            raise CommError(f"world v{version} rendezvous failed: {said(exc)}") from exc
         self._links.start_meter(store)
 
     def link_seconds_per_microbatch(self, microbatches: int) -> float:
@@ -168,7 +168,7 @@ class World:
         try:
             work = self.data.send([buf], self.rank_of[to], self._tag(iteration, g, direction))
         except Exception as exc:
-            raise CommError(f"send to {to} failed: {exc}", to) from exc
+            raise CommError(f"send to {to} failed: {said(exc)}", to) from exc
         self._pending.append((work, buf, to))
 
     def recv(self, shape, frm: Worker, iteration: int, g: int, direction: int,
@@ -268,7 +268,7 @@ class World:
             return self.data.recv([buf], self.rank_of[frm], self._tag(iteration, g, direction))
         except Exception as exc:
             raise CommError(f"v{self.version} recv of micro-batch {g} from {frm}: "
-                            f"{str(exc)[:200]}", frm) from exc
+                            f"{said(exc)}", frm) from exc
 
     def _recv_into(self, make_buf: Callable[[torch.device], torch.Tensor], frm: Worker,
                    iteration: int, g: int, direction: int) -> torch.Tensor:
@@ -297,7 +297,7 @@ class World:
         except CommError:
             raise
         except Exception as exc:
-            raise CommError(f"v{self.version} {what}: {str(exc)[:200]}", peer) from exc
+            raise CommError(f"v{self.version} {what}: {said(exc)}", peer) from exc
 
     def _poll(self, work, what: str, peer: Optional[Worker]) -> None:
         """Wait for `work` without blocking in it (see _wait_until). The caller's abort
@@ -308,7 +308,7 @@ class World:
         except CommError:
             raise
         except Exception as exc:
-            raise CommError(f"v{self.version} {what}: {str(exc)[:200]}", peer) from exc
+            raise CommError(f"v{self.version} {what}: {said(exc)}", peer) from exc
 
     def _drops_member(self, plan) -> bool:
         """The newer plan lists other workers, or another process for one of them."""
@@ -327,7 +327,7 @@ class World:
         try:
             work = self.stage_group.allreduce([buf])
         except Exception as exc:
-            raise CommError(f"all-reduce of stage {self.me[1]} failed: {exc}", peer) from exc
+            raise CommError(f"all-reduce of stage {self.me[1]} failed: {said(exc)}", peer) from exc
         self._wait(work, f"all-reduce of stage {self.me[1]}", peer)
         return buf.to(flat.device) if buf is not flat else flat
 
@@ -336,7 +336,7 @@ class World:
         try:
             work = self.ctrl.barrier()
         except Exception as exc:
-            raise CommError(f"v{self.version} barrier failed: {str(exc)[:200]}") from exc
+            raise CommError(f"v{self.version} barrier failed: {said(exc)}") from exc
         self._wait(work, "barrier")
 
     def allgather_ints(self, values: Sequence[int]) -> dict[Worker, list[int]]:
@@ -345,7 +345,7 @@ class World:
         try:
             work = self.ctrl.allgather([out], [mine])
         except Exception as exc:
-            raise CommError(f"v{self.version} all-gather failed: {str(exc)[:200]}") from exc
+            raise CommError(f"v{self.version} all-gather failed: {said(exc)}") from exc
         self._wait(work, "all-gather")
         return {w: t.tolist() for w, t in zip(self.workers, out)}
 
@@ -370,7 +370,7 @@ class World:
         try:
             return op([t], self.rank_of[peer], tag)
         except Exception as exc:
-            raise CommError(f"v{self.version} transfer with {peer}: {str(exc)[:200]}", peer) from exc
+            raise CommError(f"v{self.version} transfer with {peer}: {said(exc)}", peer) from exc
 
     def close(self) -> None:
         """Leave the world; peers blocked on us get 'connection closed' at once. Dropping

@@ -9,6 +9,7 @@ The numbers are `Timeouts`' (executor/timeouts.py), all derived from `--timeout`
 """
 from __future__ import annotations
 
+import re
 import time
 from typing import Callable, Optional
 
@@ -16,6 +17,17 @@ Worker = tuple[int, int]
 
 DEADLINE = "deadline"
 NEWER_PLAN = "newer plan"
+
+# gloo and NCCL start their errors with the C++ source they came from:
+# "[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed"
+_SOURCE = re.compile(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+
+
+def said(exc: BaseException, limit: int = 200) -> str:
+    """What a backend's error says, for a log line or a reason a person reads: its first
+    line, without the C++ source location, at most `limit` characters."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return _SOURCE.sub("", text)[:limit] or type(exc).__name__
 
 
 class CommError(RuntimeError):
