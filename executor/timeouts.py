@@ -16,6 +16,10 @@ SILENT_AFTER_SUSPECT_S = 2.0
 @dataclass(frozen=True)
 class Timeouts:
     comm: float = 5.0  # --timeout: a p2p transfer, a collective, a rendezvous, a store key
+    # Every call to the plan service (a worker's rejoin, the coordinator's end of training
+    # and failure reports, a node agent's events) is retried this long while the service
+    # is unreachable: it may be restarting (transport/waiting.py `retried`).
+    service_outage: float = 300.0
 
     # ---- the workers ------------------------------------------------------------------
     @property

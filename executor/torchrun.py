@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 
 from executor import protocol as P
 from executor import worker
@@ -103,20 +102,23 @@ def run_over(address: str, wait_s: float) -> bool:
     from executor.runtime.transport.endpoints import connect_store
     from executor.runtime.transport.rendezvous import read_int
     from planner.plan import Plan
-    end = time.monotonic() + wait_s
+    from executor.runtime.transport.waiting import WaitEnded, wait_until
     try:
         host, port = address.rsplit(":", 1)
         store = connect_store(host, int(port), timeout_s=max(1.0, wait_s))
         service = json.loads(store.get(P.CONFIG)).get("service")
-        while True:
+
+        def over() -> bool:
             if store.check([P.HALTED]) or store.check([P.FINISHED]):
                 return True
             newest = read_int(store, P.PLAN_VERSION) - 1
-            if newest >= 0 and not Plan.from_json(store.get(P.plan_key(newest)).decode()).workers:
-                return True
-            if not service or time.monotonic() > end:
-                return False
-            time.sleep(0.1)
+            return newest >= 0 and not Plan.from_json(
+                store.get(P.plan_key(newest)).decode()).workers
+        wait_until(over, "the end of the run", limit_s=wait_s if service else 0.0,
+                   poll_s=0.1, max_poll_s=0.1)
+        return True
+    except WaitEnded:
+        return False
     except Exception:  # noqa: BLE001 (closed, refused, timed out: the coordinator is done)
         return True
 

@@ -214,7 +214,7 @@ def test_a_preempted_node_is_removed_at_once_and_a_new_node_takes_its_ids(tmp_pa
         run.wait_held()
         with httpx.Client(base_url=run.srv.url, headers=admin_headers(), timeout=30) as admin:
             agents[1].proc.send_signal(signal.SIGTERM)
-            assert agents[1].stop() == 0, agents[1].lines
+            assert agents[1].stop() == 0, ''.join(agents[1].lines)
             agents[1].wait_line(r"preemption notice: node removed, plan v1$")
             plan = admin.get(f"/v1/jobs/{jid}/plan").json()
             assert plan["version"] == 1 and plan["failed"] == [[1, 0], [1, 1]]

@@ -176,8 +176,7 @@ def test_a_survivor_waits_for_a_long_replay_while_it_progresses_and_not_longer()
 
     store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
     agent = SimpleNamespace(store=store, conf=SimpleNamespace(
-        timeouts=SimpleNamespace(other_stages=0.3)), fence=SimpleNamespace(
-        next_plan=lambda wait: None))
+        timeouts=SimpleNamespace(other_stages=0.3)), newer_plan=lambda: None)
     plan = SimpleNamespace(version=7)
     rp = ReplayPlan({1: Window(1, 4, 5)}, {1: ((0, 1),)}, {}, {})
 

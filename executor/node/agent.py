@@ -38,6 +38,8 @@ import httpx
 
 from executor.node.changes import AgentError, NodeChanges, _detail
 from executor.node.local import LocalChannel
+from executor.runtime.transport.waiting import retried
+from executor.timeouts import Timeouts
 
 log = logging.getLogger("recycle.agent")
 Worker = tuple[int, int]
@@ -78,6 +80,7 @@ class NodeAgent(NodeChanges):
         self.job_id, self.token, self.node, self.per_node = job_id, token, node, per_node
         self.store, self.attach, self.interval = store, attach, interval_s
         self.max_restarts, self.say = max_restarts, say
+        self.patience_s = Timeouts().service_outage  # each call to a restarting service
         self.run_dir = run_dir or tempfile.mkdtemp(prefix=f"recycle-agent{'' if node is None else node}-")
         os.makedirs(self.run_dir, exist_ok=True)
         self.agent_id = f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(3)}"
@@ -109,9 +112,9 @@ class NodeAgent(NodeChanges):
     def _claim_body(self) -> dict:
         return {"agent_id": self.agent_id, "workers_per_node": self.per_node}
 
-    def claim(self, patience_s: float = 30.0) -> None:
+    def claim(self) -> None:
         """Claim the node (AgentError with the service's reason if it refuses)."""
-        r = self._post(f"/nodes/{self.node}/attach", self._claim_body(), patience_s)
+        r = self._post(f"/nodes/{self.node}/attach", self._claim_body())
         if r.status_code != 200:
             raise AgentError(f"the plan service refused node {self.node} "
                              f"({r.status_code}): {_detail(r)}")
@@ -270,13 +273,14 @@ class NodeAgent(NodeChanges):
         if inc is not None:
             body["incarnation"] = inc
         status, answer = 0, {}
-        for _ in range(50):  # the service may be restarting: a few seconds of retries
-            try:
-                r = self.api.post(f"{self.prefix}/events", json=body)
-                status, answer = r.status_code, (r.json() if r.content else {})
-                break
-            except (httpx.TransportError, ValueError):
-                time.sleep(0.2)
+        try:  # the service may be restarting
+            r = retried(lambda: self.api.post(f"{self.prefix}/events", json=body),
+                        "a worker's failure", patience_s=self.patience_s,
+                        retry_on=(httpx.TransportError,), first_s=0.2,
+                        stop=self.stopping.is_set)
+            status, answer = r.status_code, (r.json() if r.content else {})
+        except (httpx.TransportError, ValueError) as e:
+            answer = {"detail": f"plan service unreachable: {e}"}
         ms = (time.monotonic() - seen) * 1000
         report = {"worker": list(w), "pid": pid, "how": how, "incarnation": inc,
                   "status": status, "plan_version": answer.get("plan_version"), "ms": ms}

@@ -6,11 +6,17 @@ the service gives it: its workers take dead workers' ids and join as new incarna
 Mixed into NodeAgent (agent.py)."""
 from __future__ import annotations
 
-import time
+from typing import Optional
 
 import httpx
 
+from executor.runtime.transport.waiting import retried
 from planner.errors import UserError
+
+
+# A spot instance's notice gives it seconds to minutes: its node remove is tried this long,
+# then the agent stops its workers anyway (the heartbeat timeout takes over).
+PREEMPTION_NOTICE_S = 10.0
 
 
 class AgentError(UserError):
@@ -27,16 +33,15 @@ def _detail(r: httpx.Response) -> str:
 class NodeChanges:
     """Uses the agent's api client, job, node, cells, incarnations and say()."""
 
-    def _post(self, path: str, body: dict, patience_s: float = 30.0) -> httpx.Response:
-        """POST, retried while the service is unreachable (it may be restarting)."""
-        end = time.monotonic() + patience_s
-        while True:
-            try:
-                return self.api.post(self.prefix + path, json=body)
-            except httpx.TransportError as e:
-                if time.monotonic() > end:
-                    raise AgentError(f"plan service unreachable: {e}") from None
-                time.sleep(0.5)
+    def _post(self, path: str, body: dict, patience_s: Optional[float] = None) -> httpx.Response:
+        """POST, retried while the service is unreachable (it may be restarting): the
+        service's patience, or a shorter one where time runs out first (a preemption)."""
+        try:
+            return retried(lambda: self.api.post(self.prefix + path, json=body), f"POST {path}",
+                           patience_s=self.patience_s if patience_s is None else patience_s,
+                           retry_on=(httpx.TransportError,), first_s=0.5)
+        except httpx.TransportError as e:
+            raise AgentError(f"plan service unreachable: {e}") from None
 
     def join(self) -> None:
         """A new instance with no node rank: a node add; the service answers the vacant
@@ -72,7 +77,8 @@ class NodeChanges:
             r = self._post("/nodes", {
                 "event_id": f"agent-{self.job_id}-n{self.node}-preempt-{self.agent_id}",
                 "kind": "remove", "workers": workers,
-                "reason": f"node agent {self.node}: preemption notice (SIGTERM)"}, 10.0)
+                "reason": f"node agent {self.node}: preemption notice (SIGTERM)"},
+                PREEMPTION_NOTICE_S)
         except AgentError as e:
             self.say(f"agent node {self.node}: preemption notice; node remove not posted: {e}")
             return

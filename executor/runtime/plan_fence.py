@@ -5,7 +5,10 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 from planner.plan import Plan
+from executor.runtime.transport.waiting import first
 from executor.runtime.worker_state import WorkerState
+
+_RELEASED = object()  # the coordinator released a hold without a newer plan
 
 
 class PlanFence:
@@ -34,10 +37,12 @@ class PlanFence:
         return plan if plan is not None and self.admit(plan) else None
 
     def await_plan(self) -> Plan:
-        while True:
-            plan = self.next_plan(1.0)
-            if plan is not None:
-                return plan
+        """The next plan of this job, however long it takes: the one wait of a worker with
+        no deadline (docs/executor.md, "Waiting"). It ends with a plan, a halt
+        (TrainingHalted), or the process: the heartbeat thread exits it once the
+        coordinator is gone."""
+        return first(lambda: self.next_plan(1.0), "a plan of this job", limit_s=None,
+                     poll_s=0.0, max_poll_s=0.0)
 
     def seen(self, plan: Plan) -> None:
         """`plan` is the one in force for us now."""
@@ -52,7 +57,8 @@ class PlanFence:
         newer, held, committed = self.source.gate(max(st.version, st.refused), it)
         if newer is not None and not self.admit(newer):
             newer = None
-        while newer is None and held:
-            newer = self.next_plan(0.05)
-            held = newer is None and self.source.held(it)
-        return newer, committed
+        if newer is None and held:  # the coordinator releases every hold, also on a deadline
+            newer = first(lambda: self.next_plan(0.05) or (
+                None if self.source.held(it) else _RELEASED), f"the hold on iteration {it}",
+                limit_s=None, poll_s=0.0, max_poll_s=0.0)
+        return (None if newer is _RELEASED else newer), committed

@@ -13,6 +13,7 @@ from typing import Optional
 
 import httpx
 
+from executor.runtime.transport.waiting import first
 from executor.sources.plan_source import TrainingHalted
 from planner.plan import Plan
 
@@ -35,6 +36,7 @@ class HttpPlanSource:
                                     timeout=request_timeout_s)
         self._prefix = f"/v1/jobs/{job_id}"
         self._down = False  # warn once per outage, not on every retry
+        self._pause = 0.05  # the back-off while the service is unreachable
 
     def _unreachable(self, what: str, e: Exception) -> None:
         if not self._down:
@@ -69,30 +71,30 @@ class HttpPlanSource:
     # ---- PlanSource ----------------------------------------------------------------------
     def wait_for_plan(self, after_version: int, timeout_s: float) -> Optional[Plan]:
         deadline = time.monotonic() + max(0.0, timeout_s)
-        backoff = 0.05
-        while True:
+        return first(lambda: self._poll_plan(after_version, deadline), "a newer plan",
+                     limit_s=max(0.0, timeout_s), poll_s=0.0, max_poll_s=0.0)
+
+    def _poll_plan(self, after_version: int, deadline: float) -> Optional[Plan]:
+        """One long-poll until `deadline` (at most POLL_S): a newer plan, or None."""
+        wait = max(0.0, min(deadline - time.monotonic(), POLL_S))
+        try:
+            r = self._client.get(f"{self._prefix}/plan",
+                                 params={"after": after_version, "wait": round(wait, 3)},
+                                 timeout=httpx.Timeout(self._timeout, read=wait + self._timeout))
+        except httpx.TransportError as e:  # service down or restarting: retried, backing off
             left = deadline - time.monotonic()
-            wait = max(0.0, min(left, POLL_S))
-            try:
-                r = self._client.get(f"{self._prefix}/plan",
-                                     params={"after": after_version, "wait": round(wait, 3)},
-                                     timeout=httpx.Timeout(self._timeout, read=wait + self._timeout))
-            except httpx.TransportError as e:  # service down or restarting: retry
-                if time.monotonic() + backoff >= deadline:
-                    self._unreachable("plan", e)
-                    return None
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 1.0)
-                continue
-            backoff, self._down = 0.05, False
-            if r.status_code == 200:
-                plan = Plan.from_json(r.content)
-                if plan.version > after_version:
-                    return plan
-            elif r.status_code != 204:
-                self._raise_for(r)
-            if time.monotonic() >= deadline:
-                return None
+            if self._pause >= left:
+                self._unreachable("plan", e)
+            time.sleep(max(0.0, min(self._pause, left)))
+            self._pause = min(2 * self._pause, 1.0)
+            return None
+        self._pause, self._down = 0.05, False
+        if r.status_code == 200:
+            plan = Plan.from_json(r.content)
+            return plan if plan.version > after_version else None
+        if r.status_code != 204:
+            self._raise_for(r)
+        return None
 
     def heartbeat(self, replica: int, stage: int, iteration: int,
                   incarnation: Optional[int] = None, compute=None,

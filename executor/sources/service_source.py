@@ -25,7 +25,11 @@ from executor import protocol as P
 from executor.sources.http_source import HttpPlanSource
 from executor.sources.plan_source import TrainingHalted
 from executor.runtime.transport.rendezvous import StorePlanSource, Worker
+from executor.runtime.transport.waiting import first, retried
+from executor.timeouts import Timeouts
 from planner.plan import Plan
+
+UNREACHABLE = (httpx.TransportError,)  # the service down or restarting: retried
 
 log = logging.getLogger("recycle.executor")
 
@@ -35,7 +39,8 @@ class ServiceWorkerSource(StorePlanSource):
     the coordinator through the store (inherited)."""
 
     def __init__(self, store: dist.Store, me: Worker, incarnation: int, service: dict,
-                 run_id: str, slice_s: float = 0.5):
+                 run_id: str, slice_s: float = 0.5,
+                 patience_s: float = Timeouts().service_outage):
         super().__init__(store, me, incarnation)
         # Started by a node agent (executor/node/): talk to it instead; it speaks the same
         # API and learns this process's pid to watch from the header.
@@ -44,6 +49,7 @@ class ServiceWorkerSource(StorePlanSource):
                                    reporter=me, request_timeout_s=5.0,
                                    headers={"X-Recycle-Pid": str(os.getpid())} if agent else None)
         self.run_id, self.slice_s = run_id, slice_s
+        self.patience_s = patience_s
         self._last: Optional[Plan] = None
         self._lost = False
 
@@ -64,24 +70,23 @@ class ServiceWorkerSource(StorePlanSource):
     def wait_for_plan(self, after_version: int, timeout_s: float) -> Optional[Plan]:
         """Long-polls in short slices so the coordinator's end marker is seen quickly."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            done = self._end_marker(after_version)
-            if done is not None:
-                return done
-            left = deadline - time.monotonic()
-            try:
-                plan = self.http.wait_for_plan(after_version, max(0.0, min(left, self.slice_s)))
-            except LookupError as e:  # the service lost the job: train on under the plan in
-                if not self._lost:    # force; the coordinator halts if anything fails now
-                    log.warning("%s; going on under the plan in force", e)
-                self._lost = True
-                time.sleep(min(self.slice_s, max(0.0, deadline - time.monotonic())))
-                plan = None
-            if plan is not None:
-                self._last = plan
-                return plan
-            if time.monotonic() >= deadline:
-                return None
+        return first(lambda: self._end_marker(after_version) or self._slice(
+            after_version, max(0.0, min(deadline - time.monotonic(), self.slice_s))),
+            "a newer plan", limit_s=timeout_s, poll_s=0.0, max_poll_s=0.0)
+
+    def _slice(self, after_version: int, wait_s: float) -> Optional[Plan]:
+        """One long-poll of at most `wait_s`: a newer plan, or None."""
+        try:
+            plan = self.http.wait_for_plan(after_version, wait_s)
+        except LookupError as e:  # the service lost the job: train on under the plan in
+            if not self._lost:    # force; the coordinator halts if anything fails now
+                log.warning("%s; going on under the plan in force", e)
+            self._lost = True
+            time.sleep(wait_s)
+            return None
+        if plan is not None:
+            self._last = plan
+        return plan
 
     def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1,
                   compute=None, entered=None) -> None:
@@ -98,33 +103,29 @@ class ServiceWorkerSource(StorePlanSource):
         except (RuntimeError, LookupError, PermissionError) as e:  # the plan will tell
             log.warning("suspect report refused: %s", e)
 
-    def rejoin(self, version: int, patience_s: float = 120.0) -> None:
+    def rejoin(self, version: int) -> None:
         """Post the recovery event with our incarnation (stable id: a retry is idempotent);
         retried while the service is unreachable. For a worker the service still has live
         (our predecessor's death is not declared yet), a newer incarnation is the proof of
         that death: the service replaces it in one new version, no heartbeat timeout."""
         event_id = f"rejoin-{self.run_id}-{self.me[0]}.{self.me[1]}-{self.inc}-v{version}"
-        end = time.monotonic() + patience_s
-        while True:
-            try:
-                self.http.report_event(event_id, "recovery", *self.me,
-                                       reason=f"worker restarted (incarnation {self.inc})",
-                                       incarnation=self.inc)
-                return
-            except httpx.TransportError:
-                if time.monotonic() > end:
-                    raise
-                time.sleep(0.2)
-            except RuntimeError as e:  # 409: recovered already (e.g. by an operator)
-                log.warning("recovery event not applied: %s", e)
-                return
+        try:
+            retried(lambda: self.http.report_event(
+                event_id, "recovery", *self.me, incarnation=self.inc,
+                reason=f"worker restarted (incarnation {self.inc})"),
+                "the recovery event", patience_s=self.patience_s, retry_on=UNREACHABLE,
+                first_s=0.2)
+        except RuntimeError as e:  # 409: recovered already (e.g. by an operator)
+            log.warning("recovery event not applied: %s", e)
 
 
 class ServiceWatch:
     """Coordinator side: follows the job's newest plan at the service in a thread."""
 
-    def __init__(self, url: str, job_id: str, token: str, timeout_s: float = 30.0):
+    def __init__(self, url: str, job_id: str, token: str, timeout_s: float = 30.0,
+                 patience_s: float = Timeouts().service_outage):
         self.url, self.job_id, self.token = url, job_id, token
+        self.patience_s = patience_s
         self.http = HttpPlanSource(url, job_id, token)
         try:
             first = self.http.wait_for_plan(-1, timeout_s)
@@ -229,36 +230,33 @@ class ServiceWatch:
         under = self._paused_under
         return under is not None and self.plan.version <= under
 
-    def finish(self, console=None, patience_s: float = 300.0) -> Optional[str]:
+    def finish(self, console=None) -> Optional[str]:
         """Tell the service training completed, retried while it is unreachable: a service
         that comes back without hearing it would take the workers' exit for failures and
         halt a finished job. The workers keep heartbeating until then. Returns a warning
         when the service could not be told (training itself is complete either way)."""
-        end = time.monotonic() + patience_s
-        said = False
-        while True:
-            try:
-                self.http.finish()
-                return None
-            except httpx.TransportError as e:
-                if time.monotonic() > end:
-                    why = f"could not tell the plan service that training finished: {e}"
-                    break
-                if not said and console is not None:
-                    console.print(f"[yellow]plan service unreachable; waiting up to "
-                                  f"{patience_s:g} s to report the end of training[/]")
-                said = True
-                time.sleep(0.5)
-            except (LookupError, PermissionError, TrainingHalted, RuntimeError) as e:
-                why = f"the plan service did not record the end of training: {e}"
-                break
+        told: list = []
+
+        def waiting(e: BaseException) -> None:
+            if not told and console is not None:
+                console.print(f"[yellow]plan service unreachable; waiting up to "
+                              f"{self.patience_s:g} s to report the end of training[/]")
+            told.append(e)
+        try:
+            retried(self.http.finish, "the end of training", patience_s=self.patience_s,
+                    retry_on=UNREACHABLE, first_s=0.5, on_retry=waiting)
+            return None
+        except UNREACHABLE as e:
+            why = f"could not tell the plan service that training finished: {e}"
+        except (LookupError, PermissionError, TrainingHalted, RuntimeError) as e:
+            why = f"the plan service did not record the end of training: {e}"
         log.warning("%s", why)
         if console is not None:
             console.print(f"[yellow]warning:[/] {why}")
         return why
 
-    def report_failure(self, worker, incarnation: int, run_id: str, why: str,
-                       patience_s: float = 300.0) -> threading.Thread:
+    def report_failure(self, worker, incarnation: int, run_id: str,
+                       why: str) -> threading.Thread:
         """Post a dead process's failure event (its incarnation: idempotent, and a stale
         one is refused) on a thread, retried while the service is unreachable: the
         coordinator's loop must not wait on it. A 409 (declared failed already, by a
@@ -267,22 +265,20 @@ class ServiceWatch:
         event_id = f"death-{run_id}-{r}.{s}-{incarnation}"
 
         def post() -> None:
-            end = time.monotonic() + patience_s
-            while not self._stop.is_set():
-                try:
-                    answer = self.http.report_event(event_id, "failure", r, s, reason=why,
-                                                    incarnation=incarnation)
-                    if answer.get("state") == "paused":
-                        self._paused_under = answer.get("plan_version", self.plan.version)
-                    return
-                except httpx.TransportError:
-                    if time.monotonic() > end:
-                        break
-                    self._stop.wait(0.2)
-                except (RuntimeError, LookupError, PermissionError, TrainingHalted) as e:
-                    log.info("failure of %s:%s not applied: %s", r, s, e)
-                    return
-            log.warning("could not report the failure of worker %s:%s to the service", r, s)
+            try:
+                answer = retried(lambda: self.http.report_event(
+                    event_id, "failure", r, s, reason=why, incarnation=incarnation),
+                    f"the failure of {r}:{s}", patience_s=self.patience_s,
+                    retry_on=UNREACHABLE, first_s=0.2, stop=self._stop.is_set)
+            except UNREACHABLE:
+                log.warning("could not report the failure of worker %s:%s to the service",
+                            r, s)
+                return
+            except (RuntimeError, LookupError, PermissionError, TrainingHalted) as e:
+                log.info("failure of %s:%s not applied: %s", r, s, e)
+                return
+            if answer.get("state") == "paused":
+                self._paused_under = answer.get("plan_version", self.plan.version)
 
         t = threading.Thread(target=post, name=f"report-{r}.{s}", daemon=True)
         t.start()

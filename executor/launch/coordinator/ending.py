@@ -19,6 +19,7 @@ from executor.launch.coordinator.publishing import Plans
 from executor.launch.report.run_record import RunRecord
 from executor.launch.coordinator.steps import Steps
 from executor.protocol import Bye, Done
+from executor.runtime.transport.waiting import WaitEnded, wait_until
 from executor.timeouts import Timeouts
 
 
@@ -106,13 +107,19 @@ class RunEnd:
         `bye` crashed them (and their agents took that for failures, even restarted them).
         Only `done` (the last losses, for a halt) is handled meanwhile: nothing may
         publish a plan after the end."""
-        while not want <= self.byes and time.monotonic() < end:
+        def said_bye() -> bool:
             processes.mailbox.wait(0.05)
             for m in processes.mailbox.drain():
                 if isinstance(m, Bye):
                     self.byes.add(m.worker)
                 elif isinstance(m, Done):
                     handle(m)
+            return want <= self.byes
+        try:
+            wait_until(said_bye, "the workers' byes", limit_s=max(0.0, end - time.monotonic()),
+                       poll_s=0.0, max_poll_s=0.0)
+        except WaitEnded:  # gone without a word: the store closes anyway
+            pass
 
     def summary(self, record: RunRecord, faults_log, elastic: dict) -> Summary:
         plans = record.plans_used(self.iterations)
@@ -149,10 +156,12 @@ class RunEnd:
     def final_checkpoint(self, timeouts: Timeouts) -> None:
         """The last iteration's checkpoint: local workers have exited (their parts are
         written); torchrun'd ones may still be writing, so wait for them a little."""
-        end = time.monotonic() + (timeouts.workers_exit if self.external else 0)
-        while (self.checkpoints.collect(self.losses.upto) != self.iterations - 1
-               and time.monotonic() < end):
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: self.checkpoints.collect(self.losses.upto) == self.iterations - 1,
+                       "the last checkpoint", poll_s=0.1, max_poll_s=0.1,
+                       limit_s=timeouts.workers_exit if self.external else 0.0)
+        except WaitEnded:  # the newest complete checkpoint stands
+            pass
 
 
 def _shape(plan: dict) -> Optional[tuple]:

@@ -29,7 +29,7 @@ from executor.runtime.steps.grad_sum import allreduce_grads
 from executor.runtime.steps.interpreter import StageSteps, run_steps
 from executor.runtime.steps.stepper import Logged
 from executor.runtime.steps.tied import shared, tied_inputs
-from executor.runtime.transport.waiting import DEADLINE, WaitEnded, wait_until
+from executor.runtime.transport.waiting import wait_until
 from planner.lowering import FWD as STEP_FWD, Op, lower_replay
 
 from executor.runtime.stage_handle import StageHandle
@@ -182,15 +182,7 @@ def _await_replays(h: StageHandle, plan, rp: ReplayPlan) -> None:
     for u, win in sorted(rp.windows.items()):
         progress = replay_progress_key(plan.version, u)
         for it in win.iterations:
-            key, seen = replay_key(plan.version, u, it), -1
-            while True:
-                try:
-                    wait_until(lambda: h.store.check([key]), f"the replay of stage {u}, "
-                               f"iteration {it}", limit_s=limit,
-                               newer=lambda: h.newer_plan())
-                    break
-                except WaitEnded as exc:
-                    done = int(h.store.add(progress, 0))
-                    if exc.reason != DEADLINE or done == seen:
-                        raise  # superseded, or not one micro-batch more in `limit`
-                    seen = done
+            key = replay_key(plan.version, u, it)
+            wait_until(lambda: h.store.check([key]), f"the replay of stage {u}, iteration {it}",
+                       limit_s=limit, newer=h.newer_plan,
+                       progress=lambda: int(h.store.add(progress, 0)))

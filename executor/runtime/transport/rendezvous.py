@@ -18,6 +18,7 @@ import torch.distributed as dist
 
 from executor import protocol as P
 from executor.protocol import GATE_KEYS, MAILBOX, Message
+from executor.runtime.transport.waiting import WaitEnded, first, wait_until
 from executor.sources.plan_source import TrainingHalted
 from planner.plan import Plan
 
@@ -51,17 +52,18 @@ class StorePlanSource:
 
     # ---- PlanSource ----------------------------------------------------------------
     def wait_for_plan(self, after_version: int, timeout_s: float) -> Optional[Plan]:
-        deadline = time.monotonic() + timeout_s
-        while True:
-            with self._lock:
-                if self.store.check([P.HALTED]):
-                    raise TrainingHalted(self.store.get(P.HALTED).decode())
-                newest = read_int(self.store, P.PLAN_VERSION) - 1
-                if newest > after_version:
-                    return Plan.from_json(self.store.get(P.plan_key(newest)).decode())
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(self.poll_s)
+        return first(lambda: self._newest(after_version), "a newer plan", limit_s=timeout_s,
+                     poll_s=self.poll_s, max_poll_s=self.poll_s)
+
+    def _newest(self, after_version: int) -> Optional[Plan]:
+        """The newest plan if newer than `after_version`; a halt raises TrainingHalted."""
+        with self._lock:
+            if self.store.check([P.HALTED]):
+                raise TrainingHalted(self.store.get(P.HALTED).decode())
+            newest = read_int(self.store, P.PLAN_VERSION) - 1
+            if newest > after_version:
+                return Plan.from_json(self.store.get(P.plan_key(newest)).decode())
+        return None
 
     def heartbeat(self, replica: int, stage: int, iteration: int, incarnation: int = 1,
                   compute=None, entered=None) -> None:
@@ -83,14 +85,20 @@ class StorePlanSource:
             hold = read_int(self.store, P.HOLD) - 1
         return 0 <= hold <= iteration
 
-    def await_go(self, iteration: int, timeout_s: float) -> None:
+    def await_go(self, iteration: int, timeout_s: float) -> bool:
+        """The coordinator's go at a fault point: True, or False when it has not answered
+        within `timeout_s` (the iteration goes on: no fault lands there)."""
         key = P.go_key(self.me, self.inc, iteration)
-        end = time.monotonic() + timeout_s
-        while time.monotonic() < end:
+
+        def given() -> bool:
             with self._lock:
-                if self.store.check([key]):
-                    return
-            time.sleep(self.poll_s)
+                return self.store.check([key])
+        try:
+            wait_until(given, f"the coordinator's go at iteration {iteration}",
+                       limit_s=timeout_s, poll_s=self.poll_s, max_poll_s=self.poll_s)
+        except WaitEnded:
+            return False
+        return True
 
     # ---- worker -> coordinator --------------------------------------------------------
     def send(self, msg: Message) -> None:
