@@ -5,11 +5,10 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer
 
+from planner.control.routes import MAX_INCARNATION, MAX_INDEX  # noqa: F401 (bounds of paths too)
 from planner.plan import Action, Metrics, Move, SolverInfo
 
-MAX_INDEX = 1_000_000  # a replica's, stage's or node's number (in bodies and paths alike)
 Index = Field(ge=0, le=MAX_INDEX, strict=True)  # strict: JSON true is not 1
-MAX_INCARNATION = 2**31
 
 
 def Incarnation(description: str):  # noqa: N802 - reads like the Field it returns

@@ -27,6 +27,8 @@ import httpx
 from rich.console import Console
 from rich.table import Table
 
+from planner.control import routes as R
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 D, S, M, ITERATIONS = 2, 2, 2, 12
 KILL, REJOIN = (1, 0, 3), (1, 0, 7)  # replica, stage, iteration
@@ -128,7 +130,7 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
     service, url = _start_service(tmp, admin)
     try:
         headers = {"Authorization": f"Bearer {admin}"}
-        r = httpx.post(url + "/v1/jobs", headers=headers, params={"max_failures": 1},
+        r = httpx.post(url + R.JOBS.url(), headers=headers, params={"max_failures": 1},
                        json=JobSpec.uniform(D, S, M).model_dump(mode="json"), timeout=30)
         r.raise_for_status()
         job_id, token = r.json()["id"], r.json()["token"]
@@ -146,7 +148,8 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
         t0 = time.monotonic()
         res = coord.run()
         wall = time.monotonic() - t0
-        events = httpx.get(f"{url}/v1/jobs/{job_id}/events", headers=headers, timeout=10).json()
+        events = httpx.get(url + R.EVENT_LOG.url(job_id=job_id), headers=headers,
+                           timeout=10).json()
     finally:
         service.terminate()
         try:

@@ -6,10 +6,10 @@ from typing import Optional
 from pydantic import BaseModel, Field
 
 from api.models import Index, HeartbeatIn, _In
+from planner.control.routes import MAX_PER_NODE
 
 AgentId = Field(min_length=1, max_length=100, pattern=r"^[\x21-\x7e]+$",
                 description="the agent's own id, chosen at start (e.g. host-pid-random)")
-MAX_PER_NODE = 4096  # workers per node, claimed in a body and named in the plan's query
 PerNode = Field(ge=1, le=MAX_PER_NODE, strict=True,
                 description="workers per node (torchrun's --nproc-per-node); the same for "
                             "every node of a job")

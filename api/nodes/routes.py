@@ -13,7 +13,8 @@ from typing import Optional
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from api.hotpath.endpoints import AFTER, NODE, NODE_BEAT, NODE_PLAN, PER_NODE, WAIT
+from api.hotpath.endpoints import (AFTER, NODE, NODE_BEAT, NODE_PLAN, PER_NODE, WAIT, path,
+                                   query)
 from api.hotpath.views import node_view
 from api.models import Error
 from api.routes.plans import _json, _wait
@@ -21,11 +22,12 @@ from api.nodes.beat import node_beat
 from api.nodes.models import DetachOut, NodeBeatIn, NodeBeatOut, NodeClaimIn, NodeOut
 from api.security import JOB, AuthRoute, bearer
 from api.jobs.runtime import ApiError
+from planner.control import routes as R
 
 router = APIRouter(prefix="/v1/jobs/{job_id}/nodes/{node}", route_class=AuthRoute,
                    dependencies=[Depends(bearer)], tags=["nodes"])
 ERRORS = {c: {"model": Error} for c in (401, 403, 404, 409, 410, 413, 422)}
-Node = NODE.path()
+Node = path(NODE)
 
 
 def _claim(request: Request, job_id: str, node: int, body: NodeClaimIn):
@@ -37,7 +39,7 @@ def _claim(request: Request, job_id: str, node: int, body: NodeClaimIn):
     return svc, job, cells
 
 
-@router.post("/attach", response_model=NodeOut, openapi_extra=JOB, responses=ERRORS,
+@router.post(R.NODE_ATTACH.under(router.prefix), response_model=NodeOut, openapi_extra=JOB, responses=ERRORS,
              summary="An agent claims a node")
 async def attach(job_id: str, body: NodeClaimIn, request: Request, node: int = Node):
     """The node's workers are ranks `node * workers_per_node` onwards. 409 while another
@@ -64,7 +66,7 @@ async def heartbeats(job_id: str, body: NodeBeatIn, request: Request,  # = NODE_
     return await node_beat(svc, request.app.state.nodes, svc.job(job_id), node, body)
 
 
-@router.post("/detach", response_model=DetachOut, openapi_extra=JOB, responses=ERRORS,
+@router.post(R.NODE_DETACH.under(router.prefix), response_model=DetachOut, openapi_extra=JOB, responses=ERRORS,
              summary="An agent gives its node back")
 async def detach(job_id: str, body: NodeClaimIn, request: Request, node: int = Node):
     """Another agent may claim the node at once. The workers' own state is not touched
@@ -81,8 +83,8 @@ async def detach(job_id: str, body: NodeClaimIn, request: Request, node: int = N
             responses=NODE_PLAN.responses(),
             summary="The node's share of the current plan (long-poll like /plan)")
 async def node_plan(request: Request, job_id: str, node: int = Node,
-                    after: Optional[int] = AFTER.query(), wait: float = WAIT.query(),
-                    workers_per_node: int = PER_NODE.query()):
+                    after: Optional[int] = query(AFTER), wait: float = query(WAIT),
+                    workers_per_node: int = query(PER_NODE)):
     """One long-poll for all the node's workers: the version, failed set, routes, metrics
     and solver once, and under `workers` each worker's entry as
     /workers/{replica}/{stage}/plan gives it (in_plan, incarnation, actions)."""

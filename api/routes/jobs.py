@@ -11,6 +11,7 @@ from api.models import (Error, EventIn, EventOut, JobBrief, JobCreated, JobOut, 
                         Precompute, SpeedIn, SpeedsOut)
 from api.security import ADMIN, JOB, AuthRoute, bearer
 from api.jobs.runtime import ApiError
+from planner.control import routes as R
 from planner.job import JobSpec
 
 router = APIRouter(prefix="/v1/jobs", route_class=AuthRoute, dependencies=[Depends(bearer)],
@@ -58,7 +59,7 @@ def precompute_of(request: Request, job_id: str) -> dict:
             "solvers": json.loads(row["solvers"]), "error": row["error"]}
 
 
-@router.post("", status_code=201, response_model=JobCreated, openapi_extra=ADMIN,
+@router.post(R.JOBS.under(router.prefix), status_code=201, response_model=JobCreated, openapi_extra=ADMIN,
              responses=errors(), summary="Register a job (admin)")
 async def create_job(spec: JobSpec, request: Request,
                      max_failures: Optional[int] = Query(
@@ -84,7 +85,7 @@ async def list_jobs(request: Request):
             for j in request.app.state.service.jobs.values()]
 
 
-@router.get("/{job_id}", response_model=JobOut, openapi_extra=JOB, responses=errors(404),
+@router.get(R.JOB.under(router.prefix), response_model=JobOut, openapi_extra=JOB, responses=errors(404),
             summary="A job: state, failed set, plan versions, precompute progress")
 async def get_job(job_id: str, request: Request):
     svc = request.app.state.service
@@ -99,7 +100,7 @@ async def get_job(job_id: str, request: Request):
             "precompute": precompute_of(request, job.id)}
 
 
-@router.post("/{job_id}/events", response_model=EventOut, openapi_extra=JOB,
+@router.post(R.EVENTS.under(router.prefix), response_model=EventOut, openapi_extra=JOB,
              responses=errors(404, 409), summary="Report a failure or a recovery")
 async def post_event(job_id: str, ev: EventIn, request: Request, response: Response):
     """Idempotent by `event_id`: the same id and body get the same answer again; the same
@@ -123,7 +124,7 @@ async def post_speed(job_id: str, ev: SpeedIn, request: Request, response: Respo
     return await _apply(svc.apply_speed, svc.job(job_id), ev, request, response)
 
 
-@router.post("/{job_id}/nodes", response_model=EventOut, openapi_extra=JOB,
+@router.post(R.NODES.under(router.prefix), response_model=EventOut, openapi_extra=JOB,
              responses=errors(404, 409), summary="A node removed or added")
 async def post_node(job_id: str, ev: NodeEventIn, request: Request, response: Response):
     """`kind: remove` (a spot preemption notice, an instance gone) with the node's
@@ -160,7 +161,7 @@ async def get_speeds(job_id: str, request: Request):
             "measured": measured}
 
 
-@router.post("/{job_id}/finish", response_model=JobBrief, openapi_extra=JOB,
+@router.post(R.FINISH.under(router.prefix), response_model=JobBrief, openapi_extra=JOB,
              responses=errors(404, 410), summary="Training completed: stop failure detection")
 async def finish_job(job_id: str, request: Request):
     """`state: finished`: the job's workers are no longer watched (they exit without being
@@ -171,7 +172,7 @@ async def finish_job(job_id: str, request: Request):
     return {"id": job.id, "state": job.state, "plan_version": job.version, "failed": job.failed}
 
 
-@router.get("/{job_id}/events", response_model=list[EventOut], openapi_extra=JOB,
+@router.get(R.EVENT_LOG.under(router.prefix), response_model=list[EventOut], openapi_extra=JOB,
             responses=errors(404), summary="Accepted events, oldest first")
 async def list_events(job_id: str, request: Request):
     svc = request.app.state.service

@@ -3,14 +3,16 @@ from __future__ import annotations
 
 from typing import Optional
 
-from fastapi import APIRouter, Depends, Path, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
 from api.hotpath.encode import whole_plan
-from api.hotpath.endpoints import AFTER, INCARNATION, INDEX, JOB_PLAN, WAIT, WORKER_PLAN
+from api.hotpath.endpoints import (AFTER, INCARNATION, INDEX, JOB_PLAN, VERSION, WAIT,
+                                   WORKER_PLAN, path, query)
 from api.hotpath.views import superseded, worker_view
 from api.models import Error, WorkerPlanOut
 from api.security import JOB, AuthRoute, bearer
 from api.jobs.runtime import ApiError
+from planner.control import routes as R
 from planner.plan import Plan
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,
@@ -47,8 +49,8 @@ async def _wait(request: Request, job_id: str, after: Optional[int], wait: float
 @router.get(JOB_PLAN.under(router.prefix), response_model=Plan,
             openapi_extra=JOB_PLAN.openapi_extra, responses=JOB_PLAN.responses(),
             summary="Current plan; long-poll with after/wait")
-async def current_plan(request: Request, job_id: str, after: Optional[int] = AFTER.query(),
-                       wait: float = WAIT.query()):
+async def current_plan(request: Request, job_id: str, after: Optional[int] = query(AFTER),
+                       wait: float = query(WAIT)):
     """Without `after`: the current plan at once. With `after=V`: the current plan as
     soon as its version is greater than V, or 204 after `wait` seconds. A halted job
     answers 410 with the reason (restore from checkpoint)."""
@@ -58,10 +60,10 @@ async def current_plan(request: Request, job_id: str, after: Optional[int] = AFT
     return await _whole(request, job.plan_bytes, job.version)
 
 
-@router.get("/plans/{version}", response_model=Plan, openapi_extra=JOB,
+@router.get(R.PLAN_VERSION.under(router.prefix), response_model=Plan, openapi_extra=JOB,
             responses=ERRORS, summary="A past or current plan version")
 async def plan_version(request: Request, job_id: str,
-                       version: int = Path(ge=0, le=2**53)):
+                       version: int = path(VERSION)):
     svc = request.app.state.service
     body = svc.job(job_id).recent.get(version)
     if body is None:
@@ -75,10 +77,10 @@ async def plan_version(request: Request, job_id: str,
 @router.get(WORKER_PLAN.under(router.prefix), response_model=WorkerPlanOut,
             openapi_extra=WORKER_PLAN.openapi_extra, responses=WORKER_PLAN.responses(),
             summary="One worker's actions in the current plan (long-poll like /plan)")
-async def worker_plan(request: Request, job_id: str, replica: int = INDEX.path(),
-                      stage: int = INDEX.path(), after: Optional[int] = AFTER.query(),
-                      wait: float = WAIT.query(),
-                      incarnation: Optional[int] = INCARNATION.query()):
+async def worker_plan(request: Request, job_id: str, replica: int = path(INDEX),
+                      stage: int = path(INDEX), after: Optional[int] = query(AFTER),
+                      wait: float = query(WAIT),
+                      incarnation: Optional[int] = query(INCARNATION)):
     """The worker's ordered actions plus the routes and the version. `in_plan: false`
     means the worker has been declared failed and must stop (fencing); `incarnation` is
     the process incarnation of this worker that the version admits."""

@@ -12,6 +12,7 @@ from api.models import (Error, HeartbeatIn, HeartbeatOut, ProgressIn, ProgressOu
                         SuspectOut)
 from api.security import JOB, AuthRoute, bearer
 from api.jobs.runtime import ApiError
+from planner.control import routes as R
 
 router = APIRouter(prefix="/v1/jobs/{job_id}", route_class=AuthRoute,
                    dependencies=[Depends(bearer)], tags=["workers"])
@@ -33,7 +34,7 @@ async def heartbeat(job_id: str, hb: HeartbeatIn, request: Request):  # = WORKER
     return await worker_beat(svc, svc.job(job_id), hb)
 
 
-@router.post("/suspects", response_model=SuspectOut, openapi_extra=JOB, responses=ERRORS,
+@router.post(R.SUSPECTS.under(router.prefix), response_model=SuspectOut, openapi_extra=JOB, responses=ERRORS,
              summary="A peer stopped answering: check it now")
 async def suspect(job_id: str, report: SuspectIn, request: Request):
     """Cuts the suspected worker's deadline to its last heartbeat plus the suspect grace
@@ -66,7 +67,7 @@ async def suspect(job_id: str, report: SuspectIn, request: Request):
             "declared_failed": left is None, "deadline_s": left}
 
 
-@router.post("/progress", response_model=ProgressOut, openapi_extra=JOB, responses=ERRORS,
+@router.post(R.PROGRESS.under(router.prefix), response_model=ProgressOut, openapi_extra=JOB, responses=ERRORS,
              summary="The coordinator's training progress")
 async def progress(job_id: str, report: ProgressIn, request: Request):
     """The newest completed iteration, its mean loss and the measured tokens/s, sent by the

@@ -40,6 +40,8 @@ from executor.node.changes import AgentError, NodeChanges, _detail
 from executor.node.local import LocalChannel
 from executor.runtime.transport.waiting import retried
 from executor.timeouts import Timeouts
+from planner.control import routes as R
+from planner.control.routes import Route
 
 log = logging.getLogger("recycle.agent")
 Worker = tuple[int, int]
@@ -88,7 +90,6 @@ class NodeAgent(NodeChanges):
         base = service.rstrip("/")
         self.api = httpx.Client(base_url=base, headers=headers, timeout=10.0)  # beats, events
         self.poller = httpx.Client(base_url=base, headers=headers, timeout=10.0)
-        self.prefix = f"/v1/jobs/{job_id}"
         self.local = LocalChannel(self, local_port)
         self.cells: list[Worker] = []
         self.timeout_s = 10.0
@@ -114,7 +115,7 @@ class NodeAgent(NodeChanges):
 
     def claim(self) -> None:
         """Claim the node (AgentError with the service's reason if it refuses)."""
-        r = self._post(f"/nodes/{self.node}/attach", self._claim_body())
+        r = self._post(R.NODE_ATTACH, self._claim_body())
         if r.status_code != 200:
             raise AgentError(f"the plan service refused node {self.node} "
                              f"({r.status_code}): {_detail(r)}")
@@ -129,7 +130,7 @@ class NodeAgent(NodeChanges):
         backoff = 0.05
         while not self.stopping.is_set():
             try:
-                r = self.poller.get(f"{self.prefix}/nodes/{self.node}/plan", params={
+                r = self.poller.get(self.url(R.NODE_PLAN), params={
                     "after": self.version, "wait": POLL_S, "workers_per_node": self.per_node},
                     timeout=httpx.Timeout(10.0, read=POLL_S + 10.0))
             except httpx.TransportError:
@@ -163,7 +164,7 @@ class NodeAgent(NodeChanges):
             with self.cond:
                 live = [b for t, b in self.beats.values() if now - t < fresh_s]
             try:
-                r = self.api.post(f"{self.prefix}/nodes/{self.node}/heartbeats",
+                r = self.api.post(self.url(R.NODE_BEAT),
                                   json={**self._claim_body(), "workers": live})
             except httpx.TransportError:
                 continue
@@ -185,10 +186,10 @@ class NodeAgent(NodeChanges):
             else:
                 log.warning("node heartbeat refused (%s): %s", r.status_code, _detail(r))
 
-    def forward(self, path: str, raw: bytes) -> tuple[int, bytes]:
+    def forward(self, route: Route, raw: bytes) -> tuple[int, bytes]:
         """A worker's suspect report, event or finish, to the service as it came."""
         try:
-            r = self.api.post(self.prefix + path, content=raw,
+            r = self.api.post(self.url(route), content=raw,
                               headers={"Content-Type": "application/json"})
         except httpx.TransportError as e:
             return 503, json.dumps({"detail": f"agent: plan service unreachable: {e}"}).encode()
@@ -218,7 +219,7 @@ class NodeAgent(NodeChanges):
         """The whole plan of `version`, fetched once for the node's workers."""
         with self._full_lock:
             if self._full[0] != version:
-                r = self.api.get(f"{self.prefix}/plans/{version}")
+                r = self.api.get(R.PLAN_VERSION.url(job_id=self.job_id, version=version))
                 r.raise_for_status()
                 self._full = (version, r.content)
             return self._full[1]
@@ -274,7 +275,7 @@ class NodeAgent(NodeChanges):
             body["incarnation"] = inc
         status, answer = 0, {}
         try:  # the service may be restarting
-            r = retried(lambda: self.api.post(f"{self.prefix}/events", json=body),
+            r = retried(lambda: self.api.post(self.url(R.EVENTS), json=body),
                         "a worker's failure", patience_s=self.patience_s,
                         retry_on=(httpx.TransportError,), first_s=0.2,
                         stop=self.stopping.is_set)
@@ -342,7 +343,7 @@ class NodeAgent(NodeChanges):
                 p.kill()
                 p.wait()
             try:
-                self.api.post(f"{self.prefix}/nodes/{self.node}/detach", json=self._claim_body())
+                self.api.post(self.url(R.NODE_DETACH), json=self._claim_body())
             except httpx.TransportError:
                 pass
             self.local.close()

@@ -11,6 +11,8 @@ from typing import Optional
 import httpx
 
 from executor.runtime.transport.waiting import retried
+from planner.control import routes as R
+from planner.control.routes import Route
 from planner.errors import UserError
 
 
@@ -33,11 +35,18 @@ def _detail(r: httpx.Response) -> str:
 class NodeChanges:
     """Uses the agent's api client, job, node, cells, incarnations and say()."""
 
-    def _post(self, path: str, body: dict, patience_s: Optional[float] = None) -> httpx.Response:
+    def url(self, route: Route) -> str:
+        """A declared route (planner/control/routes.py) of this job, and of this node."""
+        node = {"node": self.node} if "{node}" in route.template else {}
+        return route.url(job_id=self.job_id, **node)
+
+    def _post(self, route: Route, body: dict,
+              patience_s: Optional[float] = None) -> httpx.Response:
         """POST, retried while the service is unreachable (it may be restarting): the
         service's patience, or a shorter one where time runs out first (a preemption)."""
+        url = self.url(route)
         try:
-            return retried(lambda: self.api.post(self.prefix + path, json=body), f"POST {path}",
+            return retried(lambda: self.api.post(url, json=body), f"POST {url}",
                            patience_s=self.patience_s if patience_s is None else patience_s,
                            retry_on=(httpx.TransportError,), first_s=0.5)
         except httpx.TransportError as e:
@@ -46,7 +55,7 @@ class NodeChanges:
     def join(self) -> None:
         """A new instance with no node rank: a node add; the service answers the vacant
         node whose (dead) workers' ids this node's workers take."""
-        r = self._post("/nodes", {
+        r = self._post(R.NODES, {
             "event_id": f"agent-join-{self.job_id}-{self.agent_id}", "kind": "add",
             "workers_per_node": self.per_node,
             "reason": f"node agent {self.agent_id} started"})
@@ -74,7 +83,7 @@ class NodeChanges:
                                                   if incs.get((r, s)) else {})}
                    for r, s in self.cells]
         try:
-            r = self._post("/nodes", {
+            r = self._post(R.NODES, {
                 "event_id": f"agent-{self.job_id}-n{self.node}-preempt-{self.agent_id}",
                 "kind": "remove", "workers": workers,
                 "reason": f"node agent {self.node}: preemption notice (SIGTERM)"},

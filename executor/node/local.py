@@ -10,19 +10,23 @@ RECYCLE_AGENT.
   POST /v1/jobs/{id}/heartbeats                          kept; the agent sends them on
   POST /v1/jobs/{id}/suspects | events | finish           forwarded to the service as is
 
-Requests need the job's token (the port is reachable by every local user).
+Requests need the job's token (the port is reachable by every local user). The routes
+are the service's own declarations (planner/control/routes.py): matched, and their
+queries read, as the service reads them.
 """
 from __future__ import annotations
 
 import hmac
 import json
-import re
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import urlsplit
 
+from planner.control import routes as R
 
+# a worker's requests the agent passes on to the service as they came
+FORWARDED = (R.SUSPECTS, R.EVENTS, R.FINISH)
 
 class NodeView(Protocol):
     """What the local channel needs of its node agent (agent.py): no import of it, so the
@@ -36,7 +40,7 @@ class NodeView(Protocol):
 
     def local_beat(self, worker, body: bytes, pid) -> tuple: ...
 
-    def forward(self, path: str, raw: bytes) -> tuple: ...
+    def forward(self, route, raw: bytes) -> tuple: ...
 
 MAX_BODY = 1 << 20
 
@@ -61,50 +65,52 @@ class _Handler(BaseHTTPRequestHandler):
     def _error(self, status: int, detail: str, **extra) -> None:
         self._send(status, json.dumps({"detail": detail, **extra}).encode())
 
-    def _route(self):
-        """(rest of the path after the job prefix, query) once the token is checked."""
+    def _route(self, routes: tuple):
+        """(the declared route the request is, its parameters, its query) once the token
+        is checked; None when it was answered with an error."""
         url = urlsplit(self.path)
-        prefix = f"/v1/jobs/{self.agent.job_id}"
         token = (self.headers.get("Authorization") or "").partition(" ")[2].strip()
         if not hmac.compare_digest(token.encode(), self.agent.token.encode()):
             self._error(401, "invalid token")
             return None
-        if not url.path.startswith(prefix + "/"):
-            self._error(404, f"this agent serves job {self.agent.job_id} only")
-            return None
-        return url.path[len(prefix):], {k: v[-1] for k, v in parse_qs(url.query).items()}
+        for route in routes:
+            args = route.match(url.path)
+            if args is None:
+                continue
+            if args["job_id"] != self.agent.job_id:
+                self._error(404, f"this agent serves job {self.agent.job_id} only")
+                return None
+            return route, args, url.query.encode("latin-1")
+        self._error(404, f"no route {self.command} {url.path}")
+        return None
 
     def do_GET(self):  # noqa: N802 - the stdlib's name
-        got = self._route()
+        got = self._route((R.JOB_PLAN, R.WORKER_PLAN))
         if got is None:
             return
-        path, q = got
-        try:
-            after = int(q["after"]) if "after" in q else None
-            wait = float(q.get("wait", 0))
-        except ValueError:
-            return self._error(422, "after and wait must be numbers")
-        m = re.fullmatch(r"/workers/(\d+)/(\d+)/plan", path)
-        if path != "/plan" and m is None:
-            return self._error(404, f"no route {path}")
-        worker = (int(m.group(1)), int(m.group(2))) if m else None
+        route, args, qs = got
+        q = route.parse_query(qs)
+        if q is None:
+            return self._error(422, f"query: {', '.join(route.query)} as plain numbers "
+                                    f"within bounds")
+        worker = (args["replica"], args["stage"]) if route is R.WORKER_PLAN else None
         if worker is not None and worker not in self.agent.cells:
             return self._error(422, f"worker {worker[0]}:{worker[1]} is not on node "
                                     f"{self.agent.node}")
-        status, body, version = self.agent.local_plan(after, min(wait, 60.0), worker,
+        status, body, version = self.agent.local_plan(q["after"], min(q["wait"], 60.0), worker,
                                                       self.headers.get("X-Recycle-Pid"))
         self._send(status, body, version)
 
     def do_POST(self):  # noqa: N802
-        got = self._route()
+        got = self._route((R.WORKER_BEAT, *FORWARDED))
         if got is None:
             return
-        path, _ = got
+        route = got[0]
         n = int(self.headers.get("Content-Length") or 0)
         if n > MAX_BODY:
             return self._error(413, f"request body larger than {MAX_BODY} bytes")
         raw = self.rfile.read(n) if n else b""
-        if path == "/heartbeats":
+        if route is R.WORKER_BEAT:
             try:
                 body = json.loads(raw)
                 w = (int(body["replica"]), int(body["stage"]))
@@ -112,10 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
                 return self._error(422, "heartbeat: replica and stage required")
             status, answer = self.agent.local_beat(w, body, self.headers.get("X-Recycle-Pid"))
             return self._send(status, json.dumps(answer).encode())
-        if path in ("/suspects", "/events", "/finish"):
-            status, answer = self.agent.forward(path, raw)
-            return self._send(status, answer)
-        self._error(404, f"no route {path}")
+        status, answer = self.agent.forward(route, raw)
+        return self._send(status, answer)
 
 
 class LocalChannel:

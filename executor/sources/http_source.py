@@ -15,6 +15,8 @@ import httpx
 
 from executor.runtime.transport.waiting import first
 from executor.sources.plan_source import TrainingHalted
+from planner.control import routes as R
+from planner.control.routes import Route
 from planner.plan import Plan
 
 log = logging.getLogger("recycle.executor")
@@ -34,7 +36,6 @@ class HttpPlanSource:
                                     headers={"Authorization": f"Bearer {token}",
                                              **(headers or {})},
                                     timeout=request_timeout_s)
-        self._prefix = f"/v1/jobs/{job_id}"
         self._down = False  # warn once per outage, not on every retry
         self._pause = 0.05  # the back-off while the service is unreachable
 
@@ -42,6 +43,10 @@ class HttpPlanSource:
         if not self._down:
             log.warning("%s: plan service unreachable (%s); retrying", what, e)
         self._down = True
+
+    def _call(self, route: Route, **kw) -> httpx.Response:
+        """One request of a declared route (planner/control/routes.py) of this job."""
+        return self._client.request(route.method, route.url(job_id=self.job_id), **kw)
 
     def close(self) -> None:
         self._client.close()
@@ -78,9 +83,8 @@ class HttpPlanSource:
         """One long-poll until `deadline` (at most POLL_S): a newer plan, or None."""
         wait = max(0.0, min(deadline - time.monotonic(), POLL_S))
         try:
-            r = self._client.get(f"{self._prefix}/plan",
-                                 params={"after": after_version, "wait": round(wait, 3)},
-                                 timeout=httpx.Timeout(self._timeout, read=wait + self._timeout))
+            r = self._call(R.JOB_PLAN, params={"after": after_version, "wait": round(wait, 3)},
+                           timeout=httpx.Timeout(self._timeout, read=wait + self._timeout))
         except httpx.TransportError as e:  # service down or restarting: retried, backing off
             left = deadline - time.monotonic()
             if self._pause >= left:
@@ -110,7 +114,7 @@ class HttpPlanSource:
                 body["compute_iteration"], body["compute_s_per_mb"] = compute[0], round(compute[1], 7)
             if entered is not None:  # the service counts a version's moves done by it
                 body["entered_version"] = entered
-            r = self._client.post(f"{self._prefix}/heartbeats", json=body)
+            r = self._call(R.WORKER_BEAT, json=body)
         except httpx.TransportError as e:
             self._unreachable("heartbeat", e)
             return
@@ -127,7 +131,7 @@ class HttpPlanSource:
         if self.reporter is not None:
             body["reporter"] = {"replica": self.reporter[0], "stage": self.reporter[1]}
         try:
-            r = self._client.post(f"{self._prefix}/suspects", json=body)
+            r = self._call(R.SUSPECTS, json=body)
         except httpx.TransportError as e:
             self._unreachable("suspect report", e)
             return
@@ -137,17 +141,17 @@ class HttpPlanSource:
     # ---- extras --------------------------------------------------------------------------
     def job(self) -> dict:
         """The job as the service holds it (GET /v1/jobs/{id}: state, spec, shape, ...)."""
-        r = self._client.get(self._prefix)
+        r = self._call(R.JOB)
         self._raise_for(r)
         return r.json()
 
     def finish(self) -> None:
         """Training completed: the service stops watching the job's workers."""
-        self._raise_for(self._client.post(f"{self._prefix}/finish"))
+        self._raise_for(self._call(R.FINISH))
 
     def report_progress(self, body: dict) -> None:
         """The coordinator's training progress (iteration, iterations, loss, tokens_per_s)."""
-        self._raise_for(self._client.post(f"{self._prefix}/progress", json=body))
+        self._raise_for(self._call(R.PROGRESS, json=body))
 
     def report_event(self, event_id: str, kind: str, replica: int, stage: int,
                      reason: Optional[str] = None, incarnation: Optional[int] = None) -> dict:
@@ -157,6 +161,6 @@ class HttpPlanSource:
             body["reason"] = reason[:500]
         if incarnation is not None:
             body["incarnation"] = incarnation
-        r = self._client.post(f"{self._prefix}/events", json=body)
+        r = self._call(R.EVENTS, json=body)
         self._raise_for(r)
         return r.json()

@@ -16,6 +16,7 @@ import urllib.error
 import urllib.request
 from typing import Optional
 
+from planner.control import routes as R
 from recycle.chaos.leaks import kill_group, tagged_env
 from recycle.chaos.schedule import ServiceOutage
 
@@ -69,7 +70,7 @@ class Service:
         for a run that cannot change the pipeline's shape (the run refuses an auto job)."""
         query = "" if shape == "auto" else f"?shape={shape}"
         req = urllib.request.Request(
-            self.url + "/v1/jobs" + query, data=json.dumps(spec).encode(), method="POST",
+            self.url + R.JOBS.url() + query, data=json.dumps(spec).encode(), method="POST",
             headers={"Authorization": f"Bearer {self.admin}",
                      "Content-Type": "application/json"})
         with urllib.request.urlopen(req, timeout=30) as r:
