@@ -81,3 +81,30 @@ def test_a_config_trains_flags_override_and_run_toml_repeats_the_run(tmp_path):
     x, y = (json.loads((tmp_path / f).read_text()) for f in ("a.json", "b.json"))
     assert x["losses"] == y["losses"] and x["param_checksums"] == y["param_checksums"]
     assert len(x["losses"]) == 4
+
+
+def test_train_options_are_the_settings_declared_once():
+    """`recycle train` re-declared 53 of RunConfig's 57 fields with their own defaults;
+    its options are now generated from the fields: every setting is an option with the
+    field's default and help, and the command has no other but --config and --token."""
+    import dataclasses
+
+    import typer.main
+
+    from executor.inputs.run_config import RunConfig
+    from recycle.cli import app
+    cmd = typer.main.get_command(app).commands["train"]
+    options = {p.name: p for p in cmd.params}
+    fields = {f.name: f for sec in dataclasses.fields(RunConfig)
+              for f in dataclasses.fields(sec.type if isinstance(sec.type, type)
+                                          else type(getattr(RunConfig(), sec.name)))}
+    assert set(options) - set(fields) == {"config", "token"}, set(options) - set(fields)
+    assert set(fields) <= set(options)
+    defaults = RunConfig()
+    for sec in dataclasses.fields(RunConfig):
+        for f in dataclasses.fields(getattr(defaults, sec.name)):
+            want = getattr(getattr(defaults, sec.name), f.name)
+            got = options[f.name].default
+            assert (got if got is not None else None) == want or (want == [] and not got), \
+                (f.name, got, want)
+            assert f.metadata["doc"], f"{f.name} has no help"

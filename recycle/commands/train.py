@@ -49,73 +49,66 @@ def _configured(ctx: typer.Context, value: Optional[str]) -> Optional[str]:
     return value
 
 
-_ARCH = "default: the --model flavour's, else {}"
 AC_HELP = ("none, full (every block's forward is recomputed in backward, keeping only its "
            "input), or selective[:N] (every N-th block; N=2 by default): less activation "
            "memory for more compute, the same numbers (recomputed once, in I)")
-# The model options of `train` and `profile` (one definition for both commands).
-MODEL_OPTION = typer.Option("gpt", "--model", help="NAME[:FLAVOUR]: gpt, llama (= llama:debug), llama:125m, llama:1b, llama:8b, or an import path package.module:factory returning an executor.compute.model.Workload (docs/executor.md)")
-D_MODEL_OPTION = typer.Option(None, "--d-model", help=_ARCH.format(32))
-LAYERS_OPTION = typer.Option(None, "--layers", help=_ARCH.format(4))
-HEADS_OPTION = typer.Option(None, "--heads", help=_ARCH.format(2))
-SEQ_LEN_OPTION = typer.Option(None, "--seq-len", help="default: the --model flavour's (which it may shorten), else 16")
-VOCAB_OPTION = typer.Option(None, "--vocab", help=_ARCH.format(64))
 
 
-def train_cmd(
-    ctx: typer.Context,
-    config: Optional[str] = typer.Option(None, "--config", is_eager=True, callback=_configured, help="a run's settings from a TOML (or .json) file with sections \\[grid] \\[model] \\[optimizer] \\[schedule] \\[clipping] \\[data] \\[checkpoint] \\[faults] \\[comm] \\[service] \\[plan] \\[output], each setting named as its flag (--d-model is \\[model] d_model); flags given override it. Every run writes its own as RUN_DIR/run.toml"),
-    replicas: Optional[int] = typer.Option(None, "--replicas", "-d", help="data-parallel replicas D [default: 2, or the --job's]"),
-    stages: Optional[int] = typer.Option(None, "--stages", "-s", help="pipeline stages S [default: 2, or the --job's]"),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m", help="micro-batches per replica M [default: 4, or the --job's]"),
-    iterations: int = typer.Option(5, help="training iterations (one global batch each)"),
-    kill: List[str] = typer.Option([], "--kill", help="SIGKILL worker R:S mid-iteration ITER: R:S@ITER (repeatable)"),
-    rejoin: List[str] = typer.Option([], "--rejoin", help="bring worker R:S back after it dies: its death is a failure first, the run trains re-routed without it until it reaches iteration ITER, then a new process is started, loads its stage from a live peer and is in the plan from ITER on (with --external the node's torchrun restarts it; training waits before ITER until it is back): R:S@ITER (repeatable: each entry serves one death)"),
-    restart: List[str] = typer.Option([], "--restart", help="like --rejoin, but the new process starts as soon as the death is in a plan, and is back as soon as it is up (training waits before iteration ITER until it is): R:S@ITER (repeatable)"),
-    slow: List[str] = typer.Option([], "--slow", help="make worker R:S really slower from iteration ITER, to FACTOR of its speed (1 ends it): R:S@ITER:FACTOR (repeatable)"),
-    detect_stragglers: bool = typer.Option(True, "--detect-stragglers/--no-detect-stragglers", help="measure each worker's speed and re-plan around slow ones (without a service)"),
-    stall: List[str] = typer.Option([], "--stall", help="SIGSTOP worker R:S mid-iteration ITER, SIGCONT it SECONDS later: R:S@ITER:SECONDS"),
-    trace: Optional[str] = typer.Option(None, "--trace", help="replay a spot trace (t_ms,add|remove,nodeN, e.g. Bamboo's EC2 traces) on the workers: a node removed SIGKILLs its workers, a node added starts new ones, which join with no state; nodes hold --gpus-per-node workers"),
-    trace_start: str = typer.Option("0", "--trace-start", help="where in the trace the window starts (6h, 30m, 90s): the nodes up then are the run's starting workers"),
-    trace_hours: float = typer.Option(1.0, "--trace-hours", help="hours of the trace replayed"),
-    gpus_per_node: int = typer.Option(1, "--gpus-per-node", help="workers a node of the --trace holds"),
-    placement: str = typer.Option("stages", "--placement", help="stages: a --trace node holds G stages of one replica; replicas: one stage of G replicas"),
-    time_scale: float = typer.Option(60.0, "--time-scale", help="trace seconds per wall-clock second of the replay (60: an hour of the trace in a minute)"),
-    summary: Optional[str] = typer.Option(None, "--summary", help="write {losses, param_checksums} JSON here"),
-    reference: bool = typer.Option(False, "--reference", help="train in one process (ground truth), same summary"),
-    resume: Optional[str] = typer.Option(None, "--resume", is_eager=True, callback=_resumed, help="continue from this checkpoint directory (or the newest one under it) with its grid, job, model and settings; of the flags given, --lr and the other training settings (schedule, --iterations, --clip, --precision) are honoured, others must match"),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", "--checkpoint", help="where checkpoints (torch.distributed.checkpoint) go (default: RUN_DIR/checkpoints)"),
-    checkpoint_every: int = typer.Option(1, "--checkpoint-every", help="checkpoint every N iterations (and the last); a halt resumes from the newest"),
-    snapshot_every: str = typer.Option("auto", "--snapshot-every", help="every K iterations also keep each stage's parameters and optimizer state in the host memory of a worker elsewhere (peer-memory snapshots, sent in the background), so a stage lost whole is restored without a disk: auto (K from the measured cost of a snapshot: the smallest K whose snapshot costs about 1-2% of an iteration), off, or K"),
-    snapshot_memory: str = typer.Option("25%", "--snapshot-memory", help="host memory the snapshots may take, shared by the workers of a host: a share (25%) or a size (8G); auto turns them off above it"),
-    log_memory: str = typer.Option("10%", "--log-memory", help="host memory each host's workers may keep boundary logs in (the activations and gradients they sent since the second-newest snapshot), so a stage lost whole is replayed alone from its snapshot while the others keep their work: a share (10%), a size (2G), or off (the job then rolls back to the snapshot)"),
-    solver: str = typer.Option("greedy", help="planner back-end: greedy, 1f1b, cpsat, milp"),
-    shape: str = typer.Option("auto", "--shape", help="auto: when fewer live workers are left than stages, the pipeline is cut into fewer, deeper stages (state moved by parameter name) instead of pausing; fixed: the stage count never changes (it pauses for restarts, or halts)"),
-    no_split: bool = typer.Option(False, "--no-split", help="fused backward (B): no I/W split"),
-    sync: bool = typer.Option(False, "--sync", help="synchronous optimizer: plans for it, and a barrier after every iteration"),
-    timeout: float = typer.Option(5.0, help="seconds before a silent peer counts as failed"),
-    job: Optional[str] = typer.Option(None, "--job", help="job spec JSON (e.g. from `recycle profile`)"),
-    run_dir: Optional[str] = typer.Option(None, help="worker logs and stage states (default: a temp dir)"),
-    device: str = typer.Option("auto", "--device", help="auto (CUDA if present), cpu or cuda: where workers compute (--reference: cuda on the GPU, else the CPU)"),
-    external: bool = typer.Option(False, help="do not spawn workers: wait for torchrun'd `python -m executor.worker`"),
-    store_port: int = typer.Option(0, help="port of the coordinator's store (0: any free port)"),
-    service: Optional[str] = typer.Option(None, "--service", help="workers take plans from, and report failures to, `recycle serve` at this URL"),
-    job_id: Optional[str] = typer.Option(None, "--job-id", help="the job's id at --service"),
-    token: Optional[str] = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", help="the job's worker token at --service"),
-    model: str = MODEL_OPTION,
-    d_model: Optional[int] = D_MODEL_OPTION, layers: Optional[int] = LAYERS_OPTION,
-    heads: Optional[int] = HEADS_OPTION, seq_len: Optional[int] = SEQ_LEN_OPTION,
-    micro_batch_size: int = typer.Option(4), vocab: Optional[int] = VOCAB_OPTION,
-    seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, or bf16 (autocast; fp32 master weights and gradients)"),
-    activation_checkpointing: Optional[str] = typer.Option(None, "--activation-checkpointing", help=AC_HELP + " [default: the --job's, else none]"),
-    lr_schedule: str = typer.Option("constant", "--lr-schedule", help="constant, or cosine decay to --min-lr-ratio x --lr after --warmup"),
-    warmup: int = typer.Option(0, "--warmup", help="iterations of linear learning-rate warm-up"),
-    min_lr_ratio: Optional[float] = typer.Option(None, "--min-lr-ratio", help="cosine floor as a fraction of --lr [default: 0.1]"),
-    clip: float = typer.Option(0.0, "--clip", help="clip gradients to this global norm over the whole model (0: off)"),
-    data: Optional[str] = typer.Option(None, "--data", help="token file from `recycle data prepare`; the model's vocab is the file's unless --vocab is given (default: the model's synthetic data)"),
-    split: Optional[str] = typer.Option(None, "--split", help="stage boundaries: layers (equal layer counts) or balanced (on the per-layer costs of a --job from `recycle profile --split balanced`); default: balanced if the --job has per-layer costs, else layers"),
-):
+def _settings() -> dict:
+    """Every setting of RunConfig (executor/inputs/run_config.py), in section order:
+    name -> (its type, its dataclass field, its section's name)."""
+    import dataclasses
+    import typing
+
+    from executor.inputs.run_config import RunConfig  # dataclasses only: no torch
+    out = {}
+    for section, kind in typing.get_type_hints(RunConfig).items():
+        hints = typing.get_type_hints(kind)
+        for f in dataclasses.fields(kind):
+            out[f.name] = (hints[f.name], f, section)
+    return out
+
+
+SETTINGS = _settings()
+# what the command line adds to a setting (its value is the same as the file's)
+_CLI_ONLY = {"resume": dict(is_eager=True, callback=_resumed)}
+
+
+def setting_option(name: str, **override):
+    """The typer option of a RunConfig setting, from its declaration: its default, its
+    flag names, its help, its section as the help's panel (`override`: what a command
+    sets otherwise, e.g. `profile`'s own default)."""
+    import dataclasses
+    _, f, section = SETTINGS[name]
+    default = [] if f.default_factory is not dataclasses.MISSING else f.default
+    from rich.markup import escape  # "[default: 2, or the --job's]" is not a style
+    kw = dict(help=escape(f.metadata["doc"]), rich_help_panel=section.capitalize(),
+              **_CLI_ONLY.get(name, {}))
+    kw.update(override)
+    return typer.Option(kw.pop("default", default), *f.metadata["flags"], **kw)
+
+
+def _train_signature():
+    """train_cmd's parameters: --config, every setting (generated), --token."""
+    import inspect
+    P = inspect.Parameter
+    from rich.markup import escape
+    sections = " ".join(f"[{s}]" for s in dict.fromkeys(v[2] for v in SETTINGS.values()))
+    config = typer.Option(None, "--config", is_eager=True, callback=_configured, help=escape(
+        f"a run's settings from a TOML (or .json) file with sections {sections}, each "
+        "setting named as its flag (--d-model is [model] d_model); flags given override "
+        "it. Every run writes its own as RUN_DIR/run.toml"))
+    token = typer.Option(None, "--token", envvar="RECYCLE_TOKEN", rich_help_panel="Service",
+                         help="the job's worker token at --service (never in a file)")
+    return inspect.Signature(
+        [P("ctx", P.POSITIONAL_OR_KEYWORD, annotation=typer.Context),
+         P("config", P.KEYWORD_ONLY, default=config, annotation=Optional[str]),
+         *(P(n, P.KEYWORD_ONLY, default=setting_option(n), annotation=hint)
+           for n, (hint, _, _) in SETTINGS.items()),
+         P("token", P.KEYWORD_ONLY, default=token, annotation=Optional[str])])
+
+
+def train_cmd(ctx: typer.Context, **given):
     """Train a model (--model; default: the small built-in GPT) on a DxS grid of worker
     processes, surviving injected failures."""
     from rich.console import Console
@@ -127,6 +120,9 @@ def train_cmd(
     console = Console(stderr=True)
     resumed = ctx.meta.get("resumed")  # the checkpoint's manifest (_resumed)
     params = dict(ctx.params)  # flags given, else --config's, else --resume's, else defaults
+    token, reference, summary, device = (params.pop("token"), params["reference"],
+                                         params["summary"], params["device"])
+    iterations = params["iterations"]
     if resumed is not None and params.get("replicas") != resumed.replicas and (
             _from_resume(ctx, "microbatches")):
         # another grid: M follows so that the global batch stays the checkpoint's (when
@@ -134,7 +130,7 @@ def train_cmd(
         from executor.checkpoint.manifest import resumed_microbatches
         params["microbatches"] = resumed_microbatches(resumed, params["replicas"]) or \
             params["microbatches"]
-    if resumed is not None and lr_schedule != "cosine" and (
+    if resumed is not None and params["lr_schedule"] != "cosine" and (
             _from_resume(ctx, "min_lr_ratio")):
         params["min_lr_ratio"] = None  # the checkpoint's cosine floor; another schedule now
     with user_errors("train options"):
@@ -197,11 +193,15 @@ def profile_cmd(
     memory_budget: Optional[int] = typer.Option(None, "--memory-budget", help="bytes per worker (default: the GPU's memory; on CPU this machine's memory / (D x S))"),
     details: Optional[str] = typer.Option(None, "--details", help="write every stage's medians, spreads and bytes as JSON here"),
     split: str = typer.Option("layers", "--split", help="layers (equal layer counts), or balanced: profile every layer alone first, write those costs into the job (layer_cost) and profile the stages of the split they balance (for `train --split balanced`)"),
-    model: str = MODEL_OPTION,
-    d_model: Optional[int] = D_MODEL_OPTION, layers: Optional[int] = LAYERS_OPTION,
-    heads: Optional[int] = HEADS_OPTION, seq_len: Optional[int] = SEQ_LEN_OPTION,
-    micro_batch_size: int = typer.Option(4), vocab: Optional[int] = VOCAB_OPTION,
-    seed: int = typer.Option(0), lr: float = typer.Option(3e-3),
+    model: str = setting_option("model", rich_help_panel=None),
+    d_model: Optional[int] = setting_option("d_model", rich_help_panel=None),
+    layers: Optional[int] = setting_option("layers", rich_help_panel=None),
+    heads: Optional[int] = setting_option("heads", rich_help_panel=None),
+    seq_len: Optional[int] = setting_option("seq_len", rich_help_panel=None),
+    micro_batch_size: int = setting_option("micro_batch_size", rich_help_panel=None),
+    vocab: Optional[int] = setting_option("vocab", rich_help_panel=None),
+    seed: int = setting_option("seed", rich_help_panel=None),
+    lr: float = setting_option("lr", rich_help_panel=None),
     activation_checkpointing: str = typer.Option("none", "--activation-checkpointing", help=AC_HELP + "; the job records it, and `train --job` trains with it"),
 ):
     """Measure F/I/W/OPT and activation memory of each stage and write a job spec for
@@ -262,3 +262,6 @@ def profile_cmd(
     typer.echo(f"wrote {out}: F={spec.cost.F} I={spec.cost.I} W={spec.cost.W} OPT={spec.cost.OPT} "
                f"activation={spec.memory.activation} capacity={spec.memory.capacity} "
                f"(median of {repeats}; spread = (max-min)/median)")
+
+
+train_cmd.__signature__ = _train_signature()
