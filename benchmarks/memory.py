@@ -343,7 +343,7 @@ was predicted 27-30% low (GPT); it is now in the capacity `recycle profile` writ
 Not in either column, so not in the planner's capacity: on the CPU the stepper's rollback
 slots (a copy of the parameters and AdamW moments per iteration not yet committed, usually
 one or two, 12 B a parameter each; on CUDA they are pinned host memory, no GPU memory:
-executor/optim/snapshot.py), peer-memory snapshots (host memory, under their own budget
+executor/optim/prestep_copies.py), peer-memory snapshots (host memory, under their own budget
 `--snapshot-memory`), the receive buffers posted ahead (two messages) and the process
 itself. A plan that would not fit is refused with its reason before it runs: `recycle
 profile --memory-budget B` when B cannot hold a stage's state, one micro-batch and its

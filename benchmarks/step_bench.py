@@ -1,4 +1,4 @@
-"""The optimizer step's extras, measured: pre-step snapshot (old vs new), clipping's redo,
+"""The optimizer step's extras, measured: pre-step copy (old vs new), clipping's redo,
 and the bf16 tolerance. Writes benchmarks/results/step_bench.md (+ .json).
 
     PYTHONPATH=. python -m benchmarks.step_bench            # all sections, ~2-4 min on CPU
@@ -6,7 +6,7 @@ and the bf16 tolerance. Writes benchmarks/results/step_bench.md (+ .json).
 
 1. Snapshot, per model size (one GPT stage of L blocks, AdamW with its state created):
    old = what the stepper did before issue 8 (state_dict clone + deepcopy of the
-   optimizer's state_dict, every step), new = executor/optim/snapshot.py (one
+   optimizer's state_dict, every step), new = executor/optim/prestep_copies.py (one
    torch._foreach_copy_ into slots allocated once). Time per step (median of interleaved
    rounds, same process), bytes allocated per step, bytes held, restore time, and the
    AdamW step itself for scale.
@@ -84,7 +84,7 @@ def snapshot_rows(sizes, rounds: int) -> list[dict]:
                            copy.deepcopy(opt.state_dict()))
 
         def new():
-            st.snapshots.capture(0)
+            st.copies.capture(0)
 
         def old_restore():
             sd, osd = old_kept[0]
@@ -92,7 +92,7 @@ def snapshot_rows(sizes, rounds: int) -> list[dict]:
             opt.load_state_dict(osd)
 
         def new_restore():
-            st.snapshots.redo_from(0)
+            st.copies.redo_from(0)
 
         def adamw():
             opt.step()
@@ -113,7 +113,7 @@ def snapshot_rows(sizes, rounds: int) -> list[dict]:
                          new_restore_ms=med["new_restore"] * 1e3,
                          adamw_step_ms=med["step"] * 1e3,
                          old_alloc_per_step=_nbytes(old_kept[0]), new_alloc_per_step=0,
-                         snapshot_bytes=st.snapshots.held_bytes()))
+                         snapshot_bytes=st.copies.held_bytes()))
         print(f"d={d} blocks={layers} params={n / 1e6:.1f}M: snapshot old {rows[-1]['old_ms']:.2f} ms "
               f"new {rows[-1]['new_ms']:.2f} ms ({rows[-1]['speedup']:.1f}x), restore old "
               f"{rows[-1]['old_restore_ms']:.2f} new {rows[-1]['new_restore_ms']:.2f}, AdamW step "
@@ -231,7 +231,7 @@ def write(result: dict, path: str) -> None:
          f"Command: `{result['command']}`  ",
          f"Machine: {result['machine']}; torch {torch.__version__}; CPU, "
          f"{torch.get_num_threads()} threads; other processes share the cores (noisy).", "",
-         "## Pre-step snapshot: old (state_dict clone + deepcopy of the optimizer state) vs new "
+         "## Pre-step copy: old (state_dict clone + deepcopy of the optimizer state) vs new "
          "(foreach copy into preallocated slots)", "",
          "| d_model | blocks | params | old ms/step | new ms/step | speed-up | old restore ms | "
          "new restore ms | AdamW step ms | old bytes allocated/step | new bytes allocated/step | "

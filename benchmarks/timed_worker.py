@@ -30,7 +30,7 @@ from executor.runtime.transport import comm, rendezvous
 # cumulative seconds per category, sent with every per-iteration "done" message:
 #   fiw: StageCompute F/I/W; opt: optimizer steps; recv/flush/allreduce: waiting in comm;
 #   step: all of IterationRuntime._step (stepper + bookkeeping: losses, messages)
-#   stepper: StageStepper.step (the pre-step snapshot for rollback + opt; T's stepper.py)
+#   stepper: StageStepper.step (the pre-step copy for rollback + opt; T's stepper.py)
 #   data: generating micro-batches; send: posting isends; control: plan polling;
 #   gate: the store round trip before each iteration (StorePlanSource.gate); msg: messages
 #   to the coordinator (StorePlanSource.send, inside step for the per-iteration "done")

@@ -1,6 +1,6 @@
 """Training features kept exact under failures (issue 8 item 5): the learning-rate
 schedule, clipping by the global gradient norm over all stages (optimistic step, redone
-from the pre-step snapshot when the clip applies), bf16 autocast, and their options.
+from the pre-step copy when the clip applies), bf16 autocast, and their options.
 
 The multi-process test runs the real `recycle train` (worker processes, gloo, a SIGKILL
 and a rejoin) against the one-process reference; it takes --model so other workloads can

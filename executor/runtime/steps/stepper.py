@@ -1,7 +1,7 @@
 """The optimizer step of one stage worker, and the pre-step state rollback restores.
 
 The agent hands over a stage whose gradients are already summed over its live peers;
-the stepper keeps what a later rollback to "before step it" needs (optim/snapshot.py:
+the stepper keeps what a later rollback to "before step it" needs (optim/prestep_copies.py:
 pre-allocated slots, one foreach copy), sets the iteration's learning rate (a pure
 function of `it`, optim/schedule.py) and steps.
 
@@ -14,7 +14,7 @@ So each stage publishes its squared norm for (plan version, iteration) and then:
     gradients. `settle()` -- called wherever the post-step parameters are about to be
     used or published (the next iteration's first action, entering a plan, a checkpoint,
     the final checksum) -- reads the norms (by then they are nearly always there) and, if
-    the clip applies, redoes the step from the pre-step snapshot with scaled gradients
+    the clip applies, redoes the step from the pre-step copy with scaled gradients
     (zero-bubble's optimizer post-validation). Both ways give the very same bits as a
     step with the coefficient known up front: the snapshot restore is exact.
 Counters (`stats`) say how often each case happened and what the redos cost.
@@ -40,7 +40,7 @@ from torch import nn
 
 from executor.optim.clip import NormBoard, coefficient, global_norm, scale_, stage_sq_norm
 from executor.optim.schedule import IterationLR
-from executor.optim.snapshot import StageSnapshots
+from executor.optim.prestep_copies import PreStepCopies
 from executor import protocol as P
 from executor.runtime.steps.tied import TiedExchange
 from executor.runtime.transport.waiting import wait_until
@@ -57,7 +57,7 @@ class StepStats:
     redos: int = 0  # optimistic steps the clip then applied to: redone
     redo_s: float = 0.0  # wall time of the redos (restore + scale + step)
     settle_wait_s: float = 0.0  # wall time settle() waited for other stages' norms
-    snapshot_s: float = 0.0  # wall time taking pre-step snapshots (host side)
+    snapshot_s: float = 0.0  # wall time taking pre-step copies (host side)
     step_s: float = 0.0  # wall time of the optimizer steps themselves (redos excluded)
 
     def line(self) -> str:
@@ -81,7 +81,7 @@ class StageStepper:
         self.module, self.opt, self.training = module, opt, training
         self.stage, self.stages, self.store = stage, stages, store
         self.params = [p for group in opt.param_groups for p in group["params"]]
-        self.snapshots = StageSnapshots(module, opt)
+        self.copies = PreStepCopies(module, opt)
         self.lr = IterationLR(opt, training)  # set by iteration number: optim/schedule.py
         self.board: Optional[NormBoard] = None
         if training.clip > 0:
@@ -127,7 +127,7 @@ class StageStepper:
                 self.tied.add_shares(logged.shares)
         t0 = time.perf_counter()
         if logged is None:
-            self.snapshots.capture(it)
+            self.copies.capture(it)
         t1 = time.perf_counter()
         self.lr.at(it)
         final = True
@@ -155,7 +155,7 @@ class StageStepper:
         elif final:
             self.tied.send_values(version, it)
             if self.tied.pending is None:  # a mirror's step is final once its copy is in
-                self.snapshots.copy_ahead(it + 1)
+                self.copies.copy_ahead(it + 1)
 
     def _publish_norm(self, version: int, it: int, grads: list) -> Optional[list]:
         """Publish this stage's squared norm; every stage's, if all are in already."""
@@ -181,7 +181,7 @@ class StageStepper:
             if self.tied.pending is not None:
                 version, it = self.tied.pending
                 self.tied.receive_values(self._waiter(version, f"tied weights of step {it}"))
-                self.snapshots.copy_ahead(it + 1)
+                self.copies.copy_ahead(it + 1)
             return
         t0 = time.perf_counter()
         # WaitEnded: the agent aborts the iteration and re-syncs
@@ -197,7 +197,7 @@ class StageStepper:
         norm = global_norm(sums)
         c = coefficient(norm, self.training.clip)
         if c < 1.0:
-            self.snapshots.redo_from(pend.it)
+            self.copies.redo_from(pend.it)
             scale_(pend.grads, c)
             saved = [p.grad for p in self.params]
             for p, g in zip(self.params, pend.grads):
@@ -214,7 +214,7 @@ class StageStepper:
                      f"(waited {(t1 - t0) * 1e3:.2f} ms for the norms)")
         self.tied.send_values(pend.version, pend.it)
         self.tied.receive_values(self._waiter(pend.version, f"tied weights of step {pend.it}"))
-        self.snapshots.copy_ahead(pend.it + 1)
+        self.copies.copy_ahead(pend.it + 1)
 
     def unsettled(self) -> Optional[int]:
         """The iteration of a step that cannot be made final now because it waits for what
@@ -243,7 +243,7 @@ class StageStepper:
         """Restore the state before step `r` (which this worker took)."""
         self.pending = None  # a step of r or later is undone, settled or not
         self.tied.pending = None
-        self.snapshots.restore(r)
+        self.copies.restore(r)
 
     def reset(self, r: int) -> None:
         """The state was replaced by that after step r-1 (a peer-memory snapshot): every
@@ -251,21 +251,21 @@ class StageStepper:
         self.pending = None
         self.tied.pending = None
         self.tied.drop_from(0)
-        self.snapshots.drop(lambda it: False)
+        self.copies.drop(lambda it: False)
 
     def keep_before(self, r: int) -> None:
         """Forget snapshots of iterations >= r (they will be re-run)."""
         if self.pending is not None and self.pending.it >= r:
             self.pending = None
         self.tied.drop_from(r)
-        self.snapshots.restart(r)  # buffers as before r's aborted forward, if we have them
-        self.snapshots.drop(lambda it: it < r)
+        self.copies.restart(r)  # buffers as before r's aborted forward, if we have them
+        self.copies.drop(lambda it: it < r)
 
     def forget_committed(self, committed: int) -> None:
         """Forget snapshots of iterations every live worker has stepped (except the one
         an unsettled step may still have to be redone from)."""
         keep = self.pending.it if self.pending is not None else None
-        self.snapshots.drop(lambda it: it > committed or it == keep)
+        self.copies.drop(lambda it: it > committed or it == keep)
         self.tied.forget_before(committed)
         if self.board is not None:  # every worker has settled committed - 1: its keys go
             done = [k for k in self.published if k[1] < committed]
@@ -276,14 +276,14 @@ class StageStepper:
     def idle(self) -> None:
         """The worker is about to wait for a message: take what can be taken now. Its CPU
         time adds up in `idle_cpu_s` (the agent's compute measure leaves it out)."""
-        if self.snapshots.idle_copy_due:  # reading the clock is a system call: only then
+        if self.copies.idle_copy_due:  # reading the clock is a system call: only then
             t0 = time.thread_time()
-            self.snapshots.copy_when_idle()
+            self.copies.copy_when_idle()
             self.idle_cpu_s += time.thread_time() - t0
 
     def snapshot_bytes(self) -> int:
         """Extra memory the kept snapshots hold."""
-        return self.snapshots.held_bytes()
+        return self.copies.held_bytes()
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Pre-step snapshots of one stage's state: what an exact rollback restores.
+"""Pre-step copies of one stage's state: what an exact rollback restores.
 
 A rollback to "before step i" must give back, bit for bit, the parameters, the buffers and
 the optimizer's per-parameter state (AdamW: step, exp_avg, exp_avg_sq), including "no
@@ -52,7 +52,7 @@ class _Slot:
         self.event = None  # CUDA: the copy's completion
 
 
-class StageSnapshots:
+class PreStepCopies:
     def __init__(self, module: nn.Module, opt: torch.optim.Optimizer):
         self.opt = opt
         self.params = [p for group in opt.param_groups for p in group["params"]]

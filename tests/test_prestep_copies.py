@@ -1,4 +1,4 @@
-"""The pre-step snapshot (executor/optim/snapshot.py) and the stepper's rollback, redo and settle:
+"""The pre-step copy (executor/optim/prestep_copies.py) and the stepper's rollback, redo and settle:
 bit-for-bit, including AdamW's lazily created state, with buffers allocated once."""
 import dataclasses
 
@@ -85,8 +85,8 @@ def test_copy_taken_while_idle_rolls_back_bit_identically(idle_at):
     m, opt = stage()
     st = StageStepper(m, opt, CFG, 0, 1)
     fills = []
-    fill = st.snapshots._fill
-    st.snapshots._fill = lambda *a: fills.append(1) or fill(*a)
+    fill = st.copies._fill
+    st.copies._fill = lambda *a: fills.append(1) or fill(*a)
     before = []
     for it in range(4):
         before.append(state(m, opt))
@@ -126,8 +126,8 @@ def test_snapshot_slots_are_allocated_once_and_only_uncommitted_ones_kept():
         st.forget_committed(it - 2)  # as the agent: it - 1 not committed by everyone yet
         set_grads(m, grads(m, it))
         st.step(it, 0)
-        ids.append({id(b) for s in st.snapshots.held.values() for b in s.bufs})
-        assert sorted(st.snapshots.held) == ([it - 1, it] if it else [0])
+        ids.append({id(b) for s in st.copies.held.values() for b in s.bufs})
+        assert sorted(st.copies.held) == ([it - 1, it] if it else [0])
     # from the third step on the two slots are recycled: no new buffers
     assert ids[3] | ids[4] | ids[5] == ids[2] | ids[3]
     n = sum(p.numel() for p in m.parameters())
