@@ -20,7 +20,7 @@ import torch
 
 from executor.checkpoint import Manifest
 from executor import protocol as P
-from executor.runtime.agent import Agent
+from executor.runtime.worker_loop import WorkerLoop
 from executor.runtime.transport.endpoints import connect_store, local_workers_hint, pick_device
 from executor.runtime.peer_snapshots.cadence import budget_bytes, log_budget
 from executor.launch.faults.injector import fault_iterations
@@ -102,7 +102,7 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
         snapshot_every=conf.snapshot_every,
         snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1),
         log_budget=log_budget(conf.log_memory, local or 1))
-    return Agent(worker, me, source, store, incarnation).run()
+    return WorkerLoop(worker, me, source, store, incarnation).run()
 
 
 def child(store: str, replica: int, stage: int, log_path: str,

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from rich.console import Console
 
-from executor.runtime.agent import Agent
+from executor.runtime.worker_loop import WorkerLoop
 from executor.runtime.worker_config import WorkerConfig
 from executor.protocol import Done
 from executor.runtime.transport.endpoints import connect_store
@@ -206,7 +206,7 @@ def test_stale_and_foreign_plans_are_refused(capsys):
     v1, v2 = (solve(job, []).model_copy(update={"version": v}) for v in (1, 2))
     source = StorePlanSource(store, (0, 0), 1)
     publish_plan(store, v2)
-    agent = Agent(WorkerConfig(CFG, job, 3), (0, 0), source, store)
+    agent = WorkerLoop(WorkerConfig(CFG, job, 3), (0, 0), source, store)
     got = agent.fence.next_plan(0.5)
     assert got.version == 2 and agent.fence.admit(got)
     agent.state.version = 2
@@ -241,7 +241,7 @@ def test_gate_reads_plan_hold_and_commit_in_one_round_trip_and_sees_a_halt():
     assert source.gate(0, 3) == (None, False, 2)
     set_counter(store, "hold", 5)  # hold iteration 4 and later
     assert source.gate(0, 3)[1] is False and source.gate(0, 4)[1] is True
-    agent = Agent(WorkerConfig(CFG, job, 10), (0, 0), source, store)
+    agent = WorkerLoop(WorkerConfig(CFG, job, 10), (0, 0), source, store)
     agent.state.version = 0
     store.set("halted", "every replica of stage 1 is gone")
     set_counter(store, "hold", 1)  # what Coordinator.halt does

@@ -1,5 +1,5 @@
 """A worker's fault path in one process, as torchft's manager_integ_test does it: the real
-Coordinator (its workers external, so it watches heartbeats) and one real Agent per
+Coordinator (its workers external, so it watches heartbeats) and one real WorkerLoop per
 worker, each in a thread with its own store connections and gloo groups; one worker
 "dies" between iterations (its thread ends, its groups close, its heartbeats stop). The
 survivors see the comm error, report it, the coordinator declares the silent worker
@@ -17,7 +17,7 @@ from executor.compute.one_process.reference import compare, train_reference
 from executor.inputs.launch_spec import LaunchSpec
 from executor.launch.launcher import Coordinator
 from executor.protocol import incarnation_key
-from executor.runtime.agent import Agent
+from executor.runtime.worker_loop import WorkerLoop
 from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.transport.rendezvous import StorePlanSource
 from executor.runtime.worker_config import WorkerConfig
@@ -29,12 +29,12 @@ D, S, M, ITERATIONS, TIMEOUT = 2, 2, 2, 6, 2.0
 
 
 class Killed(BaseException):
-    """The injected death: no handler of the Agent catches it, as none sees a SIGKILL."""
+    """The injected death: no handler of the WorkerLoop catches it, as none sees a SIGKILL."""
 
 
 class DyingSource(StorePlanSource):
     """The plan source of the worker that dies: before iteration `at` its thread ends
-    (Agent.run's `finally` closes its gloo groups, as an exit closes a process's sockets),
+    (WorkerLoop.run's `finally` closes its gloo groups, as an exit closes a process's sockets),
     and from then on it heartbeats no more."""
 
     def __init__(self, *args, at: int):
@@ -61,13 +61,13 @@ def _worker(port: int, me, spec: LaunchSpec, die_at, out: dict, **conf_fields) -
     conf = WorkerConfig(spec.cfg, spec.job, spec.iterations, training=spec.training,
                         timeouts=Timeouts(TIMEOUT), **conf_fields)
     try:
-        out[me] = Agent(conf, me, source, store, inc).run()
+        out[me] = WorkerLoop(conf, me, source, store, inc).run()
     except Killed:
         out[me] = "killed"
 
 
 def _run(tmp_path, D_, S_, iterations, dies, snapshot_every=0, **conf_fields):
-    """The coordinator (external workers) and one Agent thread per worker; `dies(w)`: the
+    """The coordinator (external workers) and one WorkerLoop thread per worker; `dies(w)`: the
     iteration before which worker w's thread ends, or None. (result, exits, console text)"""
     spec = LaunchSpec(CFG, JobSpec.uniform(D_, S_, M), iterations, external=True,
                       timeout=TIMEOUT, snapshot_every=snapshot_every, deadline_s=60,

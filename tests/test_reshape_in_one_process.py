@@ -12,7 +12,7 @@ import torch
 from executor.compute.model import ModelConfig
 from executor.compute.one_process.reference import snapshot, train_reference
 from executor.protocol import Done, incarnation_key
-from executor.runtime.agent import Agent
+from executor.runtime.worker_loop import WorkerLoop
 from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.transport.rendezvous import Mailbox, StorePlanSource, publish_plan
 from executor.runtime.worker_config import WorkerConfig
@@ -32,7 +32,7 @@ def _agent(port, me, job, iterations, agents, snapshot_every):
     conn = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
     conf = WorkerConfig(CFG, job, iterations, timeouts=Timeouts(TIMEOUT),
                         snapshot_every=snapshot_every, local_workers=D * S)
-    agents[me] = a = Agent(conf, me, StorePlanSource(conn, me, inc), store, inc)
+    agents[me] = a = WorkerLoop(conf, me, StorePlanSource(conn, me, inc), store, inc)
     a.exit = a.run()
 
 

@@ -1,12 +1,12 @@
-"""Recovery is lowered, not bolted on: only the worker loop (executor/runtime/agent.py)
-holds the Agent; entering a version, syncing and reshaping state, replaying a lost stage
+"""Recovery is lowered, not bolted on: only the worker loop (executor/runtime/worker_loop.py)
+holds the WorkerLoop; entering a version, syncing and reshaping state, replaying a lost stage
 and one iteration all take the typed StageHandle (executor/runtime/stage_handle.py)."""
 import ast
 import pathlib
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "executor"
-LOOP = RUNTIME / "runtime" / "agent.py"
+LOOP = RUNTIME / "runtime" / "worker_loop.py"
 
 
 def _modules():
@@ -26,9 +26,9 @@ def test_no_module_but_the_loop_takes_or_reaches_into_the_agent():
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
                     and node.value.id == "agent":
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} agent.{node.attr}")
-            elif isinstance(node, ast.ImportFrom) and node.module == "executor.runtime.agent" \
+            elif isinstance(node, ast.ImportFrom) and node.module == "executor.runtime.worker_loop" \
                     and path.name != "worker.py":  # the process's entry point builds it
-                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports the Agent")
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} imports the WorkerLoop")
     assert not offenders, "\n".join(offenders)
 
 

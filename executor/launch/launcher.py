@@ -34,7 +34,7 @@ from executor.launch.coordinator.ending import RunEnd, TrainResult
 from executor.launch.coordinator.messages import HANDLERS
 from executor.launch.coordinator.processes import Processes
 from executor.launch.coordinator.publishing import Halted, Plans
-from executor.launch.coordinator.steps import Steps
+from executor.launch.coordinator.progress import Progress
 from executor.launch.coordinator.trace_faults import TraceFaults
 from executor.launch.faults.injector import Injector
 from planner.control.cut_links import LinkReports
@@ -57,7 +57,7 @@ Worker = tuple[int, int]
 
 class Coordinator:
     """The run's hub: its parts own their state (processes.py: the store and the processes;
-    publishing.py: the membership and the plan in force; steps.py: how far each worker got;
+    publishing.py: the membership and the plan in force; progress.py: how far each worker got;
     admission.py: rejoins and returning processes; ending.py: losses, checkpoints and the
     end; trace_faults.py: a replayed trace); the coordinator routes deaths and messages
     between them, one tick at a time."""
@@ -98,7 +98,7 @@ class Coordinator:
             external=spec.external, timeout=spec.timeout, run_dir=self.run_dir,
             token=service.token if service else None, console=self.console)
         self.store, self.mailbox = self.processes.store, self.processes.mailbox
-        self.steps = Steps(self.store)
+        self.progress = Progress(self.store)
         trace = spec.faults.trace  # a failure trace replayed (trace_replay.py)
         # Elastic: a worker changes stage when the live set leaves a stage short (moves are
         # weighed over the run's length; planner/control/elastic.py).
@@ -114,10 +114,10 @@ class Coordinator:
         # come back from an outage.
         self.admission = Admission(
             RejoinBook(spec.faults.rejoin_entries, spec.external, self.patience.pause_limit),
-            self.processes, self.plans, self.steps, patience=self.patience,
+            self.processes, self.plans, self.progress, patience=self.patience,
             record=self.record, event=self.event, service=service)
         self.trace = None if trace is None else TraceFaults(
-            trace, self.processes, self.plans, self.steps, self.admission, record=self.record,
+            trace, self.processes, self.plans, self.progress, self.admission, record=self.record,
             event=self.event)
         self.snapshots = SnapshotFigures(spec.snapshot_every, self.event)
         self.lines = ProgressLines(self.console, self.n * spec.cfg.micro_batch_size * spec.cfg.seq_len,
@@ -174,7 +174,7 @@ class Coordinator:
                 # a paused job publishes no plan with w failed: its restart may start now
                 self.admission.reported[w] = plan.incarnation(*w)
         elif w not in self.failed:
-            self.steps.forget(w)
+            self.progress.forget(w)
             self.plans.decide(*self.plans.members.fail(w))
         self.admission.restart(w)
 
@@ -196,13 +196,13 @@ class Coordinator:
                 if (why := self.fatal or self.no_copy or self.admission.pause_over(
                         self.trace and self.trace.trace)) is not None:
                     return self.halt(why)
-                if self.end.complete(self.steps, self.plans):
+                if self.end.complete(self.progress, self.plans):
                     return self.finish()
                 if self.deadline and time.monotonic() > self.deadline:
                     raise TimeoutError(
                         f"training did not finish in time (logs in {self.run_dir}); plan "
                         f"v{self.version}, failed {sorted(self.failed)}, last steps "
-                        f"{self.steps.done}, losses {self.end.losses.counts(self.iterations)}")
+                        f"{self.progress.done}, losses {self.end.losses.counts(self.iterations)}")
                 # Every 20 ms, or as soon as a message comes, but at most one tick per
                 # 5 ms: with many workers each message would otherwise cost a whole tick.
                 self.mailbox.wait(0.02)
@@ -237,7 +237,7 @@ class Coordinator:
             return self.store.set(P.FINISHED, "1")
         if self.plans.follow(self.service.plan):
             for w in self.failed:
-                self.steps.forget(w)
+                self.progress.forget(w)
             self.admission.followed(self.plans.plan)
 
     def tick(self) -> None:
@@ -287,9 +287,9 @@ class Coordinator:
                 self.plans.decide(*self.plans.members.measured(grid))
         if self.plans.members.moving and self.service is None and self.admission.reached(-1):
             self.plans.members = self.plans.members.entered(self.version)  # movers hold stages
-        self.steps.commit(self.live(), self.version)
+        self.progress.commit(self.live(), self.version)
         self.end.collect(now)
-        self.progress()
+        self.report_progress()
 
     def handle(self, m: P.Message) -> None:
         if not isinstance(m, P.Message):
@@ -323,7 +323,7 @@ class Coordinator:
         """The newest iteration whose losses are all in (and printed)."""
         return self.end.losses.printed
 
-    def progress(self) -> None:
+    def report_progress(self) -> None:
         losses = self.end.losses
         for i in losses.newly_complete():
             now = time.monotonic()
@@ -347,7 +347,7 @@ class Coordinator:
 
     def elastic_extra(self) -> dict:
         """The summary's elastic counts the coordinator keeps (ending.py adds the plans')."""
-        out = {"retrained_iterations": self.steps.retrained, **self.snapshots.counts(),
+        out = {"retrained_iterations": self.progress.retrained, **self.snapshots.counts(),
                "samples": (self.iterations - self.end.start) * self.n
                * self.spec.cfg.micro_batch_size,
                "wall_s": round(time.monotonic() - self.began, 3)}

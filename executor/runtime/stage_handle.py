@@ -2,9 +2,9 @@
 runs (its runtime, its peer-memory snapshots, its boundary log), the world of the version
 it is in, and the run's parts they talk to (store, plan source, plan fence).
 
-The Agent (agent.py) owns one and is the only loop over it; every other module of the
+The WorkerLoop (worker_loop.py) owns one and is the only loop over it; every other module of the
 runtime (entry.py, stage_state/, replay/, steps/iteration.py) takes this handle, never
-the Agent. A stage or a shape is swapped only here (`take_stage`, `take_shape`), so a
+the WorkerLoop. A stage or a shape is swapped only here (`take_stage`, `take_shape`), so a
 module holding the handle always sees the stage in force.
 """
 from __future__ import annotations

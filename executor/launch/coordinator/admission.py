@@ -12,7 +12,7 @@ from executor.launch.coordinator.processes import Processes
 from executor.launch.coordinator.publishing import Plans
 from executor.launch.faults.rejoins import Rejoin, RejoinBook
 from executor.launch.report.run_record import RunRecord
-from executor.launch.coordinator.steps import Steps
+from executor.launch.coordinator.progress import Progress
 from executor.protocol import wkey
 from executor.runtime.transport.rendezvous import read_int, set_counter
 from planner.control.timing import Patience, admission, pause_verdict
@@ -25,10 +25,10 @@ class Admission:
     """Owns the due rejoins, the newer processes asking in, and (with a service) the deaths
     told to it that no plan has yet."""
 
-    def __init__(self, rejoins: RejoinBook, processes: Processes, plans: Plans, steps: Steps,
+    def __init__(self, rejoins: RejoinBook, processes: Processes, plans: Plans, progress: Progress,
                  *, patience: Patience, record: RunRecord, event: Callable[[str], None],
                  service=None):
-        self.rejoins, self.processes, self.plans, self.steps = rejoins, processes, plans, steps
+        self.rejoins, self.processes, self.plans, self.progress = rejoins, processes, plans, progress
         self.service = service  # the plan service's ServiceWatch, if it decides the plans
         self.patience, self.record, self.event = patience, record, event
         self.asking: dict[Worker, int] = {}  # newer processes waiting to be admitted
@@ -44,7 +44,7 @@ class Admission:
 
     def reached(self, iteration: int) -> bool:
         """Every live worker has entered the plan in force and completed `iteration`."""
-        return self.steps.reached(self.plans.live(), self.plans.version, iteration)
+        return self.progress.reached(self.plans.live(), self.plans.version, iteration)
 
     def returning(self, w: Worker, rejoin: Rejoin) -> bool:
         """May `w`'s next process start now? Only once the plan in force has `w` failed

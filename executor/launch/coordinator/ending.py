@@ -17,7 +17,7 @@ from executor.launch.report.losses import LossBook
 from executor.launch.coordinator.processes import Processes
 from executor.launch.coordinator.publishing import Plans
 from executor.launch.report.run_record import RunRecord
-from executor.launch.coordinator.steps import Steps
+from executor.launch.coordinator.progress import Progress
 from executor.protocol import Bye, Done
 from executor.runtime.transport.waiting import WaitEnded, wait_until
 from executor.timeouts import Timeouts
@@ -86,13 +86,13 @@ class RunEnd:
             self._ck_checked = now
             self.checkpoints.collect(self.losses.upto)
 
-    def complete(self, steps: Steps, plans: Plans) -> bool:
+    def complete(self, progress: Progress, plans: Plans) -> bool:
         """Every iteration's losses are in, and every live worker reported the last one
         under the plan in force, with its stage's checksum."""
         if self.losses.complete_through() < self.iterations - 1:
             return False
         stages = plans.plan.job.stages  # the shape in force (the job's own, or a cut)
-        return (steps.at(plans.live(), self.iterations - 1, plans.version)
+        return (progress.at(plans.live(), self.iterations - 1, plans.version)
                 and all(s in self.final_checks for s in range(stages)))
 
     def reap(self, processes: Processes, live: list, timeout: float, handle) -> None:

@@ -39,7 +39,7 @@ def on_done(c, w, m: P.Done) -> None:
     if (m.compute and c.detector is not None and m.v == c.version
             and c.plans.plan.partition is None):
         c.detector.observe(slot[0], slot[1], m.compute, m.it)  # paired by iteration
-    c.steps.completed(w, m.it, m.v)
+    c.progress.completed(w, m.it, m.v)
     if m.losses:
         c.record.trained[m.it] = m.v
         c.end.losses.add(m.it, m.losses)

@@ -12,7 +12,7 @@ from executor.launch.coordinator.admission import Admission
 from executor.launch.coordinator.processes import Processes
 from executor.launch.coordinator.publishing import Plans
 from executor.launch.report.run_record import RunRecord
-from executor.launch.coordinator.steps import Steps
+from executor.launch.coordinator.progress import Progress
 from executor.launch.faults.trace_replay import TraceReplay
 from executor.protocol import incarnation_key, wkey
 
@@ -20,9 +20,9 @@ from executor.protocol import incarnation_key, wkey
 class TraceFaults:
     """Owns the trace's clock and the processes it killed."""
 
-    def __init__(self, trace: TraceReplay, processes: Processes, plans: Plans, steps: Steps,
+    def __init__(self, trace: TraceReplay, processes: Processes, plans: Plans, progress: Progress,
                  admission: Admission, *, record: RunRecord, event: Callable[[str], None]):
-        self.trace, self.processes, self.plans, self.steps = trace, processes, plans, steps
+        self.trace, self.processes, self.plans, self.progress = trace, processes, plans, progress
         self.admission, self.record, self.event = admission, record, event
         self.t0: Optional[float] = None  # the trace's clock starts once every worker is in
         # pids: a node removed, re-added and removed again within one instant (P3 does so)
@@ -52,7 +52,7 @@ class TraceFaults:
                         self.killed.add(pid)
                         removed.append(w)
                         self.trace.kills += 1
-                        self.record.kills_at.append((time.time(), w, self.steps.committed + 1))
+                        self.record.kills_at.append((time.time(), w, self.progress.committed + 1))
                         self.event(f"trace: node removed, SIGKILL worker {wkey(w)}")
             elif e.kind == "recover":
                 for w in e.workers:
@@ -63,7 +63,7 @@ class TraceFaults:
             # worker out of a stage whose other holder the next death takes, leaving no
             # copy of it (the trace-vs-simulate benchmark halted so at two-node instants).
             for w in removed:
-                self.steps.forget(w)
+                self.progress.forget(w)
             self.plans.decide(*self.plans.members.fail_many([(w, None) for w in removed],
                                                             cause="remove"))
         for w in sorted(self.trace.back):

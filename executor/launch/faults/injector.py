@@ -4,7 +4,7 @@
   --stall R:S@ITER:SECONDS   SIGSTOP it there and SIGCONT it SECONDS later: a worker that
                              hangs without dying (a straggler, a long GC or swap pause).
 The worker reports `mid` when it reaches the middle of its action list and, when a fault
-may be due there, waits for the coordinator's go-ahead (agent.py) so the signal lands
+may be due there, waits for the coordinator's go-ahead (steps/iteration.py) so the signal lands
 mid-iteration. Every entry fires at most once, in whichever incarnation of the worker
 reaches that iteration first (a re-run of the iteration after a rollback does not repeat it).
 

@@ -1,6 +1,6 @@
 """One interpreter for a worker's lowered steps (planner/lowering.py): a handler per op.
 
-The distributed agent (agent.py) and the single-process executor (compute/one_process/local.py) run the
+The distributed worker loop (worker_loop.py) and the single-process executor (compute/one_process/local.py) run the
 same steps through the same compute handlers (`StageSteps`: F, I, B, W, and the RECV/SEND
 that feed and drain them); only the transport differs: a World of real processes, or an
 in-memory channel. ALLREDUCE and OPT are theirs too (the agent sums over gloo/NCCL and

@@ -4,7 +4,7 @@
   StageHandle     (stage_handle.py)   what the parts below work on, typed: the worker's
                                       state, its stage runtime, snapshots, boundary log,
                                       world, store, plan source and fence. Only this loop
-                                      holds the Agent; every part takes the handle.
+                                      holds the loop; every part takes the handle.
   WorkerState     (worker_state.py)   who this worker is, what it trained and has seen
   PlanFence       (plan_fence.py)     never a stale or foreign plan; the per-iteration gate
   StageRuntime    (stage_runtime.py)  the stage's module, optimizer, stepper, parts, data
@@ -47,7 +47,7 @@ from executor.sources.plan_source import TrainingHalted
 from planner.plan import Plan
 
 
-class Agent:
+class WorkerLoop:
     def __init__(self, conf: WorkerConfig, me: tuple[int, int], source, store,
                  incarnation: int = 1):
         state = WorkerState(tuple(me), incarnation, done=conf.start_iteration - 1,

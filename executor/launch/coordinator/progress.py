@@ -11,7 +11,7 @@ from executor.runtime.transport.rendezvous import set_counter
 Worker = tuple[int, int]
 
 
-class Steps:
+class Progress:
     def __init__(self, store):
         self.store = store
         self.done: dict[Worker, tuple[int, int]] = {}  # worker -> (iteration, version)
