@@ -17,7 +17,7 @@ from executor import worker
 from executor.launch.coordinator import processes
 from executor.launch.launcher import Coordinator
 from executor.inputs.launch_spec import LaunchSpec
-from executor.runtime import agent
+from executor.runtime import worker_loop
 from planner.job import JobSpec
 
 ITERS, WARMUP = 14, 3
@@ -25,12 +25,12 @@ ITERS, WARMUP = 14, 3
 
 def child_inline(store, replica, stage, log_path, token=None, coordinator=None):
     """executor.worker.child with the loader thread off: every micro-batch inline at F."""
-    init = agent.Agent.__init__
+    init = worker_loop.WorkerLoop.__init__
 
     def no_loader(self, *a, **k):
         init(self, *a, **k)
-        self.batches.ahead = False
-    agent.Agent.__init__ = no_loader
+        self.h.stage.batches.ahead = False
+    worker_loop.WorkerLoop.__init__ = no_loader
     worker.child(store, replica, stage, log_path, token, coordinator)
 
 

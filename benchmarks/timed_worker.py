@@ -72,12 +72,12 @@ def _opt_post(opt, args, kwargs):
 def _pregenerate() -> None:
     init, batch = iteration.IterationRuntime.__init__, iteration.IterationRuntime._batch
 
-    def pregen_init(self, agent):
-        init(self, agent)
-        conf = agent.conf
-        agent.stage.batches.ahead = False  # everything is generated up front here instead
+    def pregen_init(self, h):
+        init(self, h)
+        conf = h.conf
+        h.stage.batches.ahead = False  # everything is generated up front here instead
         self._pregen = {}
-        if agent.state.me[1] in (0, conf.stages - 1):
+        if h.state.me[1] in (0, conf.stages - 1):
             for it in range(conf.iterations):
                 for g in range(conf.job.num_microbatches):
                     self._pregen[(it, g)] = conf.workload.microbatch(conf.model, it, g)
