@@ -27,6 +27,7 @@ from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.replay import replayer
 from executor.runtime.stage_state import reshape
 from executor.runtime.stage_state.disk_tier import disk_copies
+from executor.runtime.stage_state.entry_plan import EntryKind, EntryOp, plan_entry
 from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore, tier_of
 from executor.runtime.stage_state.settled import NoCopy, settled as _settled
 from executor.runtime.stage_state.shape import shaped_config
@@ -47,29 +48,29 @@ class Synced:
 
 def sync_state(h: StageHandle, plan) -> Synced:
     """Agree with the members of the new world on the iteration to train next; `h`
-    holds its stage's state after the one before when this returns."""
+    holds its stage's state after the one before when this returns. The decision is
+    entry_plan.py's (pure), its steps run here."""
     world, st = h.world, h.state
     if reshape.needed(plan):
         synced = reshape.reshape(h, plan, shaped_config(h.base, plan), Synced)
         if synced is not None:
             return synced
-    info = world.allgather_ints([_settled(h), int(st.fresh)])
-    served = {w[1] for w, (_, fresh) in info.items() if not fresh}
-    lost = sorted(set(range(h.conf.stages)) - served)
-    top = max(done for done, _ in info.values())
-    if not served:
-        k, source = restore_from_snapshots(h, plan, top=top)
+    rows = {w: (done, bool(fresh)) for w, (done, fresh) in
+            world.allgather_ints([_settled(h), int(st.fresh)]).items()}
+    d = plan_entry(rows, st.me, st.done, h.conf.stages)
+    if d.kind is EntryKind.RESTORE:
+        k, source = restore_from_snapshots(h, plan, top=d.top)
         return Synced(k + 1, "restored", source)
-    r = min(done for done, fresh in info.values() if not fresh) + 1
-    if not lost:
-        return _resume(h, info, r)
+    if d.kind is EntryKind.RESUME:
+        return Synced(d.iteration, *run_entry(h, d.steps))
+    r, lost = d.iteration, list(d.lost)
     members = _holdings(h)
     rp, why = (replayer.decide(h, lost, r, _held(members)) if h.snaps is not None
                else (None, "snapshots are off"))
     if rp is None:
-        k, source = restore_from_snapshots(h, plan, members, why, top=top)
+        k, source = restore_from_snapshots(h, plan, members, why, top=d.top)
         return Synced(k + 1, "restored", source)
-    synced = _resume(h, info, r) if st.me[1] not in lost else None
+    synced = Synced(r, *run_entry(h, d.steps)) if d.steps else None
     source = replayer.carry_out(h, plan, rp, _held_by(members))
     h.boundaries.forget_from(r)
     if synced is None:
@@ -78,33 +79,36 @@ def sync_state(h: StageHandle, plan) -> Synced:
     return synced
 
 
-def _resume(h: StageHandle, info: dict, r: int) -> Synced:
-    """A member of a stage some live member holds: train on at r, from its own state
-    (rolled back to r if ahead) or from a live member of its stage."""
-    world, st, stage = h.world, h.state, h.stage
-    me = st.me
+def run_entry(h: StageHandle, steps) -> tuple[str, str]:
+    """A member's entry steps (entry_plan.py), in order: (how its state came, whence)."""
+    st, stage, world = h.state, h.stage, h.world
     how, source = "kept", ""
-    if not st.fresh and st.done >= r:
-        stage.stepper.rollback(r)
-        h.log(f"rolled back iterations {r}..{st.done} (plan v{world.version})")
-        how = "rolled back"
-    elif not st.fresh:
-        stage.stepper.settle()  # our last step is the state we train on (and may send)
-    stage.stepper.keep_before(r)
-    h.boundaries.forget_from(r)
-    peers = [w for w in world.workers if w[1] == me[1]]
-    donors = [w for w in peers if not info[w][1]]
-    takers = [w for w in peers if info[w][1]]
-    if st.fresh:
-        stage.load_state(world.recv_blob(donors[0]))
-        h.log(f"loaded stage {me[1]} state from worker {donors[0]} at iteration {r - 1}")
-        st.fresh = False
-        how, source = "loaded", f"worker {donors[0]}"
-    elif takers and me == donors[0]:
-        state = stage.state()
-        for w in takers:
-            world.send_blob(state, w)
-    return Synced(r, how, source)
+    for step in steps:
+        if step.op is EntryOp.ROLLBACK:
+            stage.stepper.rollback(step.it)
+            h.log(f"rolled back iterations {step.it}..{st.done} (plan v{world.version})")
+            how = "rolled back"
+        elif step.op is EntryOp.SETTLE:
+            stage.stepper.settle()  # our last step is the state we train on (and may send)
+        elif step.op is EntryOp.KEEP_BEFORE:
+            stage.stepper.keep_before(step.it)
+            h.boundaries.forget_from(step.it)
+        elif step.op is EntryOp.RECV_STATE:
+            stage.load_state(world.recv_blob(step.peer))
+            h.log(f"loaded stage {st.me[1]} state from worker {step.peer} at iteration "
+                  f"{_before(steps)}")
+            st.fresh = False
+            how, source = "loaded", f"worker {step.peer}"
+        elif step.op is EntryOp.SEND_STATE:
+            state = stage.state()
+            for w in step.peers:
+                world.send_blob(state, w)
+    return how, source
+
+
+def _before(steps) -> int:
+    """The iteration whose state a member receives: the one before r."""
+    return next(s.it for s in steps if s.op is EntryOp.KEEP_BEFORE) - 1
 
 
 def _holdings(h: StageHandle) -> dict:
