@@ -134,6 +134,8 @@ class StageStepper:
         if self.board is not None:
             grads = [p.grad for p in self.params]
             sums = logged.norms if logged is not None else self._publish_norm(version, it, grads)
+            if sums is None and logged is not None:  # plan_replay never lets one through
+                raise ValueError(f"replayed step {it}: the clip needs every stage's logged norm")
             if sums is None:
                 self.stats.optimistic += 1
                 self.pending = _Pending(it, version, grads, _versions(grads))
