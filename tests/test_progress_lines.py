@@ -51,7 +51,7 @@ def test_an_iteration_line_names_the_plan_it_trained_under_not_the_newest(tmp_pa
                           losses={str(2 * r + g): 1.0 for g in range(2)}))
         c.died((1, 0), "test")
         assert c.version == 1
-        c.progress()
+        c.report_progress()
         out = _lines(console)
         assert len(out) == 1 and "plan v0" in out[0] and "failed -" in out[0], out
     finally:
