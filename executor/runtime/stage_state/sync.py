@@ -31,6 +31,7 @@ from executor.runtime.stage_state.entry_plan import EntryKind, EntryOp, plan_ent
 from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore, tier_of
 from executor.runtime.stage_state.settled import NoCopy, settled as _settled
 from executor.runtime.stage_state.shape import shaped_config
+from executor.runtime.steps.interpreter import run_steps
 
 from executor.runtime.stage_handle import StageHandle
 
@@ -80,30 +81,36 @@ def sync_state(h: StageHandle, plan) -> Synced:
 
 
 def run_entry(h: StageHandle, steps) -> tuple[str, str]:
-    """A member's entry steps (entry_plan.py), in order: (how its state came, whence)."""
+    """A member's entry steps (entry_plan.py), through the iteration's interpreter
+    (steps/interpreter.py run_steps) with a handler per op: (how its state came, whence)."""
     st, stage, world = h.state, h.stage, h.world
-    how, source = "kept", ""
-    for step in steps:
-        if step.op is EntryOp.ROLLBACK:
-            stage.stepper.rollback(step.it)
-            h.log(f"rolled back iterations {step.it}..{st.done} (plan v{world.version})")
-            how = "rolled back"
-        elif step.op is EntryOp.SETTLE:
-            stage.stepper.settle()  # our last step is the state we train on (and may send)
-        elif step.op is EntryOp.KEEP_BEFORE:
-            stage.stepper.keep_before(step.it)
-            h.boundaries.forget_from(step.it)
-        elif step.op is EntryOp.RECV_STATE:
-            stage.load_state(world.recv_blob(step.peer))
-            h.log(f"loaded stage {st.me[1]} state from worker {step.peer} at iteration "
-                  f"{_before(steps)}")
-            st.fresh = False
-            how, source = "loaded", f"worker {step.peer}"
-        elif step.op is EntryOp.SEND_STATE:
-            state = stage.state()
-            for w in step.peers:
-                world.send_blob(state, w)
-    return how, source
+    got = {"how": "kept", "source": ""}
+
+    def rollback(step) -> None:
+        stage.stepper.rollback(step.it)
+        h.log(f"rolled back iterations {step.it}..{st.done} (plan v{world.version})")
+        got["how"] = "rolled back"
+
+    def keep_before(step) -> None:
+        stage.stepper.keep_before(step.it)
+        h.boundaries.forget_from(step.it)
+
+    def receive(step) -> None:
+        stage.load_state(world.recv_blob(step.peer))
+        h.log(f"loaded stage {st.me[1]} state from worker {step.peer} at iteration "
+              f"{_before(steps)}")
+        st.fresh = False
+        got.update(how="loaded", source=f"worker {step.peer}")
+
+    def send(step) -> None:
+        state = stage.state()
+        for w in step.peers:
+            world.send_blob(state, w)
+    run_steps(steps, {EntryOp.ROLLBACK: rollback, EntryOp.KEEP_BEFORE: keep_before,
+                      # our last step is the state we train on (and may send)
+                      EntryOp.SETTLE: lambda step: stage.stepper.settle(),
+                      EntryOp.RECV_STATE: receive, EntryOp.SEND_STATE: send})
+    return got["how"], got["source"]
 
 
 def _before(steps) -> int:
