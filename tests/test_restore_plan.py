@@ -1,10 +1,10 @@
 """Who restores what from where when the job rolls back to a peer-memory snapshot
-(executor/runtime/stage_state/restore_plan.py). Pure."""
+(executor/runtime/stage_state/entry_plan.py plan_restore, restore_steps). Pure."""
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from executor.runtime.stage_state.restore_plan import (Has, decode, encode, plan_restore,
-                                                       tier_of)
+from executor.runtime.stage_state.entry_plan import (EntryOp, EntryStep, Has, decode, encode,
+                                                     plan_restore, restore_steps, tier_of)
 
 
 def test_2x2_stage_1_lost_its_holder_moves_in_and_the_others_restore_their_own():
@@ -23,6 +23,17 @@ def test_a_taker_receives_from_a_member_of_its_stage_else_from_a_holder():
     assert p.providers == {0: (0, 0), 1: (0, 0)}
     assert p.takers == {0: ((1, 0),), 1: ((0, 1),)}
     assert p.sends((0, 0)) == [(0, (1, 0)), (1, (0, 1))]
+    # lowered: (0,0) restores its own and sends it to its stage's taker; (0,1) has no
+    # member of its stage with a copy: it fetches the snapshot (0,0) holds for it
+    steps = {w: restore_steps(p, members, w) for w in members}
+    assert steps[(0, 0)] == (EntryStep(EntryOp.RESTORE_OWN, 4),
+                             EntryStep(EntryOp.SEND_STATE, peers=((1, 0),)),
+                             EntryStep(EntryOp.RESTART_AFTER, 4),
+                             EntryStep(EntryOp.TELL_ROLLBACK, 4))
+    assert steps[(1, 0)] == (EntryStep(EntryOp.RECV_STATE, peer=(0, 0)),
+                             EntryStep(EntryOp.RESTART_AFTER, 4))
+    assert steps[(0, 1)] == (EntryStep(EntryOp.FETCH_SNAPSHOT, 4, peer=(0, 0)),
+                             EntryStep(EntryOp.RESTART_AFTER, 4))
 
 
 def test_a_stage_lost_before_any_snapshot_landed_rolls_back_to_the_start():
@@ -96,6 +107,25 @@ def test_every_member_ends_with_its_stage_at_the_chosen_iteration(S, data):
         else:
             prov = p.providers[h.stage]
             assert w in p.takers[h.stage] and members[prov].can_give(h.stage, p.iteration)
+    # lowered: each member takes its stage's state once, every world receive has its send,
+    # and one member tells the coordinator
+    steps = {w: restore_steps(p, members, w) for w in members}
+    sent = {(w, t) for w, ss in steps.items() for s in ss if s.op is EntryOp.SEND_STATE
+            for t in s.peers}
+    for w, ss in steps.items():
+        takes = [s for s in ss if s.op in (EntryOp.RESTORE_OWN, EntryOp.RECV_STATE,
+                                           EntryOp.FETCH_SNAPSHOT)]
+        assert len(takes) == 1 and ss[len(takes)].op in (EntryOp.SEND_STATE,
+                                                         EntryOp.RESTART_AFTER)
+        if takes[0].op is EntryOp.RECV_STATE:
+            assert (takes[0].peer, w) in sent and takes[0].peer in p.own
+        if takes[0].op is EntryOp.FETCH_SNAPSHOT:
+            assert p.iteration in members[takes[0].peer].copies.get(members[w].stage, ())
+        assert EntryStep(EntryOp.RESTART_AFTER, p.iteration) in ss
+    assert {r for ss in steps.values() for s in ss if s.op is EntryOp.RECV_STATE
+            for r in [s.peer]} <= {w for w, _ in sent}
+    assert sum(EntryStep(EntryOp.TELL_ROLLBACK, p.iteration) in ss
+               for ss in steps.values()) == 1
 
 
 def test_a_held_snapshot_restored_is_a_copy_the_optimizer_cannot_write_through():

@@ -123,7 +123,7 @@ class Plans:
 
 
 # Move.source: "peer", a live holder of the stage sends it; "snapshot", none lives: the
-# stage restores from the newest copy any tier holds (stage_state/restore_plan.py), which
+# stage restores from the newest copy any tier holds (stage_state/entry_plan.py plan_restore), which
 # the members agree on when they enter the plan -- the coordinator does not know it yet.
 _STATE_FROM = {"peer": "state from a live peer",
                "snapshot": "no live holder: state from the newest copy in peer memory, "

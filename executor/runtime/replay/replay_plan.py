@@ -8,7 +8,7 @@ of them, the live workers' logs hold its inputs (`inputs_of`): every micro-batch
 activation into u (u > 0) and input gradient into u (u < S-1), the gradient shares of the
 weights it owns and the values of those it mirrors (tied weights), and, with the
 global-norm clip on, every stage's gradient norm of it. Else the job rolls back whole
-(restore_plan.py), and `why` says what was missing. Two lost stages side by side never
+(entry_plan.py plan_restore), and `why` says what was missing. Two lost stages side by side never
 replay: each one's input died with the other.
 """
 from __future__ import annotations

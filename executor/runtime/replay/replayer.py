@@ -38,7 +38,7 @@ from executor.runtime.stage_handle import StageHandle
 def decide(h: StageHandle, lost: list[int], r: int,
            held: dict) -> tuple[Optional[ReplayPlan], str]:
     """The replay every member agrees on, or (None, why not: the job rolls back whole).
-    `held`: stage -> iterations of its snapshots among the live workers (restore_plan
+    `held`: stage -> iterations of its snapshots among the live workers (entry_plan.py
     reports)."""
     world, conf, log = h.world, h.conf, h.boundaries
     S, M = conf.stages, conf.job.num_microbatches

@@ -1,3 +1,3 @@
 """How a worker gets its stage's state when it enters a plan version: from a live holder of
 the stage (a rejoin, a move), or from peer-memory snapshots with the whole job rolled back
-(`restore_plan.py`, pure; `sync.py` carries it out)."""
+(`entry_plan.py`, pure; `sync.py` carries it out)."""

@@ -16,7 +16,7 @@ import os
 from executor.checkpoint.manifest import iteration_dir
 from executor.checkpoint.stage_state import run_of
 from executor.checkpoint.store import complete_parts
-from executor.runtime.stage_state.restore_plan import PER_DISK
+from executor.runtime.stage_state.entry_plan import PER_DISK
 from executor.runtime.worker_config import WorkerConfig
 
 Copies = dict[int, tuple[str, ...]]  # iteration -> the parts of its checkpoint

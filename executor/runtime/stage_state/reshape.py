@@ -9,7 +9,7 @@ boundaries) decides, the same on every member:
   and the lowest member of each old stage provides it;
 - some old stage has none (every holder died: what shrinks a shape most often): every
   old stage goes back to the newest iteration all of them have a copy of in some tier
-  (restore_plan.py's rule: own host copies, held peer-memory snapshots, this run's disk
+  (entry_plan.py's plan_restore rule: own host copies, held peer-memory snapshots, this run's disk
   checkpoints, or the run's start), and the lowest member holding each provides it; at a
   disk checkpoint or the run's start every member builds its new stage from there itself
   (by name from the checkpoint's parts, or from the seed): nothing moves.
@@ -34,7 +34,7 @@ from executor.protocol import RolledBack
 from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.stage_state import by_name
 from executor.runtime.stage_state.disk_tier import disk_copies
-from executor.runtime.stage_state.restore_plan import Has, decode, encode, tier_of
+from executor.runtime.stage_state.entry_plan import Has, decode, encode, tier_of
 from executor.runtime.stage_state.settled import NoCopy, settled
 from executor.runtime.stage_state.shape import shape_id
 from executor.runtime.worker_config import WorkerConfig

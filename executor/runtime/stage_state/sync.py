@@ -11,7 +11,7 @@ Decided by one all-gather of (last settled iteration, needs state):
   stage's new members load its newest snapshot and replay the iterations since from the
   boundary logs (executor/runtime/replay/), when the live workers logged every input
   they need; else the job rolls back to the newest iteration every stage has a copy of
-  in some tier (restore_plan.py: own host copies and held peer-memory snapshots, this
+  in some tier (entry_plan.py's plan_restore: own host copies and held peer-memory snapshots, this
   run's complete disk checkpoints, loaded by name, or the run's start, which every
   member rebuilds from the seed or from the checkpoint it resumed from), and re-trains
   from there. With snapshots off the disk checkpoints and the seed are the only tiers.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 
 from dataclasses import dataclass
+from typing import Optional
 
 from executor.protocol import RolledBack
 from executor.runtime.peer_snapshots import fetch
@@ -27,8 +28,9 @@ from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.replay import replayer
 from executor.runtime.stage_state import reshape
 from executor.runtime.stage_state.disk_tier import disk_copies
-from executor.runtime.stage_state.entry_plan import EntryKind, EntryOp, plan_entry
-from executor.runtime.stage_state.restore_plan import Has, decode, encode, plan_restore, tier_of
+from executor.runtime.stage_state.entry_plan import (EntryKind, EntryOp, Has, decode, encode,
+                                                     plan_entry, plan_restore, restore_steps,
+                                                     tier_of)
 from executor.runtime.stage_state.settled import NoCopy, settled as _settled
 from executor.runtime.stage_state.shape import shaped_config
 from executor.runtime.steps.interpreter import run_steps
@@ -80,9 +82,12 @@ def sync_state(h: StageHandle, plan) -> Synced:
     return synced
 
 
-def run_entry(h: StageHandle, steps) -> tuple[str, str]:
+def run_entry(h: StageHandle, steps, plan=None, rolled_back: Optional[dict] = None
+              ) -> tuple[str, str]:
     """A member's entry steps (entry_plan.py), through the iteration's interpreter
-    (steps/interpreter.py run_steps) with a handler per op: (how its state came, whence)."""
+    (steps/interpreter.py run_steps) with a handler per op: (how its state came, whence).
+    A restore's steps also take its `plan` (whose worker holds a snapshot) and
+    `rolled_back`, its words for the coordinator (why, tier, top)."""
     st, stage, world = h.state, h.stage, h.world
     got = {"how": "kept", "source": ""}
 
@@ -97,19 +102,51 @@ def run_entry(h: StageHandle, steps) -> tuple[str, str]:
 
     def receive(step) -> None:
         stage.load_state(world.recv_blob(step.peer))
-        h.log(f"loaded stage {st.me[1]} state from worker {step.peer} at iteration "
-              f"{_before(steps)}")
         st.fresh = False
+        if rolled_back is None:
+            h.log(f"loaded stage {st.me[1]} state from worker {step.peer} at iteration "
+                  f"{_before(steps)}")
         got.update(how="loaded", source=f"worker {step.peer}")
 
     def send(step) -> None:
         state = stage.state()
         for w in step.peers:
             world.send_blob(state, w)
+
+    def restore_own(step) -> None:
+        state, whence = _copy_of(h, st.me[1], step.it)
+        stage.load_state(state)
+        got["source"] = whence
+
+    def fetch_snapshot(step) -> None:
+        holder = plan.worker_id(*step.peer)
+        _, state = fetch(h.store, holder, st.me[1], step.it, timeout_s=h.snaps.timeout_s)
+        stage.load_state(state)
+        got["source"] = f"the snapshot held by worker {holder}"
+
+    def restart_after(step) -> None:
+        k = step.it
+        h.log(f"restored stage {st.me[1]} at iteration {k} from {got['source']}")
+        stage.stepper.reset(k + 1)
+        if h.snaps is not None:
+            h.snaps.local.drop_after(k)
+            h.snaps.host.forget(None, k)
+        h.boundaries.rolled_back_to(k)
+        st.fresh, st.restored_at = False, k
+        h.log(f"rolled back to iteration {k} from {rolled_back['tier']} (plan v{world.version})")
+        got["how"] = "restored"
+
+    def tell_rollback(step) -> None:
+        h.source.send(RolledBack(to=step.it, tier=rolled_back["tier"],
+                                 why=rolled_back["why"] or "no live worker kept any stage's state",
+                                 again=max(0, rolled_back["top"] - step.it)))
     run_steps(steps, {EntryOp.ROLLBACK: rollback, EntryOp.KEEP_BEFORE: keep_before,
                       # our last step is the state we train on (and may send)
                       EntryOp.SETTLE: lambda step: stage.stepper.settle(),
-                      EntryOp.RECV_STATE: receive, EntryOp.SEND_STATE: send})
+                      EntryOp.RECV_STATE: receive, EntryOp.SEND_STATE: send,
+                      EntryOp.RESTORE_OWN: restore_own, EntryOp.FETCH_SNAPSHOT: fetch_snapshot,
+                      EntryOp.RESTART_AFTER: restart_after,
+                      EntryOp.TELL_ROLLBACK: tell_rollback})
     return got["how"], got["source"]
 
 
@@ -178,41 +215,15 @@ def restore_from_snapshots(h: StageHandle, plan, members=None, why: str = "",
     """Roll every member back to the newest iteration k every stage has a copy of in
     some tier; (k, where this worker's state came from). `members`: what each holds, if
     gathered; `why`: why no replay (told to the coordinator, for the run's summary);
-    `top`: the newest iteration a member had stepped (what is trained again)."""
-    world, st, S = h.world, h.state, h.conf.stages
-    me = st.me
+    `top`: the newest iteration a member had stepped (what is trained again). Decided by
+    entry_plan.py's plan_restore and restore_steps, run by run_entry."""
+    S = h.conf.stages
     members = members if members is not None else _holdings(h)
     rp = plan_restore(members, S)
     if rp is None:
         raise NoCopy("no iteration has a copy of every stage in any tier (live workers, "
                      "peer-memory snapshots, this run's disk checkpoints, the seed): "
                      "resume from a checkpoint")
-    k = rp.iteration
-    blob = lambda s, p: members[p].stage == s and p in rp.own  # noqa: E731 (sent by world)
-    state, how = _copy_of(h, me[1], k) if me in rp.own else (None, "")
-    for s, taker in rp.sends(me):
-        if blob(s, me):
-            world.send_blob(state, taker)
-    if state is None:
-        prov = rp.providers[me[1]]
-        if blob(me[1], prov):
-            state, how = world.recv_blob(prov), f"worker {prov}"
-        else:
-            holder = plan.worker_id(*prov)
-            _, state = fetch(h.store, holder, me[1], k, timeout_s=h.snaps.timeout_s)
-            how = f"the snapshot held by worker {holder}"
-    h.log(f"restored stage {me[1]} at iteration {k} from {how}")
-    h.stage.load_state(state)
-    h.stage.stepper.reset(k + 1)
-    if h.snaps is not None:
-        h.snaps.local.drop_after(k)
-        h.snaps.host.forget(None, k)
-    h.boundaries.rolled_back_to(k)
-    st.fresh = False
-    st.restored_at = k
-    tier = tier_of(members, k)
-    h.log(f"rolled back to iteration {k} from {tier} (plan v{plan.version})")
-    if me == world.workers[0]:  # one member tells the coordinator
-        h.source.send(RolledBack(to=k, why=why or "no live worker kept any stage's state",
-                                     tier=tier, again=max(0, top - k)))
-    return k, how
+    _, source = run_entry(h, restore_steps(rp, members, h.state.me), plan, rolled_back={
+        "why": why, "tier": tier_of(members, rp.iteration), "top": top})
+    return rp.iteration, source
