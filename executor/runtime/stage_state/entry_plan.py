@@ -48,6 +48,15 @@ class EntryOp(str, Enum):
     #                                    snapshot `peer` holds (the snapshot port)
     RESTART_AFTER = "RESTART_AFTER"  # the stepper, copies and logs go on after step `it`
     TELL_ROLLBACK = "TELL_ROLLBACK"  # the coordinator told the job went back to `it`
+    # RESHAPE's (a plan of another shape: the new stage assembled by parameter name)
+    KEEP_PIECES = "KEEP_PIECES"  # the pieces of old `stage` its new stage runs, from itself
+    SEND_PIECES = "SEND_PIECES"  # the pieces of old `stage` that `peer`'s new stage runs
+    RECV_PIECES = "RECV_PIECES"  # the pieces `peer` provides of its old stage
+    BUILD_STAGE = "BUILD_STAGE"  # its new stage, built as at the run's start (the seed)
+    LOAD_PIECES = "LOAD_PIECES"  # what it kept and received, assembled by name
+    LOAD_PARTS = "LOAD_PARTS"  # the disk checkpoint of iteration `it`, by name
+    AGREE = "AGREE"  # every member has its new stage (one all-gather): take them
+    TAKE_SHAPE = "TAKE_SHAPE"  # run the new stage from its state after step `it` on
 
 
 @dataclass(frozen=True)
@@ -56,6 +65,7 @@ class EntryStep:
     it: Optional[int] = None
     peer: Optional[Worker] = None
     peers: tuple[Worker, ...] = ()
+    stage: Optional[int] = None  # KEEP_PIECES, SEND_PIECES: the old stage
 
 
 class EntryKind(str, Enum):
@@ -224,5 +234,117 @@ def restore_steps(rp: RestorePlan, members: dict[Worker, Has], me: Worker
         out = [EntryStep(EntryOp.FETCH_SNAPSHOT, k, peer=prov)]
     out.append(EntryStep(EntryOp.RESTART_AFTER, k))
     if me == min(members):
+        out.append(EntryStep(EntryOp.TELL_ROLLBACK, k))
+    return tuple(out)
+
+
+# RESHAPE: entering a plan of another shape (reshape.py carries it out)
+
+class ShapeMismatch(RuntimeError):
+    """Members hold state of different shapes (cannot happen: a change commits on all)."""
+
+
+@dataclass(frozen=True)
+class ShapeRow:
+    """What one member holds before a change of shape (one all-gather)."""
+    shape: int  # the id of its state's shape (stage_state/shape.py shape_id)
+    stages: int  # that shape's stage count
+    stage: int  # its stage in it
+    settled: int  # the last iteration it stepped for good (-1 when fresh)
+    fresh: bool  # holds no state
+    boundaries: tuple[int, ...]  # that shape's cut points (its first layer per stage)
+
+
+@dataclass(frozen=True)
+class ReshapeSource:
+    """Where the new shape's state comes from: every old stage after step `iteration`,
+    each from its `providers` member (None: every member builds its new stage itself,
+    from the seed or a disk checkpoint it reads); `tier`, in words."""
+    iteration: int
+    providers: Optional[dict[int, Worker]]
+    tier: str
+
+    @property
+    def live(self) -> bool:
+        return self.tier == LIVE
+
+
+LIVE = "live workers"
+
+
+def old_shape(rows: dict[Worker, ShapeRow], new_shape: int) -> Optional[ShapeRow]:
+    """A row of the shape the members' state has, or None when nothing moves by name
+    (no member holds state, or all hold the new shape already: the plain entry)."""
+    holders = [r for r in rows.values() if not r.fresh]
+    ids = {r.shape for r in holders}
+    if len(ids) > 1:
+        raise ShapeMismatch(f"members hold state of {len(ids)} shapes")
+    return None if not holders or ids == {new_shape} else holders[0]
+
+
+def live_source(rows: dict[Worker, ShapeRow], stages: int) -> Optional[ReshapeSource]:
+    """Every old stage held by a live member: the job goes on after the lowest iteration
+    such a member settled, the lowest member of each stage provides it; else None."""
+    holders = {w: r for w, r in rows.items() if not r.fresh}
+    if {r.stage for r in holders.values()} != set(range(stages)):
+        return None
+    return ReshapeSource(min(r.settled for r in holders.values()),
+                         {s: min(w for w, r in holders.items() if r.stage == s)
+                          for s in range(stages)}, LIVE)
+
+
+def restore_source(members: dict[Worker, Has], stages: int) -> Optional[ReshapeSource]:
+    """A stage lost whole before a change of shape: every old stage goes back to the
+    newest iteration all have a copy of in some tier (None: none has). A run from its
+    seed has every stage before its first step anywhere, and a disk checkpoint that
+    every member reads holds every stage of any shape by name: there each member builds
+    its new stage itself (nothing moves)."""
+    have: dict[int, set[int]] = {s: set() for s in range(stages)}
+    for h in members.values():
+        for s, its in h.copies.items():
+            have.setdefault(s, set()).update(its)
+    everywhere = set.intersection(*(set(h.disk) | ({h.origin} if h.origin is not None
+                                                    else set()) for h in members.values()))
+    common = set.intersection(*(have[s] | everywhere for s in range(stages)))
+    if not common:
+        return None
+    k = max(common)
+    if k in everywhere:
+        return ReshapeSource(k, None, tier_of(members, k))
+    return ReshapeSource(k, {s: min(w for w, h in members.items() if h.can_give(s, k))
+                             for s in range(stages)}, "peer-memory snapshots")
+
+
+def reshape_steps(src: ReshapeSource, me: Worker, mine: ShapeRow, done: int, origin,
+                  workers: list[Worker], old_names: list[set], new_names: list[set]
+                  ) -> tuple[EntryStep, ...]:
+    """`me`'s steps into the new shape: its old stage at its state after step k (rolled
+    back if ahead, else settled; live sources only), the pieces of every old stage its
+    new stage runs kept, sent and received in one global order (no cycle of blocking
+    sends), its new stage built and loaded (the pieces by name, or the disk checkpoint
+    of k), then taken once every member has one; the lowest member tells the
+    coordinator when the job went back."""
+    k, out = src.iteration, []
+    if src.live and not mine.fresh:
+        out.append(EntryStep(EntryOp.ROLLBACK, k + 1) if done > k else
+                   EntryStep(EntryOp.SETTLE))
+    for s, p in sorted((src.providers or {}).items()):
+        for t in sorted(workers):
+            if not old_names[s] & new_names[t[1]]:
+                continue
+            if t == p == me:
+                out.append(EntryStep(EntryOp.KEEP_PIECES, stage=s))
+            elif me == p:
+                out.append(EntryStep(EntryOp.SEND_PIECES, peer=t, stage=s))
+            elif me == t:
+                out.append(EntryStep(EntryOp.RECV_PIECES, peer=p))
+    out.append(EntryStep(EntryOp.BUILD_STAGE))
+    if src.providers is not None:
+        out.append(EntryStep(EntryOp.LOAD_PIECES))
+    elif k != origin:
+        out.append(EntryStep(EntryOp.LOAD_PARTS, k))
+    out += [EntryStep(EntryOp.RESTART_AFTER, k), EntryStep(EntryOp.AGREE),
+            EntryStep(EntryOp.TAKE_SHAPE, k)]
+    if not src.live and me == min(workers):
         out.append(EntryStep(EntryOp.TELL_ROLLBACK, k))
     return tuple(out)

@@ -34,18 +34,18 @@ from executor.protocol import RolledBack
 from executor.runtime.peer_snapshots.wire import held_state
 from executor.runtime.stage_state import by_name
 from executor.runtime.stage_state.disk_tier import disk_copies
-from executor.runtime.stage_state.entry_plan import Has, decode, encode, tier_of
+from executor.runtime.stage_state.entry_plan import (EntryOp, Has, ShapeMismatch, ShapeRow,
+                                                     decode, encode, live_source, old_shape,
+                                                     reshape_steps, restore_source)
 from executor.runtime.stage_state.settled import NoCopy, settled
 from executor.runtime.stage_state.shape import shape_id
+from executor.runtime.steps.interpreter import run_steps
 from executor.runtime.worker_config import WorkerConfig
 
 from executor.runtime.stage_handle import StageHandle
 
+__all__ = ["ShapeMismatch", "names_of", "needed", "reshape"]
 NONE = -2
-
-
-class ShapeMismatch(RuntimeError):
-    """Members hold state of different shapes (cannot happen: a change commits on all)."""
 
 
 def names_of(conf: WorkerConfig, stages: int) -> list[set[str]]:
@@ -67,7 +67,9 @@ def needed(plan) -> bool:
 
 def reshape(h: StageHandle, plan, new: WorkerConfig, synced_cls):
     """Enter `plan` (its shape `new`); returns `synced_cls(iteration, how, source)`, or
-    None when every member with state holds the new shape already (plain sync then)."""
+    None when every member with state holds the new shape already (plain sync then).
+    Decided by entry_plan.py (old_shape, live_source, restore_source, reshape_steps),
+    carried out here through the iteration's interpreter."""
     world, st = h.world, h.state
     t0 = time.perf_counter()
     old = h.conf
@@ -75,65 +77,78 @@ def reshape(h: StageHandle, plan, new: WorkerConfig, synced_cls):
     width = max(old.model.n_layers + 1, h.base.stages)
     row = [shape_id(old), old.stages, h.stage.stage, _settled(h), int(st.fresh),
            *_padded(old.model.boundaries, width)]
-    info = world.allgather_ints(row)
-    holders = {w: r for w, r in info.items() if not r[4]}
-    ids = {r[0] for r in holders.values()}
-    if len(ids) > 1:
-        raise ShapeMismatch(f"members hold state of {len(ids)} shapes")
-    if not holders or ids == {shape_id(new)}:
+    rows = {w: ShapeRow(r[0], r[1], r[2], r[3], bool(r[4]), tuple(b for b in r[5:] if b != NONE))
+            for w, r in world.allgather_ints(row).items()}
+    first = old_shape(rows, shape_id(new))
+    if first is None:
         return None  # nothing moves by name: the plain sync (fresh members load a peer's)
-    first = next(iter(holders.values()))
-    S_old = first[1]
+    S_old = first.stages
+    src = live_source(rows, S_old)
+    if src is None:
+        mine = _has(h)
+        members = {w: decode(r, S_old) for w, r in world.allgather_ints(encode(mine, S_old)).items()}
+        src = restore_source(members, S_old)
+        if src is None:
+            raise NoCopy("a stage lost whole before a change of shape and no iteration has a "
+                         "copy of every stage in any tier (live workers, peer-memory "
+                         "snapshots, this run's disk checkpoints, the seed): resume from a "
+                         "checkpoint")
     old_conf = dataclasses.replace(old, model=dataclasses.replace(
-        old.model, boundaries=tuple(b for b in first[5:] if b != NONE)))
-    served = {r[2] for r in holders.values()}
-    if served == set(range(S_old)):
-        k = min(r[3] for r in holders.values())
-        providers = {s: min(w for w, r in holders.items() if r[2] == s) for s in range(S_old)}
-        if not st.fresh:
-            _settle_at(h, k)
-        source = "live workers"
-    else:
-        k, providers, source = _restore_point(h, info, S_old)
-    me = st.me
-    old_names = names_of(old_conf, S_old)
+        old.model, boundaries=first.boundaries))
     new_names = names_of(new, new.stages)
+    steps = reshape_steps(src, st.me, rows[st.me], st.done, st.origin, world.workers,
+                          names_of(old_conf, S_old), new_names)
+    k, me = src.iteration, st.me
     pieces: by_name.Pieces = {}
-    for s in range(S_old if providers is not None else 0):
-        p = providers[s]
-        src = by_name.split(_state_of(h, s, k)) if me == p else None
-        for t in sorted(world.workers):
-            if not old_names[s] & new_names[t[1]]:
-                continue
-            if t == p == me:
-                pieces.update(by_name.only(src, new_names[t[1]]))
-            elif me == p:
-                world.send_blob(by_name.only(src, new_names[t[1]]), t)
-            elif me == t:
-                pieces.update(world.recv_blob(p))
-    stage = h.new_stage(me[1], new)  # as at the run's start: the seed's state
+    got: dict = {}
+
+    def rollback(step) -> None:
+        h.stage.stepper.rollback(step.it)
+        h.log(f"rolled back iterations {step.it}..{st.done} to change shape")
+        st.done = step.it - 1
+
+    def keep(step) -> None:
+        pieces.update(by_name.only(_split(step.stage), new_names[me[1]]))
+
+    def send(step) -> None:
+        world.send_blob(by_name.only(_split(step.stage), new_names[step.peer[1]]), step.peer)
+
+    def _split(s: int) -> dict:
+        if s not in got:
+            got[s] = by_name.split(_state_of(h, s, k))
+        return got[s]
+
+    def build(step) -> None:
+        got["new"] = h.new_stage(me[1], new)  # as at the run's start: the seed's state
+
+    def tell(step) -> None:
+        top = max(r.settled for r in rows.values())
+        h.source.send(RolledBack(to=k, tier=src.tier, again=max(0, top - k), why=(
+            "a stage lost whole before a change of shape: every stage goes back to the "
+            "newest copy of all of them")))
     try:
-        if providers is not None:
-            stage.load_state(by_name.assemble(stage.module, stage.opt, pieces))
-        elif k != st.origin:  # every member reads the checkpoint: its new stage by name
-            stage.load_parts(st.disk[k])
-        stage.stepper.reset(k + 1)
-        world.allgather_ints([1])  # every member has its new stage: take them
+        run_steps(steps, {
+            EntryOp.ROLLBACK: rollback, EntryOp.SETTLE: lambda step: h.stage.stepper.settle(),
+            EntryOp.KEEP_PIECES: keep, EntryOp.SEND_PIECES: send,
+            EntryOp.RECV_PIECES: lambda step: pieces.update(world.recv_blob(step.peer)),
+            EntryOp.BUILD_STAGE: build,
+            EntryOp.LOAD_PIECES: lambda step: got["new"].load_state(
+                by_name.assemble(got["new"].module, got["new"].opt, pieces)),
+            EntryOp.LOAD_PARTS: lambda step: got["new"].load_parts(st.disk[step.it]),
+            EntryOp.RESTART_AFTER: lambda step: got["new"].stepper.reset(step.it + 1),
+            EntryOp.AGREE: lambda step: world.allgather_ints([1]),  # all have one: take
+            EntryOp.TAKE_SHAPE: lambda step: h.take_shape(new, got.pop("new"), step.it),
+            EntryOp.TELL_ROLLBACK: tell})
     except BaseException:
-        stage.close()
+        if "new" in got:  # a member that fails before taking keeps the old shape
+            got["new"].close()
         raise
-    h.take_shape(new, stage, k)
-    if source != "live workers":
+    if not src.live:
         st.restored_at = k
-        if me == world.workers[0]:
-            top = max(r[3] for r in info.values())
-            h.source.send(RolledBack(to=k, tier=source, again=max(0, top - k), why=(
-                "a stage lost whole before a change of shape: every stage goes back to the "
-                "newest copy of all of them")))
     h.log(f"changed shape to {new.stages} stages (blocks from {list(new.model.boundaries)}) "
-              f"at iteration {k + 1}: stage {me[1]} from {source} in "
-              f"{time.perf_counter() - t0:.3f} s")
-    return synced_cls(k + 1, "reshaped", source)
+          f"at iteration {k + 1}: stage {me[1]} from {src.tier} in "
+          f"{time.perf_counter() - t0:.3f} s")
+    return synced_cls(k + 1, "reshaped", src.tier)
 
 
 def _padded(values, width: int) -> list[int]:
@@ -142,49 +157,6 @@ def _padded(values, width: int) -> list[int]:
 
 def _settled(h: StageHandle) -> int:
     return settled(h) if not h.state.fresh else -1
-
-
-def _settle_at(h: StageHandle, k: int) -> None:
-    """Own (old) stage at its state after step k: rolled back if ahead, else settled."""
-    st, stepper = h.state, h.stage.stepper
-    if st.done > k:
-        stepper.rollback(k + 1)
-        h.log(f"rolled back iterations {k + 1}..{st.done} to change shape")
-        st.done = k
-    else:
-        stepper.settle()
-
-
-def _restore_point(h: StageHandle, info: dict, S_old: int):
-    """The newest iteration every old stage has a copy of; a provider of each (None when
-    every member builds its new stage itself: at the run's start or a disk checkpoint
-    that every member reads); and the tier, in words."""
-    world = h.world
-    mine = _has(h)
-    rows = world.allgather_ints(encode(mine, S_old))
-    members = {w: decode(r, S_old) for w, r in rows.items()}
-    have: dict[int, set[int]] = {s: set() for s in range(S_old)}
-    for h in members.values():
-        for s, its in h.copies.items():
-            have.setdefault(s, set()).update(its)
-    # a run from its seed has every stage's state before its first step anywhere, and a
-    # disk checkpoint that every member reads holds every stage of any shape by name:
-    # each member builds its new stage there (nothing moves)
-    everywhere = set.intersection(*(set(h.disk) | ({h.origin} if h.origin is not None
-                                                    else set()) for h in members.values()))
-    for s in range(S_old):
-        have[s] |= everywhere
-    common = set.intersection(*have.values())
-    if not common:
-        raise NoCopy("a stage lost whole before a change of shape and no iteration has a "
-                     "copy of every stage in any tier (live workers, peer-memory snapshots, "
-                     "this run's disk checkpoints, the seed): resume from a checkpoint")
-    k = max(common)
-    if k in everywhere:
-        return k, None, tier_of(members, k)
-    providers = {s: min(w for w, h in members.items() if h.can_give(s, k))
-                 for s in range(S_old)}
-    return k, providers, "peer-memory snapshots"
 
 
 def _has(h: StageHandle) -> Has:
