@@ -42,7 +42,7 @@ class StageHandle:
     source: Any  # the plan source (sources/plan_source.py)
     fence: PlanFence
     snaps: Optional[PeerSnapshots]
-    boundaries: BoundaryLog
+    boundary_log: BoundaryLog
     stage: Optional[StageRuntime] = None
     world: Optional[World] = None
 
@@ -58,9 +58,9 @@ class StageHandle:
                  if conf.snapshot_every else None)
         # What this worker sends across stage boundaries, for the replay of a stage lost
         # whole (runtime/replay/); from a snapshot only: off without them.
-        boundaries = BoundaryLog(conf.log_budget if snaps is not None else 0,
+        boundary_log = BoundaryLog(conf.log_budget if snaps is not None else 0,
                                  origin=state.origin)
-        h = cls(conf, conf, state, store, source, fence, snaps, boundaries)
+        h = cls(conf, conf, state, store, source, fence, snaps, boundary_log)
         h.stage = h.new_stage(state.me[1])
         if conf.load_origin and conf.origin_parts:
             h.stage.load_parts(conf.origin_parts)
@@ -75,9 +75,9 @@ class StageHandle:
         stage = StageRuntime(conf or self.conf, s, self.store, self.log)
         # a wait in settle() (other stages' norms, tied weights) leaves for a newer plan
         stage.stepper.newer = lambda: self.fence.next_plan(0)
-        stage.stepper.on_norms = lambda it, sums: self.boundaries.note_norms(it, sums)
+        stage.stepper.on_norms = lambda it, sums: self.boundary_log.note_norms(it, sums)
         # what a tied weight's exchange publishes for stage `to`, kept for replays
-        stage.stepper.tied.on_publish = lambda kind, to, it, ts: self.boundaries.keep(
+        stage.stepper.tied.on_publish = lambda kind, to, it, ts: self.boundary_log.keep(
             to, TIED_GRAD if kind == "grad" else TIED_VALUE, it, s, ts)
         return stage
 
@@ -97,7 +97,7 @@ class StageHandle:
         self.state.done = k
         if self.snaps is not None:
             self.snaps.reshaped(conf.stages, k + 1)
-        self.boundaries.reshaped()
+        self.boundary_log.reshaped()
 
     def newer_plan(self):
         """A plan newer than the one in force, if one is out (no wait)."""

@@ -99,8 +99,8 @@ class WorkerLoop:
         self.log(f"optimizer: {h.stage.stepper.stats.line()}")
         if h.snaps is not None:
             self.log(f"snapshots: {h.snaps.stats_line()}")
-        if h.boundaries.on:
-            self.log(f"boundary log: {h.boundaries.stats_line()}")
+        if h.boundary_log.on:
+            self.log(f"boundary log: {h.boundary_log.stats_line()}")
         h.stage.close()  # the last iteration's part, before the process ends
         if h.world is not None:
             h.world.close()

@@ -40,7 +40,7 @@ def decide(h: StageHandle, lost: list[int], r: int,
     """The replay every member agrees on, or (None, why not: the job rolls back whole).
     `held`: stage -> iterations of its snapshots among the live workers (entry_plan.py
     reports)."""
-    world, conf, log = h.world, h.conf, h.boundaries
+    world, conf, log = h.world, h.conf, h.boundary_log
     S, M = conf.stages, conf.job.num_microbatches
     clip = conf.training.clip > 0
     wins = windows_of(lost, held, h.state.origin, r)
@@ -66,7 +66,7 @@ def carry_out(h: StageHandle, plan, rp: ReplayPlan, held_by: dict) -> str:
     inbox: dict = {}
     for src, dst, keys in rp.transfers(M):
         if src == me:
-            world.send_blob({k: h.boundaries.get(*k) for k in keys}, dst)
+            world.send_blob({k: h.boundary_log.get(*k) for k in keys}, dst)
         elif dst == me:
             inbox.update(world.recv_blob(src))
     u = me[1]
@@ -123,7 +123,7 @@ def _replay_stage(h: StageHandle, plan, rp: ReplayPlan, u: int, inbox: dict,
     for it in win.iterations:
         comp.begin(it)
         compute = StageSteps(comp, u, S, lambda g, it=it: conf.workload.microbatch(
-            conf.model, it, g), LogTransport(h.boundaries, inbox, it))
+            conf.model, it, g), LogTransport(h.boundary_log, inbox, it))
         table = {**compute.table(),
                  Op.B: lambda s: (compute.backward(s), progress()),
                  Op.ALLREDUCE: lambda s, it=it: losses.__setitem__(it, allreduce_grads(
@@ -156,7 +156,7 @@ def _logged(h: StageHandle, inbox: dict, rp: ReplayPlan, u: int, it: int) -> Log
     for d, stages in rp.inputs[u]:
         for s in stages if d in blobs else ():
             key = (u, d, it, s)
-            ts = inbox[key] if key in inbox else h.boundaries.get(*key)
+            ts = inbox[key] if key in inbox else h.boundary_log.get(*key)
             blobs[d][s] = dict(zip(shared(ties, u, s), ts))
     return Logged(rp.norms.get(it), blobs[TIED_GRAD], blobs[TIED_VALUE])
 

@@ -75,7 +75,7 @@ def sync_state(h: StageHandle, plan) -> Synced:
         return Synced(k + 1, "restored", source)
     synced = Synced(r, *run_entry(h, d.steps)) if d.steps else None
     source = replayer.carry_out(h, plan, rp, _held_by(members))
-    h.boundaries.forget_from(r)
+    h.boundary_log.forget_from(r)
     if synced is None:
         h.stage.stepper.reset(r)
         return Synced(r, "replayed", source)
@@ -98,7 +98,7 @@ def run_entry(h: StageHandle, steps, plan=None, rolled_back: Optional[dict] = No
 
     def keep_before(step) -> None:
         stage.stepper.keep_before(step.it)
-        h.boundaries.forget_from(step.it)
+        h.boundary_log.forget_from(step.it)
 
     def receive(step) -> None:
         stage.load_state(world.recv_blob(step.peer))
@@ -131,7 +131,7 @@ def run_entry(h: StageHandle, steps, plan=None, rolled_back: Optional[dict] = No
         if h.snaps is not None:
             h.snaps.local.drop_after(k)
             h.snaps.host.forget(None, k)
-        h.boundaries.rolled_back_to(k)
+        h.boundary_log.rolled_back_to(k)
         st.fresh, st.restored_at = False, k
         h.log(f"rolled back to iteration {k} from {rolled_back['tier']} (plan v{world.version})")
         got["how"] = "restored"

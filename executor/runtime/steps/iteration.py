@@ -57,7 +57,7 @@ class IterationRuntime:
         self._recvs = [(k, s) for k, s in enumerate(steps) if s.op is Op.RECV]
         self._ahead = 0
         compute = StageSteps(stage.compute, st.me[1], a.conf.stages,
-                             lambda g: self._batch(it, g), WorldTransport(a.world, it, a.boundaries),
+                             lambda g: self._batch(it, g), WorldTransport(a.world, it, a.boundary_log),
                              lambda what, g, fn, *x: self._model(what, g, it, fn, *x))
         table = {**compute.table(), Op.ALLREDUCE: lambda s: self._allreduce(),
                  Op.OPT: lambda s: self._step(it, sync), FAULT: lambda s: self._fault(it)}
@@ -137,10 +137,10 @@ class IterationRuntime:
                            base_checksums=base_checksums(a.base, stage.module)
                            if final and a.conf is not a.base else None,
                            **(self._snapshot_figures() if final else {})))
-        if a.boundaries.on and a.snaps is not None and a.snaps.every == 0:
-            a.boundaries.off()  # auto chose no snapshots: nothing would ever trim the log
+        if a.boundary_log.on and a.snaps is not None and a.snaps.every == 0:
+            a.boundary_log.off()  # auto chose no snapshots: nothing would ever trim the log
         if a.snaps is not None and a.snaps.due(it):
-            a.boundaries.snapshot_at(it)  # every stage snapshots it: older logs may go
+            a.boundary_log.snapshot_at(it)  # every stage snapshots it: older logs may go
             stage.stepper.settle()  # the snapshot is of the final step (a clip may redo it)
             a.snaps.offer(st.me[1], it, stage.state(), send=st.writer)
         if st.writer and stage.parts.due(it):
@@ -151,7 +151,7 @@ class IterationRuntime:
     def _snapshot_figures(self) -> dict:
         """For the run's summary: K in force and the host memory snapshots hold here."""
         snaps: Optional[object] = self.h.snaps
-        log = self.h.boundaries.stats.peak_bytes
+        log = self.h.boundary_log.stats.peak_bytes
         if snaps is None:
             return {"snap_every": 0, "snap_bytes": 0, "log_bytes": log}
         s = snaps.stats()
