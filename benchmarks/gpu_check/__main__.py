@@ -2,7 +2,8 @@
 CUDA path on one GPU, in under 8 minutes, into benchmarks/results/gpu.md (docs/gpu.md).
 
 Sections run one after another, each in its own process (benchmarks/gpu_check/section.py)
-killed at its time box; none starts once the total time would pass settings.TOTAL_S.
+killed at its time box; the boxes add up to less than settings.TOTAL_S, so every section
+starts (and none would start past the total).
 --dry-run: the same on the CPU with tiny sizes, into a temp file (never gpu.md), so that
 every code path but the CUDA calls runs in the tests (tests/test_gpu_check.py).
 Exit: 0 all sections ran and passed, 1 one failed, 2 bad input (one line).
@@ -22,7 +23,7 @@ from pathlib import Path
 
 from benchmarks.gpu_check.report import header, render
 from benchmarks.gpu_check.section import SECTIONS
-from benchmarks.gpu_check.settings import TOTAL_S, settings
+from benchmarks.gpu_check.settings import TOTAL_S, boxes_line, settings
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULT = ROOT / "benchmarks" / "results" / "gpu.md"
@@ -94,7 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         if not torch.cuda.is_available():
             ap.error("no CUDA device here: run it on a GPU machine, or pass --dry-run")
     st = settings(a.dry_run, a.peak_tflops)
-    head = header(st, argv, datetime.datetime.now(datetime.timezone.utc))
+    boxes = boxes_line(st, names)
+    head = header(st, argv, datetime.datetime.now(datetime.timezone.utc), boxes)
+    print(f"gpu_check: time boxes {boxes}", flush=True)
     t0 = time.monotonic()
     results: dict = {}
     log_path = Path(f"{out}.log")  # each section's own output, for when one fails

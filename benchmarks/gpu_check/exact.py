@@ -9,7 +9,9 @@ b. `recycle train --device cuda` on a DxS grid of worker processes sharing the G
    a SIGKILL and a rejoin, against `recycle train --reference --device cuda`: the tests'
    comparison (reference.compare: losses and per-stage checksums, tolerance absolute,
    relative above magnitude 1) at the tests' tolerances, 1e-5 fp32 and 1e-4 bf16
-   (tests/test_executor_runtime.py, tests/test_training_features.py).
+   (tests/test_executor_runtime.py, tests/test_training_features.py); the same for a
+   dropout model with activation checkpointing, fp32 and bf16 (randomness), and for a
+   stage lost whole and replayed (replay).
 """
 from __future__ import annotations
 
@@ -166,20 +168,22 @@ def workers(st: dict) -> dict:
 def randomness(st: dict) -> dict:
     """Keyed randomness on the device: a dropout model's masks come from the device's
     generators re-seeded per (seed, iteration, micro-batch, layer), and activation
-    checkpointing recomputes a layer under the same key; the workers (with checkpointing)
-    against the reference (without) through the kill and rejoin."""
+    checkpointing recomputes a layer under the same key (and, in bf16, the same autocast);
+    the workers (with checkpointing) against the reference (without, in the same precision
+    on the same device: CUDA's draws are not the CPU's) through the kill and rejoin."""
     D, S, M = st["grid"]
     model, dev = st["dropout_model"], st["device"]
     lines = [f"`recycle train --model {model} -d {D} -s {S} -m {M} --device {dev} "
-             f"--activation-checkpointing C --kill {st['kill']} --rejoin {st['rejoin']}` "
-             f"against `recycle train --reference --device {dev}` (no checkpointing): dropout "
-             "0.1 in every block.", "", HEAD[0].format("checkpointing"), HEAD[1]]
+             f"--precision P --activation-checkpointing C --kill {st['kill']} --rejoin "
+             f"{st['rejoin']}` against `recycle train --reference --device {dev} --precision "
+             "P` (no checkpointing): dropout 0.1 in every block.", "",
+             HEAD[0].format("precision, checkpointing"), HEAD[1]]
     numbers, ok = {}, True
-    for policy in st["checkpointing"]:
-        r = _against_reference(st, model, "fp32", ["--activation-checkpointing", policy])
+    for precision, policy in st["randomness_runs"]:
+        r = _against_reference(st, model, precision, ["--activation-checkpointing", policy])
         ok &= not r["bad"]
-        lines.append(_row(policy, r))
-        numbers[f"{policy}_diff"] = r["diff"]
+        lines.append(_row(f"{precision}, {policy}", r))
+        numbers[f"{precision}_{policy}_diff"] = r["diff"]
     return {"lines": lines + DIFF_NOTE, "numbers": numbers, "ok": ok}
 
 

@@ -8,7 +8,7 @@ import shlex
 from benchmarks.gpu_check.section import SECTIONS
 
 
-def header(st: dict, argv: list[str], started: datetime.datetime) -> list[str]:
+def header(st: dict, argv: list[str], started: datetime.datetime, boxes: str) -> list[str]:
     mode = ("dry run on the CPU (tiny sizes, device cpu where the check asks cuda: every "
             "code path but the CUDA calls)" if st["dry_run"] else "one NVIDIA GPU")
     return ["# ReCycle on one GPU: the CUDA path, run for real", "",
@@ -16,7 +16,7 @@ def header(st: dict, argv: list[str], started: datetime.datetime) -> list[str]:
             f"(benchmarks/gpu_check/), started {started:%Y-%m-%d %H:%M} UTC, {mode}. "
             "Each section runs in its own process under a time box; a failed one says its "
             "error's last line and the others still run. docs/gpu.md says what each "
-            "measures.", ""]
+            "measures.", "", f"Time boxes: {boxes}.", ""]
 
 
 def section(name: str, res: dict) -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-# name -> (the letter, title, "module:function")
+# name -> (the letter, title, "module:function"), in the order they run
 SECTIONS = {
     "machine": ("e", "The machine", "machine:machine"),
     "reference": ("a", "The one-process reference on the device against the CPU",
@@ -20,12 +20,12 @@ SECTIONS = {
                 "exact:workers"),
     "randomness": ("b", "Dropout and activation checkpointing on the device, through a "
                    "SIGKILL and a rejoin", "exact:randomness"),
+    "replay": ("b", "A stage lost whole, replayed from the boundary logs on the device",
+               "exact:replay"),
     "profile": ("c", "`recycle profile` of the big model on the device", "speed:profile"),
     "rates": ("c", "Tokens/s and MFU: the whole model and each stage (bf16)", "speed:rates"),
     "split": ("d", "The I/W split's cost over fused B on the device", "speed:split"),
     "snapshot": ("d", "The peer-memory snapshot's copy", "speed:snapshot"),
-    "replay": ("b", "A stage lost whole, replayed from the boundary logs on the device",
-               "exact:replay"),
 }
 
 
