@@ -10,8 +10,8 @@ noise of a shared machine does not move, beside the times it does.
    I/W split), worker 0:1's iterations 3 and 4 traced on its own thread, opcodes counted
    in product code (executor/, planner/), waits left out (waiting.py, the World's polls,
    the stepper's idle work: how often a poll spins is timing, not work) and the data
-   loader's (on its own thread when it ran ahead), divided by the worker's plan actions. By part: the runtime (executor/runtime, planner, protocol,
-   checkpoint), the compute (executor/compute: the split in executor/compute/backward),
+   loader's (on its own thread when it ran ahead), divided by the worker's plan actions.
+   By part: the runtime (executor/runtime, planner, protocol, checkpoint), the compute (executor/compute: the split in executor/compute/backward),
    the optimizer (executor/optim). tests/test_instruction_counts.py fails when the total
    grows more than 10% over the figure committed here.
 2. Machine instructions of the split (`valgrind --tool=callgrind`, collection switched on

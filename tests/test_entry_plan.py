@@ -79,7 +79,8 @@ def test_a_reshape_from_live_holders_rolls_back_the_ahead_and_moves_pieces_by_na
     rows = {(0, 0): _row(0, 5), (0, 1): _row(0, 4), (0, 2): _row(1, 5)}
     src = live_source(rows, 2)
     assert src == ReshapeSource(4, {0: (0, 0), 1: (0, 2)}, "live workers") and src.live
-    go = lambda w, done: reshape_steps(src, w, rows[w], done, -1, list(rows), OLD, NEW)  # noqa: E731
+    def go(w, done):
+        return reshape_steps(src, w, rows[w], done, -1, list(rows), OLD, NEW)
     tail = [EntryStep(EntryOp.BUILD_STAGE), EntryStep(EntryOp.LOAD_PIECES),
             EntryStep(EntryOp.RESTART_AFTER, 4), EntryStep(EntryOp.AGREE),
             EntryStep(EntryOp.TAKE_SHAPE, 4)]
@@ -126,7 +127,8 @@ def test_a_stage_lost_before_a_reshape_goes_back_to_a_copy_of_every_stage():
 @given(st.integers(1, 3), st.integers(1, 4), st.data())
 def test_every_piece_received_is_sent_once_and_every_new_stage_gets_all_it_runs(So, Sn, data):
     layers = 6
-    cut = lambda S: [set(range(s * layers // S, (s + 1) * layers // S)) for s in range(S)]  # noqa: E731
+    def cut(S):
+        return [set(range(s * layers // S, (s + 1) * layers // S)) for s in range(S)]
     old, new = cut(So), cut(Sn)
     workers = [(r, s) for r in range(data.draw(st.integers(1, 2))) for s in range(Sn)]
     providers = {s: data.draw(st.sampled_from(workers)) for s in range(So)}

@@ -85,8 +85,8 @@ def reshape(h: StageHandle, plan, new: WorkerConfig, synced_cls):
     S_old = first.stages
     src = live_source(rows, S_old)
     if src is None:
-        mine = _has(h)
-        members = {w: decode(r, S_old) for w, r in world.allgather_ints(encode(mine, S_old)).items()}
+        rows_has = world.allgather_ints(encode(_has(h), S_old))
+        members = {w: decode(r, S_old) for w, r in rows_has.items()}
         src = restore_source(members, S_old)
         if src is None:
             raise NoCopy("a stage lost whole before a change of shape and no iteration has a "

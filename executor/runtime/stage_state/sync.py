@@ -11,10 +11,10 @@ Decided by one all-gather of (last settled iteration, needs state):
   stage's new members load its newest snapshot and replay the iterations since from the
   boundary logs (executor/runtime/replay/), when the live workers logged every input
   they need; else the job rolls back to the newest iteration every stage has a copy of
-  in some tier (entry_plan.py's plan_restore: own host copies and held peer-memory snapshots, this
-  run's complete disk checkpoints, loaded by name, or the run's start, which every
-  member rebuilds from the seed or from the checkpoint it resumed from), and re-trains
-  from there. With snapshots off the disk checkpoints and the seed are the only tiers.
+  in some tier (entry_plan.py's plan_restore: own host copies and held peer-memory
+  snapshots, this run's complete disk checkpoints, loaded by name, or the run's start,
+  which every member rebuilds from the seed or from the checkpoint it resumed from), and
+  re-trains from there. With snapshots off the disk checkpoints and the seed are the only tiers.
 """
 from __future__ import annotations
 

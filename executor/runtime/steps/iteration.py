@@ -57,7 +57,8 @@ class IterationRuntime:
         self._recvs = [(k, s) for k, s in enumerate(steps) if s.op is Op.RECV]
         self._ahead = 0
         compute = StageSteps(stage.compute, st.me[1], a.conf.stages,
-                             lambda g: self._batch(it, g), WorldTransport(a.world, it, a.boundary_log),
+                             lambda g: self._batch(it, g),
+                             WorldTransport(a.world, it, a.boundary_log),
                              lambda what, g, fn, *x: self._model(what, g, it, fn, *x))
         table = {**compute.table(), Op.ALLREDUCE: lambda s: self._allreduce(),
                  Op.OPT: lambda s: self._step(it, sync), FAULT: lambda s: self._fault(it)}
