@@ -15,7 +15,7 @@ from rich.console import Console
 
 from benchmarks.executor_bench import bench_config
 from executor.launch.launcher import Coordinator
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.inputs.workload_name import check_workload
 from planner.job import JobSpec
 from planner.plan import Mode
@@ -45,8 +45,8 @@ def measure(model: str, replicas: int, stages: int, microbatches: int, iteration
     cfg = bench_config(model)
     check_workload(model, cfg, stages)
     job = JobSpec.uniform(replicas, stages, microbatches)
-    spec = LaunchSpec(cfg, job, iterations, model=model, checkpoint_every=10 ** 9,
-                      mode=Mode(split_backward=False))
+    spec = LaunchSpec(cfg, job, iterations, model=model, mode=Mode(split_backward=False),
+                      **sections(checkpoint_every=10 ** 9))
     coord = _Metered(spec, warmup=warmup, console=Console(stderr=True, quiet=True))
     if coord.run().summary is None:
         raise SystemExit("training did not complete")

@@ -14,7 +14,7 @@ from rich.console import Console
 from benchmarks import timed_worker
 from benchmarks.ab_table import write_ab
 from benchmarks.executor_bench import TimedCoordinator, bench_config, steady_ms
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.runtime.transport import comm
 from planner.job import JobSpec
 from planner.plan import Mode
@@ -30,9 +30,9 @@ def child_at_action(store, replica, stage, log_path, token=None, coordinator=Non
 
 def _run(early: bool, split: bool) -> float:
     c = TimedCoordinator(LaunchSpec(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS,
-                                    solver="greedy", timeout=30.0,
-                                    checkpoint_every=10 ** 9, deadline_s=300,
-                                    mode=Mode(split_backward=split)),
+                                    solver="greedy", deadline_s=300,
+                                    mode=Mode(split_backward=split),
+                                    **sections(timeout=30.0, checkpoint_every=10 ** 9)),
                          console=Console(stderr=True, quiet=True))
     c.processes.target = timed_worker.child if early else child_at_action
     c.run()

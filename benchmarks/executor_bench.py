@@ -31,7 +31,7 @@ from benchmarks.executor_report import notes, write_report
 from benchmarks.pp_baseline import run_torch
 from executor.protocol import Done
 from executor.launch.launcher import Coordinator
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.compute.model import ModelConfig
 from executor.inputs.workload_name import DEFAULT_MODEL, check_workload
 from executor.compute.measure.profile import profile
@@ -107,8 +107,8 @@ def run_ours(cfg: ModelConfig, job: JobSpec, failed, iters: int, warmup: int, so
     failed = [tuple(w) for w in failed]
     t0 = time.monotonic()
     spec = LaunchSpec(cfg, job, iters, Faults(kills=kills), solver=solver, mode=mode,
-                      timeout=30.0 if not kills else 4.0, checkpoint_every=10 ** 9,
-                      deadline_s=timeout_s, model=model)
+                      deadline_s=timeout_s, model=model,
+                      **sections(timeout=30.0 if not kills else 4.0, checkpoint_every=10 ** 9))
     coord = TimedCoordinator(spec, failed_from_start=failed,
                              console=Console(stderr=True, quiet=True))
     res = coord.run()

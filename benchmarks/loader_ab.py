@@ -16,7 +16,7 @@ from benchmarks.executor_bench import bench_config
 from executor import worker
 from executor.launch.coordinator import processes
 from executor.launch.launcher import Coordinator
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.runtime import worker_loop
 from planner.job import JobSpec
 
@@ -40,8 +40,9 @@ def _run(loader: bool) -> tuple[float, float]:
         processes.worker_child = child_inline
     try:
         c = Coordinator(LaunchSpec(bench_config("gpt"), JobSpec.uniform(1, 2, 4), ITERS,
-                                   solver="greedy", timeout=30.0, checkpoint_every=10 ** 9,
-                                   deadline_s=300), console=Console(stderr=True, quiet=True))
+                                   solver="greedy", deadline_s=300,
+                                   **sections(timeout=30.0, checkpoint_every=10 ** 9)),
+                  console=Console(stderr=True, quiet=True))
         res = c.run()
     finally:
         processes.worker_child = saved

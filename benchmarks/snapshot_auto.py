@@ -23,7 +23,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benchmarks.executor_bench import bench_config
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.inputs.workload_name import check_workload
 from executor.launch.launcher import Coordinator
 from executor.runtime.peer_snapshots.cadence import AUTO, every_text
@@ -40,8 +40,9 @@ def run_once(model: str, every: int, iterations: int, run_dir: str) -> dict:
     cfg = bench_config(model, micro_batch_size=2, **MODELS[model])
     check_workload(model, cfg, S)
     spec = LaunchSpec(cfg, JobSpec.uniform(D, S, M), iterations, solver="greedy",
-                      timeout=30.0, checkpoint_every=10 ** 9, deadline_s=900, run_dir=run_dir,
-                      snapshot_every=every, model=model)
+                      deadline_s=900, run_dir=run_dir,
+                      model=model,
+                      **sections(timeout=30.0, checkpoint_every=10 ** 9, snapshot_every=every))
     c = Coordinator(spec, console=Console(stderr=True, quiet=True))
     res = c.run()
     if res.summary is None:

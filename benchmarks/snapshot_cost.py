@@ -27,7 +27,7 @@ from rich.console import Console
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
 from executor.launch.launcher import Coordinator
 from executor.runtime.peer_snapshots.local import LocalCopies
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from planner.job import JobSpec
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -41,9 +41,9 @@ STAT = re.compile(r"\[worker (\d+):(\d+)\] snapshots: (.*)")
 
 
 def run_once(k: int, iterations: int, run_dir: str) -> dict:
-    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), iterations, solver="greedy", timeout=30.0,
-                      checkpoint_every=10 ** 9, deadline_s=600, run_dir=run_dir,
-                      snapshot_every=k)
+    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), iterations, solver="greedy",
+                      deadline_s=600, run_dir=run_dir,
+                      **sections(timeout=30.0, checkpoint_every=10 ** 9, snapshot_every=k))
     c = Coordinator(spec, console=Console(stderr=True, quiet=True))
     res = c.run()
     if res.summary is None:

@@ -31,7 +31,7 @@ from executor.compute.model import ModelConfig, layer_range
 from executor.compute.measure.profile import profile, profile_layers
 from executor.inputs.workload_name import check_workload
 from executor.launch.launcher import train
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.models.balance import balanced_boundaries, stage_costs
 from executor.models.families import architecture
 from planner.solvers.backends import solve
@@ -85,7 +85,8 @@ def main(argv=None) -> int:
     for r in range(a.rounds):
         for name, row in rows.items():
             res = train(LaunchSpec(row["cfg"], row["spec"], a.iterations, model=a.model,
-                                   checkpoint_every=10 ** 9, timeout=30.0), console=quiet)
+                                   **sections(checkpoint_every=10 ** 9, timeout=30.0)),
+                  console=quiet)
             if res.summary is None:
                 print(f"{name} round {r}: {res.halted or 'did not complete'}", file=sys.stderr)
                 return 1

@@ -165,7 +165,7 @@ def runtime_clip(iterations: int) -> dict:
     from rich.console import Console
     from executor.compute.one_process.reference import compare, train_reference
     from executor.launch.launcher import train
-    from executor.inputs.launch_spec import LaunchSpec
+    from executor.inputs.launch_spec import LaunchSpec, sections
     from planner.job import JobSpec
     cfg = ModelConfig(vocab=32, seq_len=8, d_model=16, n_layers=2, micro_batch_size=2)
     tr = TrainingSettings(clip=1.25, lr_schedule="cosine", warmup_iters=2,
@@ -173,7 +173,7 @@ def runtime_clip(iterations: int) -> dict:
     run_dir = tempfile.mkdtemp(prefix="step-bench-")
     t0 = time.perf_counter()
     spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), iterations, training=tr, run_dir=run_dir,
-                      timeout=4.0, deadline_s=120)
+                      deadline_s=120, **sections(timeout=4.0))
     res = train(spec, console=Console(file=io.StringIO()))
     wall = time.perf_counter() - t0
     logs = "".join(open(f).read() for f in sorted(glob.glob(os.path.join(run_dir, "worker-*.log"))))

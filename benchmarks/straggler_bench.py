@@ -30,7 +30,7 @@ import torch
 from rich.console import Console
 
 from executor.launch.launcher import train
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.compute.model import ModelConfig
 from executor.compute.measure.profile import profile
 from planner.solvers.backends import solve
@@ -47,7 +47,8 @@ GRID = [[1.0, 1.0], [1.0, 0.5]]
 def run_mode(cfg, mode: str, iterations: int, warmup: int) -> tuple[float, int, dict]:
     slows = [] if mode == "nominal" else [SLOW]
     spec = LaunchSpec(cfg, JobSpec.uniform(D, S, M), iterations, Faults(slows=slows),
-                      detect_stragglers=(mode == "replan"), timeout=10.0, deadline_s=600)
+                      detect_stragglers=(mode == "replan"), deadline_s=600,
+                      **sections(timeout=10.0))
     res = train(spec, console=Console(file=io.StringIO()))
     ends = [res.iteration_end[i] for i in range(warmup - 1, iterations)]
     gaps = [b - a for a, b in zip(ends, ends[1:])]

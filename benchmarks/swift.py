@@ -33,7 +33,7 @@ from pathlib import Path
 from rich.console import Console
 
 from benchmarks.executor_bench import bench_config
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.launch.launcher import Coordinator
 from planner.job import JobSpec
 
@@ -52,9 +52,10 @@ def run_once(iterations: int, run_dir: str, log_memory: str, snapshot_every: int
              kills=(), grid=(D, S, M), model=MODEL) -> dict:
     cfg = bench_config("gpt", **model)
     spec = LaunchSpec(cfg, JobSpec.uniform(*grid), iterations, solver="greedy",
-                      timeout=30.0, checkpoint_every=10 ** 9, deadline_s=900, run_dir=run_dir,
-                      snapshot_every=snapshot_every, log_memory=log_memory,
-                      faults=Faults(kills=list(kills)), detect_stragglers=False)
+                      deadline_s=900, run_dir=run_dir,
+                      faults=Faults(kills=list(kills)), detect_stragglers=False,
+                      **sections(timeout=30.0, checkpoint_every=10 ** 9,
+                                 snapshot_every=snapshot_every, log_memory=log_memory))
     c = Coordinator(spec, console=Console(stderr=True, quiet=True))
     res = c.run()
     wall_minus_mono = time.time() - time.monotonic()  # kills are stamped in wall time

@@ -19,7 +19,7 @@ from rich.console import Console
 from benchmarks.ab_table import write_ab
 from executor.compute.model import ModelConfig
 from executor.launch.launcher import Coordinator
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.models.families import architecture
 from planner.job import JobSpec
 
@@ -35,8 +35,10 @@ def _run(name: str) -> tuple[float, float]:
     shape = architecture(name, d_model=None, n_layers=None, n_heads=None, seq_len=32, vocab=None)
     cfg = ModelConfig(micro_batch_size=4, **shape)
     c = Coordinator(LaunchSpec(cfg, JobSpec.uniform(2, 2, 4), ITERS, solver="greedy",
-                               timeout=30.0, checkpoint_every=10 ** 9, deadline_s=600,
-                               model=name), console=Console(stderr=True, quiet=True))
+                               deadline_s=600,
+                               model=name,
+                               **sections(timeout=30.0, checkpoint_every=10 ** 9)),
+                  console=Console(stderr=True, quiet=True))
     res = c.run()
     ends = [c.iteration_end[i] for i in sorted(c.iteration_end)]
     return 1e3 * (ends[-1] - ends[WARMUP]) / (len(ends) - 1 - WARMUP), res.summary.losses[-1]

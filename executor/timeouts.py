@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from executor.inputs.run_config import CommSection
 from planner.control.timing import Patience
 
 # External workers heartbeat every 0.5 s: once a peer has reported a suspect, a worker
@@ -15,7 +16,9 @@ SILENT_AFTER_SUSPECT_S = 2.0
 
 @dataclass(frozen=True)
 class Timeouts:
-    comm: float = 5.0  # --timeout: a p2p transfer, a collective, a rendezvous, a store key
+    # --timeout ([comm], its one default): a p2p transfer, a collective, a rendezvous, a
+    # store key
+    comm: float = CommSection.timeout
     # Every call to the plan service (a worker's rejoin, the coordinator's end of training
     # and failure reports, a node agent's events) is retried this long while the service
     # is unreachable: it may be restarting (transport/waiting.py `retried`).

@@ -22,7 +22,6 @@ from executor.checkpoint import Manifest
 from executor import protocol as P
 from executor.runtime.worker_loop import WorkerLoop
 from executor.runtime.transport.endpoints import connect_store, local_workers_hint, pick_device
-from executor.runtime.peer_snapshots.cadence import budget_bytes, log_budget
 from executor.launch.faults.injector import fault_iterations
 from executor.data.token_file import with_data
 from executor.inputs.worker_settings import WorkerSettings
@@ -57,14 +56,15 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
             raise SystemExit("executor.worker: pass --replica and --stage, or run under torchrun")
         args.replica, args.stage = divmod(int(os.environ["RANK"]), job.stages)
     me = (args.replica, args.stage)
-    timeout = conf.timeout
+    timeout = conf.comm.timeout
     store.set_timeout(timedelta(seconds=timeout))
     incarnation = int(store.add(P.incarnation_key(me), 1))
     origin_parts, start = (), 0
-    if conf.resume:  # a restarted process (incarnation > 1) loads from a live peer
-        man = Manifest.load(conf.resume)
+    resume = conf.checkpoint.resume
+    if resume:  # a restarted process (incarnation > 1) loads from a live peer
+        man = Manifest.load(resume)
         start = man.iteration + 1
-        origin_parts = tuple(man.part_dirs(conf.resume))
+        origin_parts = tuple(man.part_dirs(resume))
     # The plan source gets its own connection: the heartbeat thread uses it concurrently.
     conn = connect_store(host, int(port), timeout_s=timeout)
     if conf.service:  # plans, heartbeats, suspects and rejoin over HTTP
@@ -79,7 +79,7 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
         source = StorePlanSource(conn, me, incarnation)
     local_rank = int(os.environ.get("LOCAL_RANK", args.replica * job.stages + args.stage))
     try:
-        device = pick_device(local_rank, conf.device)
+        device = pick_device(local_rank, conf.comm.device)
         if device.type == "cuda":  # events, streams and pinned copies of this process go to
             torch.cuda.set_device(device)  # its own GPU, not GPU 0
     except ValueError as exc:  # this host lacks the device the run asks for
@@ -95,13 +95,9 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
         conf.model, job, conf.iterations, training=conf.training, workload=workload,
         timeouts=Timeouts(timeout), device=device, local_workers=local,
         start_iteration=start, origin_parts=origin_parts, load_origin=incarnation == 1,
-        checkpoint_dir=conf.checkpoint_dir, run_id=conf.run_id,
-        checkpoint_every=conf.checkpoint_every,
+        checkpoint=conf.checkpoint, run_id=conf.run_id,
         fault_iterations=frozenset(fault_iterations(conf.kills, conf.stalls, me)),
-        slows=tuple((i, f) for r, s, i, f in conf.slows if (r, s) == me),
-        snapshot_every=conf.snapshot_every,
-        snapshot_budget=budget_bytes(conf.snapshot_memory, local or 1),
-        log_budget=log_budget(conf.log_memory, local or 1))
+        slows=tuple((i, f) for r, s, i, f in conf.slows if (r, s) == me))
     return WorkerLoop(worker, me, source, store, incarnation).run()
 
 

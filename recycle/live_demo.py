@@ -102,7 +102,7 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
 
     from executor.launch.launcher import Coordinator
     from executor.launch.report.run_record import failed_by_iteration
-    from executor.inputs.launch_spec import Faults, LaunchSpec
+    from executor.inputs.launch_spec import Faults, LaunchSpec, sections
     from executor.compute.config import ModelConfig, TrainingSettings
     from executor.compute.one_process.reference import compare, train_reference
     from executor.data.prepare import prepare, stdlib_dir
@@ -142,8 +142,8 @@ def live_demo(out_dir: str, console: Console) -> DemoResult:
                       f"restarted when the run reaches iteration {REJOIN[2]}.")
         watch = ServiceWatch(url, job_id, token, timeout_s=30)
         run = LaunchSpec(cfg, watch.plan.job, ITERATIONS, faults=Faults(kills=[KILL],
-                         rejoins=[REJOIN]), training=training, timeout=4.0, deadline_s=120,
-                         run_dir=os.path.join(tmp, "run"), model=MODEL)
+                         rejoins=[REJOIN]), training=training, deadline_s=120,
+                         run_dir=os.path.join(tmp, "run"), model=MODEL, **sections(timeout=4.0))
         coord = Coordinator(run, console=console, service=watch)
         t0 = time.monotonic()
         res = coord.run()

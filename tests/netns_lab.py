@@ -251,8 +251,8 @@ class LocalRun:
         self._env = {k: os.environ.get(k) for k in env}
         os.environ.update(env)  # read by LaunchSpec's checks and the coordinator's processes
         try:
-            self.spec = LaunchSpec(run_dir=run_dir, summary_path=os.path.join(run_dir, "s.json"),
-                                   **spec)
+            self.spec = LaunchSpec.build(run_dir=run_dir,
+                                         summary_path=os.path.join(run_dir, "s.json"), **spec)
             self.coordinator = Coordinator(self.spec, console=Console(
                 file=self.out, width=250, color_system=None, soft_wrap=True))
         finally:  # the coordinator has read them (its processes keep the placement)

@@ -20,7 +20,7 @@ from executor.compute.one_process.local import run_plan_locally
 from executor.compute.backward.recompute import Policy
 from executor.compute.one_process.reference import compare, train_reference
 from executor.compute.stage import StageCompute
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.inputs.train_options import checkpointing_of
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
@@ -192,8 +192,9 @@ def test_workers_through_a_kill_and_rejoin_equal_the_reference_without(tmp_path,
     out = io.StringIO()
     spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 4,
                       Faults(kills=[(1, 1, 1)], rejoins=[(1, 1, 2)]), deadline_s=110,
-                      run_dir=str(tmp_path), timeout=4.0, model=name,
-                      training=TrainingSettings(activation_checkpointing=checkpointing))
+                      run_dir=str(tmp_path), model=name,
+                      training=TrainingSettings(activation_checkpointing=checkpointing),
+                      **sections(timeout=4.0))
     res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     assert "SIGKILL worker" in out.getvalue() and "is back" in out.getvalue()

@@ -18,7 +18,7 @@ from executor.compute.one_process.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.runtime.transport.comm import FWD, World
 from executor.runtime.transport.endpoints import connect_store, host_store
 from executor.runtime.transport.wire import ActivationSpec, ActivationSpecError
@@ -33,7 +33,7 @@ def _train(tmp_path, model: str, D: int, iterations: int, faults=Faults()):
     out = io.StringIO()
     spec = LaunchSpec(CFG, JobSpec.uniform(D, 2, M), iterations, faults, deadline_s=50,
                       summary_path=str(tmp_path / "summary.json"), run_dir=str(tmp_path),
-                      timeout=4.0, model=model)
+                      model=model, **sections(timeout=4.0))
     res = train(spec, console=Console(file=out, width=200))
     res.output = out.getvalue()
     return res

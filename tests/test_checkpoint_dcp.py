@@ -120,12 +120,12 @@ def test_periodic_checkpoints_and_resume_honours_lr(periodic, tmp_path):
         assert sorted(os.listdir(periodic / n)) == ["recycle.json", "stage0", "stage1"]
     # Continue from iteration 1's checkpoint with another --lr: it is honoured.
     from executor.launch.launcher import train
-    from executor.inputs.launch_spec import LaunchSpec
+    from executor.inputs.launch_spec import LaunchSpec, sections
     from rich.console import Console
     import io
     spec = LaunchSpec(CFG, JobSpec.uniform(2, 2, M), 4, training=TrainingSettings(lr=1e-2),
-                      resume=str(periodic / "iter000001"), run_dir=str(tmp_path),
-                      deadline_s=50, timeout=4.0)
+                      run_dir=str(tmp_path),
+                      deadline_s=50, **sections(resume=str(periodic / "iter000001"), timeout=4.0))
     res = train(spec, console=Console(file=io.StringIO()))
     assert res.summary is not None, logs(tmp_path)
     want = _reference_with_lr_switch(CFG, 2, 2, 4, 2, 1e-2)

@@ -23,7 +23,7 @@ from executor.compute.one_process.local import run_plan_locally
 from executor.compute.one_process.reference import compare, train_reference
 from executor.compute.stage import StageCompute
 from executor.compute.units import StageUnits
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
 from planner.job import JobSpec
@@ -180,7 +180,7 @@ def test_hf_keeps_the_configured_dropout():
 def _run(tmp_path, name, cfg, faults=Faults(), training=TrainingSettings()):
     out = io.StringIO()
     spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 4, faults, deadline_s=110,
-                      run_dir=str(tmp_path), timeout=4.0, model=name, training=training)
+                      run_dir=str(tmp_path), model=name, training=training, **sections(timeout=4.0))
     res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     return res.summary, out.getvalue()

@@ -22,7 +22,7 @@ from rich.console import Console
 from api_support import ProcServer, admin_headers
 from executor.launch.launcher import Coordinator
 from executor.launch.report.run_record import failed_by_iteration
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.compute.model import ModelConfig
 from executor.compute.one_process.reference import compare, train_reference
 from executor.sources.service_source import ServiceWatch
@@ -59,8 +59,9 @@ def coordinator(tmp_path, url, jid, token, iterations, timeout=4.0, faults=Fault
                 snapshot_every=AUTO):
     watch = ServiceWatch(url, jid, token, timeout_s=30)
     out = io.StringIO()
-    spec = LaunchSpec(CFG, watch.plan.job, iterations, faults, timeout=timeout, deadline_s=50,
-                      run_dir=str(tmp_path), snapshot_every=snapshot_every)
+    spec = LaunchSpec(CFG, watch.plan.job, iterations, faults, deadline_s=50,
+                      run_dir=str(tmp_path),
+                      **sections(timeout=timeout, snapshot_every=snapshot_every))
     coord = Coordinator(spec, console=Console(file=out, width=200), service=watch)
     coord.output = out
     return coord

@@ -12,7 +12,7 @@ sys.path.insert(0, ROOT)  # benchmarks/ is not a package on the installed path
 
 from benchmarks.executor_bench import TimedCoordinator, bench_config, breakdown  # noqa: E402
 from benchmarks.timed_worker import TIMERS  # noqa: E402
-from executor.inputs.launch_spec import LaunchSpec  # noqa: E402
+from executor.inputs.launch_spec import LaunchSpec, sections  # noqa: E402
 from planner.job import JobSpec  # noqa: E402
 from benchmarks.bench_executor import app as bench_app  # noqa: E402
 
@@ -22,8 +22,9 @@ def test_timed_workers_run_and_report_the_breakdown(tmp_path):
     """The launcher's process target gained an argument (the service token) and the
     instrumented target did not follow: every benchmark worker died at start."""
     cfg = bench_config("gpt", 16, 2, 8, 2)
-    spec = LaunchSpec(cfg, JobSpec.uniform(1, 2, 2), 4, solver="greedy", timeout=10.0,
-                      checkpoint_every=10 ** 9, deadline_s=60, run_dir=str(tmp_path))
+    spec = LaunchSpec(cfg, JobSpec.uniform(1, 2, 2), 4, solver="greedy", deadline_s=60,
+                      run_dir=str(tmp_path),
+                      **sections(timeout=10.0, checkpoint_every=10 ** 9))
     coord = TimedCoordinator(spec, console=Console(file=open(os.devnull, "w")))
     res = coord.run()
     assert res.summary is not None, res.halted

@@ -47,9 +47,9 @@ def run(tmp_path, D, S, iterations, **fields):
     out = io.StringIO()
     t0 = time.monotonic()
     fields.setdefault("timeout", 4.0)
-    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), iterations, deadline_s=50,
-                      summary_path=str(tmp_path / "summary.json"), run_dir=str(tmp_path),
-                      **fields)
+    spec = LaunchSpec.build(CFG, JobSpec.uniform(D, S, M), iterations, deadline_s=50,
+                            summary_path=str(tmp_path / "summary.json"), run_dir=str(tmp_path),
+                            **fields)
     res = train(spec, console=Console(file=out, width=200))
     res.output, res.wall = out.getvalue(), time.monotonic() - t0
     return res
@@ -147,7 +147,8 @@ def test_stalled_worker_comes_back_and_training_stays_exact(tmp_path, seconds):
 def _config(job, timeout):
     from executor.inputs.worker_settings import WorkerSettings
     from executor.compute.config import TrainingSettings
-    return WorkerSettings(CFG, TrainingSettings(), job, 1, "t", timeout=timeout,
+    from executor.inputs.run_config import CommSection
+    return WorkerSettings(CFG, TrainingSettings(), job, 1, "t", comm=CommSection(timeout=timeout),
                           local_workers=job.replicas * job.stages).to_json()
 
 

@@ -14,7 +14,7 @@ from rich.console import Console
 
 from executor.compute.model import ModelConfig
 from executor.compute.one_process.reference import compare, train_reference
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.launch.launcher import Coordinator
 from executor.protocol import incarnation_key
 from executor.runtime.worker_loop import WorkerLoop
@@ -59,26 +59,26 @@ def _worker(port: int, me, spec: LaunchSpec, die_at, out: dict, **conf_fields) -
     source = (DyingSource(conn, me, inc, at=die_at) if die_at is not None
               else StorePlanSource(conn, me, inc))
     conf = WorkerConfig(spec.cfg, spec.job, spec.iterations, training=spec.training,
-                        timeouts=Timeouts(TIMEOUT), **conf_fields)
+                        timeouts=Timeouts(TIMEOUT), checkpoint=spec.checkpoint, **conf_fields)
     try:
         out[me] = WorkerLoop(conf, me, source, store, inc).run()
     except Killed:
         out[me] = "killed"
 
 
-def _run(tmp_path, D_, S_, iterations, dies, snapshot_every=0, **conf_fields):
+def _run(tmp_path, D_, S_, iterations, dies, snapshot_every=0, log_memory="off"):
     """The coordinator (external workers) and one WorkerLoop thread per worker; `dies(w)`: the
     iteration before which worker w's thread ends, or None. (result, exits, console text)"""
-    spec = LaunchSpec(CFG, JobSpec.uniform(D_, S_, M), iterations, external=True,
-                      timeout=TIMEOUT, snapshot_every=snapshot_every, deadline_s=60,
-                      run_dir=str(tmp_path), detect_stragglers=False)
+    spec = LaunchSpec(CFG, JobSpec.uniform(D_, S_, M), iterations, deadline_s=60,
+                      run_dir=str(tmp_path), detect_stragglers=False,
+                      **sections(external=True, timeout=TIMEOUT, snapshot_every=snapshot_every,
+                                 log_memory=log_memory))
     text = io.StringIO()
     coord = Coordinator(spec, console=Console(file=text, width=200))
     exits: dict = {}
     threads = [threading.Thread(target=_worker, daemon=True, name=f"agent-{r}:{s}",
                                 args=(coord.store.port, (r, s), spec, dies((r, s)), exits),
-                                kwargs={"snapshot_every": snapshot_every,
-                                        "local_workers": D_ * S_, **conf_fields})
+                                kwargs={"local_workers": D_ * S_})
                for r in range(D_) for s in range(S_)]
     for t in threads:
         t.start()
@@ -109,7 +109,7 @@ def test_a_stage_lost_whole_is_replayed_in_one_process(tmp_path, D3, S3, lost, r
     move a worker in before the last one dies: then no stage is lost whole.)"""
     iters = 7
     res, _, text = _run(tmp_path, D3, S3, iters, lambda w: 5 if w[1] == lost else None,
-                        snapshot_every=2, log_budget=2 ** 24)
+                        snapshot_every=2, log_memory="96M")
     el = res.summary.elastic
     assert (el["replays"], el["replayed_iterations"], el["retrained_iterations"]) == (1, 1, 0), el
     assert any(f"stage {lost} replayed iterations 4..4 from the boundary logs on {replayers} "

@@ -68,7 +68,7 @@ def measure(tmp_path) -> dict[str, list[str]]:
     loop.enter = traced_enter
     try:
         _run(tmp_path, 2, 3, 7, lambda w: 5 if w[1] == 1 else None, snapshot_every=2,
-             log_budget=2 ** 24)
+             log_memory="96M")
     finally:
         IterationRuntime.run, entry.enter, loop.enter = run, enter, enter
     return {k: sorted(v) for k, v in sorted(seen.items())}

@@ -17,7 +17,7 @@ from executor.compute.model import ModelConfig  # noqa: E402
 from executor.compute.one_process.reference import compare, train_reference  # noqa: E402
 from executor.inputs.workload_name import check_workload, load_workload  # noqa: E402
 from executor.launch.launcher import train  # noqa: E402
-from executor.inputs.launch_spec import Faults, LaunchSpec  # noqa: E402
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections  # noqa: E402
 from executor.models.families import architecture  # noqa: E402
 from executor.models.hf import hf_config  # noqa: E402
 from executor.models.modules import seeded_build  # noqa: E402
@@ -95,7 +95,7 @@ def test_sigkill_and_rejoin_2x2_equal_reference(tmp_path, name, dead):
     out = io.StringIO()
     spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 4,
                       Faults(kills=[(*dead, 1)], rejoins=[(*dead, 2)]), deadline_s=100,
-                      run_dir=str(tmp_path), timeout=4.0, model=name)
+                      run_dir=str(tmp_path), model=name, **sections(timeout=4.0))
     res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     assert "SIGKILL worker" in out.getvalue() and "is back" in out.getvalue()

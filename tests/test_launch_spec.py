@@ -6,14 +6,19 @@ import pytest
 
 from executor.compute.config import ModelConfig
 from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.run_config import CheckpointSection, CommSection
 from planner.errors import UserError
 from planner.job import JobSpec
 
 JOB = JobSpec.uniform(2, 2, 2)
 
 
+def launch(job, iterations, **fields) -> LaunchSpec:
+    return LaunchSpec.build(ModelConfig(), job, iterations, **fields)
+
+
 def spec(**fields) -> LaunchSpec:
-    return LaunchSpec(ModelConfig(), JOB, 4, **fields)
+    return launch(JOB, 4, **fields)
 
 
 @pytest.mark.parametrize("fields,says", [
@@ -23,6 +28,8 @@ def spec(**fields) -> LaunchSpec:
     (dict(solver="simplex"), "unknown solver 'simplex'"),
     (dict(store_port=70000), "--store-port must be a port number"),
     (dict(checkpoint_every=0), "--checkpoint-every must be at least 1"),
+    (dict(snapshot_every="often"), "--snapshot-every must be auto, off or a number"),
+    (dict(log_memory="lots"), "--log-memory"),
     (dict(deadline_s=0.0), "deadline_s must be positive"),
     (dict(device="tpu"), "--device must be auto, cpu or cuda"),
     (dict(faults=Faults(kills=[(2, 0, 1)])), "--kill 2:0@1: no worker 2:0 in a 2x2 grid"),
@@ -34,7 +41,7 @@ def spec(**fields) -> LaunchSpec:
 def test_a_field_no_run_could_carry_out_is_one_line(fields, says):
     fields.setdefault("iterations", 4)
     with pytest.raises(UserError) as e:
-        LaunchSpec(ModelConfig(), fields.pop("job", JOB), fields.pop("iterations"), **fields)
+        launch(fields.pop("job", JOB), fields.pop("iterations"), **fields)
     assert says in str(e.value) and "\n" not in str(e.value)
 
 
@@ -54,7 +61,7 @@ def test_paths_are_checked_without_being_created(tmp_path):
 def test_every_change_is_checked_too_and_external_workers_may_rejoin_unkilled():
     ok = spec(faults=Faults(rejoins=[(0, 1, 2)]), external=True)  # torchrun's own restart
     with pytest.raises(UserError, match="--rejoin 0:1@2"):
-        dataclasses.replace(ok, external=False)
+        dataclasses.replace(ok, comm=dataclasses.replace(ok.comm, external=False))
     with pytest.raises(TypeError):
         LaunchSpec(ModelConfig(), JOB, 4, kills=[(0, 1, 1)])  # no loose fault lists
 
@@ -90,3 +97,26 @@ def test_the_model_and_its_training_settings_travel_apart_and_whole():
     model, training = split_flat({**cfg.to_dict(), **tr.to_dict(), "workload": "gpt"})
     assert TrainingSettings.from_dict(training) == tr and model["workload"] == "gpt"
     assert LaunchSpec(cfg, JOB, 5, training=tr).training is tr
+
+
+def test_the_recovery_and_comm_settings_are_the_run_configs_sections_not_copies(tmp_path):
+    """[checkpoint] and [comm] are declared and defaulted once (run_config.py) and travel
+    whole: no type between the command line and a worker re-declares one of their settings,
+    and what a worker reads back is the section the coordinator resolved."""
+    from dataclasses import fields
+
+    from executor.inputs.worker_settings import WorkerSettings
+    from executor.runtime.worker_config import WorkerConfig
+    settings = {f.name for kind in (CheckpointSection, CommSection) for f in fields(kind)}
+    for kind in (LaunchSpec, WorkerSettings, WorkerConfig):
+        own = {f.name for f in fields(kind)} - ({"device"} if kind is WorkerConfig else set())
+        assert not settings & own, kind.__name__  # (a worker's device: the one it picked)
+    made = spec(snapshot_every="3", log_memory="1G", timeout=7.0, checkpoint_every=2)
+    where = str(tmp_path / "ck")
+    ws = WorkerSettings.from_json(WorkerSettings.of(made, "r", where, None).to_json())
+    assert ws.checkpoint == dataclasses.replace(made.checkpoint, checkpoint_dir=where)
+    assert ws.comm == made.comm and ws.comm.timeout == 7.0
+    conf = WorkerConfig(ws.model, ws.job, 4, checkpoint=ws.checkpoint, local_workers=4)
+    assert (conf.snapshot_every, conf.checkpoint_dir) == (3, where)
+    assert conf.log_budget == 2 ** 30 // 4  # 1G shared by the host's four workers
+    assert WorkerConfig(ws.model, ws.job, 4).snapshot_every == -1  # auto, as `train`'s default

@@ -21,7 +21,7 @@ from rich.console import Console
 
 from api_support import ROOT, ProcServer, admin_headers, free_port
 from executor.launch.launcher import Coordinator
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.compute.one_process.reference import compare
 from executor.sources.service_source import ServiceWatch
 from test_e2e_service import CFG, D, M, S, reference, register
@@ -84,9 +84,9 @@ def external_coordinator(tmp_path, srv, jid, token, deadline_s):
     watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
     port = free_port()
     out = io.StringIO()
-    spec = LaunchSpec(CFG, watch.plan.job, ITERATIONS, Faults(slows=SLOW), timeout=4.0,
-                      deadline_s=deadline_s, run_dir=str(tmp_path), external=True,
-                      store_port=port)
+    spec = LaunchSpec(CFG, watch.plan.job, ITERATIONS, Faults(slows=SLOW),
+                      deadline_s=deadline_s, run_dir=str(tmp_path),
+                      **sections(timeout=4.0, external=True, store_port=port))
     return Coordinator(spec, console=Console(file=out, width=200), service=watch), out, port
 
 

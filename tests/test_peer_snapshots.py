@@ -21,6 +21,7 @@ import torch
 from executor.compute.config import TrainingSettings
 from executor.compute.model import DEFAULT_WORKLOAD, ModelConfig
 from executor.compute.one_process.reference import checksum, train_reference
+from executor.inputs.launch_spec import sections
 from executor.inputs.worker_settings import WorkerSettings
 from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.peer_snapshots import (PeerSnapshots, SnapshotError, common_iteration,
@@ -71,8 +72,8 @@ def test_a_real_2x2_run_leaves_reference_exact_snapshots_on_the_planned_holders(
     timeout = 10.0
     store = connect_store("127.0.0.1", 0, timeout_s=timeout, is_master=True)
     job = JobSpec.uniform(2, 2, M)
-    store.set("config", WorkerSettings(CFG, training, job, ITERS, "t", timeout=timeout, local_workers=4,
-                                       snapshot_every=K).to_json())
+    store.set("config", WorkerSettings(CFG, training, job, ITERS, "t", local_workers=4,
+                                       **sections(timeout=timeout, snapshot_every=K)).to_json())
     plan = solve(job, []).model_copy(update={"version": 0})
     publish_plan(store, plan)
     ctx = multiprocessing.get_context("forkserver")

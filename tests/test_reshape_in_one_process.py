@@ -15,6 +15,7 @@ from executor.protocol import Done, incarnation_key
 from executor.runtime.worker_loop import WorkerLoop
 from executor.runtime.transport.endpoints import connect_store
 from executor.runtime.transport.rendezvous import Mailbox, StorePlanSource, publish_plan
+from executor.inputs.launch_spec import sections
 from executor.runtime.worker_config import WorkerConfig
 from executor.timeouts import Timeouts
 from planner.job import JobSpec
@@ -31,7 +32,9 @@ def _agent(port, me, job, iterations, agents, snapshot_every):
     inc = int(store.add(incarnation_key(me), 1))
     conn = connect_store("127.0.0.1", port, timeout_s=TIMEOUT)
     conf = WorkerConfig(CFG, job, iterations, timeouts=Timeouts(TIMEOUT),
-                        snapshot_every=snapshot_every, local_workers=D * S)
+                        checkpoint=sections(snapshot_every=snapshot_every,
+                                            log_memory="off")["checkpoint"],
+                        local_workers=D * S)
     agents[me] = a = WorkerLoop(conf, me, StorePlanSource(conn, me, inc), store, inc)
     a.exit = a.run()
 

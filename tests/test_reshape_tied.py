@@ -10,7 +10,7 @@ from rich.console import Console
 
 from executor.compute.config import ModelConfig
 from executor.compute.one_process.reference import compare, train_reference
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.inputs.workload_name import load_workload
 from executor.launch.launcher import train
 from planner.job import JobSpec
@@ -32,7 +32,8 @@ def test_a_tied_gpt2_cut_to_one_stage_trains_on_exact(tmp_path, back):
     spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 8,
                       Faults(kills=[(0, 0, 1), (0, 1, 2), (1, 1, 3)],
                              rejoins=[(0, 1, 5)] if back else []), deadline_s=110,
-                      run_dir=str(tmp_path), timeout=4.0, model=HF_GPT2, snapshot_every=1)
+                      run_dir=str(tmp_path), model=HF_GPT2,
+                      **sections(timeout=4.0, snapshot_every=1))
     res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     assert "the pipeline changes shape to 1 stages" in out.getvalue(), out.getvalue()

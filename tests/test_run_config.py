@@ -108,3 +108,28 @@ def test_train_options_are_the_settings_declared_once():
             assert (got if got is not None else None) == want or (want == [] and not got), \
                 (f.name, got, want)
             assert f.metadata["doc"], f"{f.name} has no help"
+
+
+def test_an_optimizer_setting_reaches_training_a_checkpoint_and_a_resume_by_name():
+    """--weight-decay was added as one declaration in [optimizer] (docs/design.md): it
+    reaches TrainingSettings, a resume's defaults and its notes by its name, its range is
+    its declaration's, and it changes what is trained."""
+    from executor.checkpoint.manifest import RESUMABLE, Manifest
+    from executor.compute.config import ModelConfig, TrainingSettings
+    from executor.compute.one_process.reference import train_reference
+    from executor.inputs.resolve import training_settings
+    from executor.inputs.train_options import resume_changes, resumed_defaults
+    run = RunConfig.from_flags({"weight_decay": 0.2, "iterations": 3})
+    training = training_settings(run, min_lr_ratio=None)
+    assert training.weight_decay == 0.2 and TrainingSettings().weight_decay == 0.01
+    assert "weight_decay" in RESUMABLE
+    man = Manifest(2, 2, 2, ModelConfig().to_dict(), 0, [], training=training.to_dict())
+    assert resumed_defaults(man)["weight_decay"] == 0.2
+    assert resume_changes(man.training, TrainingSettings(weight_decay=0.0, total_iters=3)) \
+        == ["--weight-decay 0.0 (it trained with 0.2)"]
+    with pytest.raises(ValueError, match=r"^--weight-decay must be a finite number >= 0, "):
+        RunConfig.from_flags({"weight_decay": float("nan")})
+    cfg = ModelConfig(vocab=16, seq_len=4, d_model=8, n_heads=2, n_layers=2, micro_batch_size=2)
+    a = train_reference(cfg, 1, 2, 3, 2, training=TrainingSettings(weight_decay=0.0))
+    b = train_reference(cfg, 1, 2, 3, 2, training=TrainingSettings(weight_decay=0.5))
+    assert a.param_checksums != b.param_checksums

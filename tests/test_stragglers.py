@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rich.console import Console
 
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from planner.speeds import SpeedDetector, quantize, with_speeds
 from planner.job import JobSpec
 from test_executor_runtime import assert_exact, run
@@ -237,8 +237,9 @@ def test_slow_worker_through_the_service(tmp_path):
         jid, token = r.json()["id"], r.json()["token"]
         watch = ServiceWatch(srv.url, jid, token, timeout_s=30)
         coord = Coordinator(LaunchSpec(SCFG, watch.plan.job, 80,
-                                       Faults(slows=[(1, 1, 1, 0.5)]), timeout=4.0,
-                                       deadline_s=80, run_dir=str(tmp_path)), service=watch)
+                                       Faults(slows=[(1, 1, 1, 0.5)]), deadline_s=80,
+                                       run_dir=str(tmp_path),
+                                       **sections(timeout=4.0)), service=watch)
         res = coord.run()
         assert res.summary is not None and not compare(res.summary, train_reference(
             SCFG, 3, 2, 80, 2), 1e-5), coord.events

@@ -9,7 +9,7 @@ import pytest
 from rich.console import Console
 
 from executor.launch.launcher import train
-from executor.inputs.launch_spec import LaunchSpec
+from executor.inputs.launch_spec import LaunchSpec, sections
 from executor.compute.model import ModelConfig
 from executor.compute.one_process.reference import compare, train_reference
 from planner.job import JobSpec
@@ -29,9 +29,9 @@ def _times(tmp_path, what):
 
 def test_sync_flag_puts_a_barrier_between_iterations(tmp_path):
     D, S, M, iterations = 2, 2, 2, 3
-    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), iterations, deadline_s=50, timeout=4.0,
+    spec = LaunchSpec(CFG, JobSpec.uniform(D, S, M), iterations, deadline_s=50,
                       summary_path=str(tmp_path / "s.json"), run_dir=str(tmp_path),
-                      mode=Mode(staggered=False))
+                      mode=Mode(staggered=False), **sections(timeout=4.0))
     res = train(spec, console=Console(file=io.StringIO()))
     assert res.summary is not None, res.halted
     assert not compare(res.summary, train_reference(CFG, D, M, iterations, S), 1e-5)

@@ -19,7 +19,7 @@ from executor.compute.config import ModelConfig, TrainingSettings
 from executor.compute.one_process.reference import compare, train_reference
 from executor.inputs.workload_name import check_workload, load_workload
 from executor.launch.launcher import train
-from executor.inputs.launch_spec import Faults, LaunchSpec
+from executor.inputs.launch_spec import Faults, LaunchSpec, sections
 from executor.models.modules import module_workload
 from executor.runtime.steps.tied import Tie, ties_of
 from planner.job import JobSpec
@@ -105,8 +105,9 @@ def test_albert_reuse_within_and_across_stages():
 def _run(tmp_path, cfg, kills, rejoins, model=NAME, mode=Mode(), training=TrainingSettings()):
     out = io.StringIO()
     spec = LaunchSpec(cfg, JobSpec.uniform(2, 2, 2), 4, Faults(kills=kills, rejoins=rejoins),
-                      training=training, deadline_s=90, run_dir=str(tmp_path), timeout=4.0,
-                      model=model, mode=mode)
+                      training=training, deadline_s=90, run_dir=str(tmp_path),
+                      model=model, mode=mode,
+                      **sections(timeout=4.0))
     res = train(spec, console=Console(file=out, width=200))
     assert res.summary is not None, f"halted: {res.halted}\n{out.getvalue()}"
     return res, out.getvalue()

@@ -26,16 +26,19 @@ import os
 from dataclasses import asdict, dataclass, field
 from typing import Optional
 
+from executor.inputs.run_config import OPTIMIZER_SETTINGS
 from planner.errors import UserError
 
 FORMAT = "recycle.ckpt/v3"
 FLAT_FORMAT = "recycle.ckpt/v2"  # one dict of model and training fields together
 MANIFEST = "recycle.json"
 # Training settings that may differ on resume (honoured); any other difference is refused.
-RESUMABLE = {"lr", "total_iters", "lr_schedule", "warmup_iters", "min_lr_ratio", "clip",
-             "precision", "activation_checkpointing"}  # (the last: memory and time only)
-FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "weight_decay": "weight decay",
-         "betas": "Adam betas", "workload": "--model"}
+# [optimizer]'s settings are: the optimizer is built from the run's settings every start.
+RESUMABLE = {"total_iters", "lr_schedule", "warmup_iters", "min_lr_ratio", "clip",
+             "precision", "activation_checkpointing",  # (the last: memory and time only)
+             *OPTIMIZER_SETTINGS}
+FLAGS = {"n_heads": "--heads", "n_layers": "--layers", "betas": "Adam betas",
+         "workload": "--model"}
 
 
 class CheckpointError(UserError):

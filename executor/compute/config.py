@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
 
+from executor.inputs.run_config import OptimizerSection
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -48,8 +50,9 @@ class ModelConfig:
 class TrainingSettings:
     """Optimizer, schedule, clipping, precision and data of a run (executor/runtime/
     stepper.py, executor/compute/one_process/reference.py, executor/optim/)."""
-    lr: float = 3e-3
-    weight_decay: float = 0.01
+    # [optimizer]'s settings, by their names, defaulted once there (run_config.py)
+    lr: float = OptimizerSection.lr
+    weight_decay: float = OptimizerSection.weight_decay
     betas: tuple[float, float] = (0.9, 0.95)
     precision: str = "fp32"  # fp32 or bf16 (autocast; fp32 master weights and gradients)
     lr_schedule: str = "constant"  # constant or cosine (after warmup_iters of linear warm-up)

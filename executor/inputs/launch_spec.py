@@ -9,15 +9,14 @@ settings: Coordinator(spec, console=..., service=...) takes them beside it.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.inputs.run_config import RunConfig
+from executor.inputs.run_config import CheckpointSection, CommSection, RunConfig
 from executor.launch.faults.injector import check_faults, parse_event, parse_slow, parse_stall
 from executor.launch.faults.trace_replay import TraceReplay
-from executor.runtime.peer_snapshots.cadence import (AUTO, DEFAULT_BUDGET, DEFAULT_LOG_MEMORY,
-                                                     log_budget, parse_budget)
+from executor.runtime.peer_snapshots.cadence import log_budget, parse_budget
 from planner.errors import UserError
 from planner.job import JobSpec
 from planner.plan import Mode
@@ -62,7 +61,10 @@ class Faults:
 @dataclass(frozen=True)
 class LaunchSpec:
     """One local run: the model, how it is trained, the job, and how to run, fail and
-    checkpoint it."""
+    checkpoint it. How it checkpoints and recovers ([checkpoint]) and talks ([comm]) are
+    RunConfig's own sections, carried whole to every worker (worker_settings.py): a
+    setting there is declared, and defaulted, once (run_config.py); `sections(timeout=..)`
+    builds them from flag names."""
     cfg: ModelConfig
     job: JobSpec
     iterations: int
@@ -71,23 +73,16 @@ class LaunchSpec:
     detect_stragglers: bool = True  # measure speeds and re-plan (without a service)
     solver: str = "greedy"
     mode: Mode = Mode()  # split backward / staggered optimizer, as the planner's Mode
-    timeout: float = 5.0  # seconds before a silent peer counts as failed
+    # --checkpoint-dir (default RUN_DIR/checkpoints), --checkpoint-every, --resume, and the
+    # peer-memory tiers: --snapshot-every (auto: K from the measured cost of a snapshot,
+    # within --snapshot-memory; peer_snapshots/cadence.py) and --log-memory (replay/)
+    checkpoint: CheckpointSection = CheckpointSection()
+    comm: CommSection = CommSection()  # --timeout, --device, --external, --store-port
     run_dir: Optional[str] = None  # worker logs, run.toml (default: a temp dir)
-    checkpoint_dir: Optional[str] = None  # default: RUN_DIR/checkpoints
-    checkpoint_every: int = 1
-    resume: Optional[str] = None  # a checkpoint directory (or one holding them)
-    external: bool = False  # workers are torchrun'd, not spawned here
-    store_port: int = 0
     deadline_s: Optional[float] = None  # the run raises TimeoutError past it (tests)
-    device: str = "auto"
     model: str = "gpt"  # --model NAME: the Workload every worker loads
     run_config: Optional[RunConfig] = None  # the flag tree, written to RUN_DIR/run.toml
     summary_path: Optional[str] = None  # {losses, param_checksums} JSON, once complete
-    # elastic: every K iterations each stage's state also lives in a peer's memory (0: off;
-    # AUTO: K from the measured cost of a snapshot, within `snapshot_memory`; cadence.py)
-    snapshot_every: int = AUTO
-    snapshot_memory: str = DEFAULT_BUDGET
-    log_memory: str = DEFAULT_LOG_MEMORY  # boundary logs for replay (runtime/replay/)
     # auto: fewer live workers than stages train on fewer, deeper stages (planner/shapes/,
     # runtime/stage_state/reshape.py) where the model allows; fixed: they pause or halt
     shape: str = "auto"
@@ -95,9 +90,21 @@ class LaunchSpec:
     def __post_init__(self):
         self.check()
 
+    @classmethod
+    def build(cls, *args, **given) -> "LaunchSpec":
+        """A LaunchSpec from its fields, with [checkpoint] and [comm] settings given by
+        their own names (`timeout=4.0`, `snapshot_every="off"`) beside them."""
+        mine = {f.name for f in fields(cls)}
+        flags = {k: given.pop(k) for k in list(given) if k not in mine}
+        return cls(*args, **given, **sections(**flags))
+
     @property
     def grid(self) -> tuple[int, int, int]:
         return self.job.replicas, self.job.stages, self.job.microbatches
+
+    @property
+    def external(self) -> bool:  # workers are torchrun'd, not spawned here
+        return self.comm.external
 
     def check(self) -> None:
         """Refuse (UserError, one line, the flag named) what no run could carry out."""
@@ -108,32 +115,31 @@ class LaunchSpec:
         D, S, M = self.grid
         if self.iterations < 1:
             raise UserError(f"--iterations must be at least 1, not {self.iterations}")
-        if not (self.timeout > 0 and math.isfinite(self.timeout)):
-            raise UserError(f"--timeout must be positive, not {self.timeout:g}")
+        ck, comm = self.checkpoint, self.comm
+        if not (comm.timeout > 0 and math.isfinite(comm.timeout)):
+            raise UserError(f"--timeout must be positive, not {comm.timeout:g}")
         if self.solver not in BACKENDS:
             raise UserError(f"unknown solver {self.solver!r}; choose one of "
                             f"{', '.join(BACKENDS)}")
         if self.shape not in ("auto", "fixed"):
             raise UserError(f"--shape must be auto or fixed, not {self.shape!r}")
-        if not 0 <= self.store_port <= 65535:
+        if not 0 <= comm.store_port <= 65535:
             raise UserError(f"--store-port must be a port number 0..65535 (0: any free), "
-                            f"not {self.store_port}")
-        if self.checkpoint_every < 1:
-            raise UserError(f"--checkpoint-every must be at least 1, not {self.checkpoint_every}")
-        if self.snapshot_every < AUTO:
-            raise UserError(f"--snapshot-every must be auto, off or a number of iterations, "
-                            f"not {self.snapshot_every}")
+                            f"not {comm.store_port}")
+        if ck.checkpoint_every < 1:
+            raise UserError(f"--checkpoint-every must be at least 1, not {ck.checkpoint_every}")
         try:
-            parse_budget(self.snapshot_memory)
-            log_budget(self.log_memory, 1)
+            ck.snapshot_cadence  # noqa: B018 (parsed: a bad --snapshot-every is refused here)
+            parse_budget(ck.snapshot_memory)
+            log_budget(ck.log_memory, 1)
         except ValueError as exc:
             raise UserError(str(exc)) from None
         if self.deadline_s is not None and not self.deadline_s > 0:
             raise UserError(f"deadline_s must be positive seconds, not {self.deadline_s:g}")
         if self.run_dir:
             check_directory(self.run_dir, "--run-dir")
-        if self.checkpoint_dir:
-            check_directory(self.checkpoint_dir, "--checkpoint-dir")
+        if ck.checkpoint_dir:
+            check_directory(ck.checkpoint_dir, "--checkpoint-dir")
         if self.summary_path:
             check_writable(self.summary_path, "--summary")
         check_plannable(D, S, M)
@@ -141,6 +147,22 @@ class LaunchSpec:
             from executor.inputs.train_options import check_local_workers
             from executor.runtime.transport.endpoints import check_device
             check_local_workers(D, S)
-            check_device(self.device)  # torchrun'd workers check their own hosts
+            check_device(comm.device)  # torchrun'd workers check their own hosts
         check_faults(D, S, self.iterations, self.faults.kills, self.faults.rejoin_entries,
                      self.faults.stalls, self.faults.slows, self.external)
+
+
+def sections(**flags) -> dict:
+    """LaunchSpec's `checkpoint` and `comm` from flag names (`timeout=10`,
+    `snapshot_every="off"`), each setting's default its section's: for code and tests that
+    build a run without the command line."""
+    out, left = {}, dict(flags)
+    if isinstance(left.get("snapshot_every"), int):  # a cadence as the runtime counts it
+        from executor.runtime.peer_snapshots.cadence import every_text
+        left["snapshot_every"] = every_text(left["snapshot_every"])
+    for name, kind in (("checkpoint", CheckpointSection), ("comm", CommSection)):
+        mine = {f.name: left.pop(f.name) for f in fields(kind) if f.name in left}
+        out[name] = kind(**mine)
+    if left:
+        raise TypeError(f"not a [checkpoint] or [comm] setting: {', '.join(left)}")
+    return out

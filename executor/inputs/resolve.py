@@ -52,7 +52,7 @@ def training_settings(run: RunConfig, *, min_lr_ratio: Optional[float]) -> Train
                            warmup=s.warmup, min_lr_ratio=min_lr_ratio, clip=run.clipping.clip,
                            iterations=it)
     data = run.data.data
-    return TrainingSettings(lr=run.optimizer.lr, precision=run.model.precision,
+    return TrainingSettings(**dataclasses.asdict(run.optimizer), precision=run.model.precision,
                             lr_schedule=s.lr_schedule, warmup_iters=s.warmup, total_iters=it,
                             min_lr_ratio=floor, clip=run.clipping.clip,
                             data=os.path.abspath(data) if data else "")
@@ -101,7 +101,6 @@ def resolve(run: RunConfig, *, resumed=None, token: Optional[str] = None) -> Res
     token (never in a file)."""
     from executor.checkpoint import read_checkpoint
     from executor.inputs.train_options import resume_changes
-    from executor.runtime.peer_snapshots.cadence import parse_every
 
     cfg = model_config(run.model, lr=run.optimizer.lr)
     arch_vocab = cfg.vocab  # the flag's or the flavour's (run.toml keeps it, not the data's)
@@ -121,11 +120,8 @@ def resolve(run: RunConfig, *, resumed=None, token: Optional[str] = None) -> Res
         cfg, job, run.grid.iterations, faults=faults, training=training,
         detect_stragglers=run.faults.detect_stragglers, solver=plan.solver,
         mode=Mode(split_backward=not plan.no_split, staggered=not plan.sync),
-        timeout=comm.timeout, run_dir=out.run_dir, checkpoint_dir=ck.checkpoint_dir,
-        checkpoint_every=ck.checkpoint_every, resume=ck.resume, external=comm.external,
-        store_port=comm.store_port, device=comm.device, model=run.model.model,
-        summary_path=out.summary, snapshot_every=parse_every(ck.snapshot_every),
-        snapshot_memory=ck.snapshot_memory, log_memory=ck.log_memory, shape=plan.shape)
+        checkpoint=run.checkpoint, comm=run.comm, run_dir=out.run_dir,
+        model=run.model.model, summary_path=out.summary, shape=plan.shape)
     from executor.models.balance import split_config
     cfg = split_config(cfg, run.model.split, job, run.grid.job, run.service.service)
     if resumed and run.model.split is None and not run.grid.job and job.stages == resumed.stages:

@@ -10,6 +10,7 @@ its own tree to RUN_DIR/run.toml, so `recycle train --config RUN_DIR/run.toml` r
 from __future__ import annotations
 
 import json
+import math
 import os
 import typing
 from dataclasses import dataclass, field, fields
@@ -21,13 +22,14 @@ except ImportError:  # Python 3.10: JSON configs only
     tomllib = None
 
 
-def setting(default, *flags: str, doc: str, factory=None):
+def setting(default, *flags: str, doc: str, factory=None, at_least: Optional[float] = None):
     """One setting of a run, declared once: its default (the only place it is given), its
-    help, and its flag names where they are not `--name` (a short alias, a bool's
-    --x/--no-x pair). `recycle train`'s options are generated from these
-    (recycle/commands/train.py), the config file's keys are their names, and the
-    settings' section is its help panel."""
-    meta = {"doc": doc, "flags": flags}
+    help, its flag names where they are not `--name` (a short alias, a bool's --x/--no-x
+    pair) and, for a number, the least value it takes (`at_least`: RunConfig refuses
+    less, or a non-finite number, in one line). `recycle train`'s options are generated
+    from these (recycle/commands/train.py), the config file's keys are their names, and
+    the settings' section is its help panel."""
+    meta = {"doc": doc, "flags": flags, "at_least": at_least}
     if factory is not None:
         return field(default_factory=factory, metadata=meta)
     return field(default=default, metadata=meta)
@@ -73,7 +75,12 @@ class ModelSection:
 
 @dataclass(frozen=True)
 class OptimizerSection:
+    """AdamW's settings. Each is a TrainingSettings field of the same name and reaches it,
+    a checkpoint's manifest and a --resume by that name alone (resolve.py, train_options.py,
+    checkpoint/manifest.py): a new one is declared here and in TrainingSettings."""
     lr: float = setting(0.003, doc="learning rate (AdamW)")
+    weight_decay: float = setting(0.01, at_least=0.0, doc=(
+        "AdamW's decoupled weight decay (0: none)"))
 
 
 @dataclass(frozen=True)
@@ -121,6 +128,13 @@ class CheckpointSection:
         "gradients they sent since the second-newest snapshot), so a stage lost whole is "
         "replayed alone from its snapshot while the others keep their work: a share (10%), a "
         "size (2G), or off (the job then rolls back to the snapshot)"))
+
+    @property
+    def snapshot_cadence(self) -> int:
+        """--snapshot-every as the runtime reads it: -1 (auto), 0 (off) or K; ValueError,
+        one line, for anything else."""
+        from executor.runtime.peer_snapshots.cadence import parse_every
+        return parse_every(self.snapshot_every)
 
 
 @dataclass(frozen=True)
@@ -215,6 +229,18 @@ class RunConfig:
     plan: PlanSection = PlanSection()
     output: OutputSection = OutputSection()
 
+    def __post_init__(self):
+        for f in _SECTIONS:  # each number's least value, as its setting declares it
+            for key in f.keys:
+                least = f.fields[key].metadata.get("at_least")
+                value = getattr(getattr(self, f.name), key)
+                if least is not None and value is not None and not (
+                        math.isfinite(value) and value >= least):
+                    flag = next(iter(f.fields[key].metadata["flags"]), None) or \
+                        "--" + key.replace("_", "-")
+                    raise ValueError(f"{flag} must be a finite number >= {least:g}, "
+                                     f"not {value!r}")
+
     @classmethod
     def from_flags(cls, values: dict) -> "RunConfig":
         """The tree of a `train` command's resolved flag values (other keys ignored)."""
@@ -238,10 +264,14 @@ class _Section:
     type_: type
     keys: tuple[str, ...]
     hints: dict
+    fields: dict
 
 
-_SECTIONS = [_Section(name, t, tuple(x.name for x in fields(t)), typing.get_type_hints(t))
+_SECTIONS = [_Section(name, t, tuple(x.name for x in fields(t)), typing.get_type_hints(t),
+                      {x.name: x for x in fields(t)})
              for name, t in typing.get_type_hints(RunConfig).items()]
+# [optimizer]'s settings, each a TrainingSettings field of the same name
+OPTIMIZER_SETTINGS = tuple(f.name for f in fields(OptimizerSection))
 
 
 def _toml_value(v) -> str:

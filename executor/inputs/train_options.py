@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from typing import Optional
 
+from executor.inputs.run_config import OPTIMIZER_SETTINGS
 from planner.errors import UserError
 
 
@@ -99,11 +100,12 @@ def checkpointing_of(flag: Optional[str], spec) -> str:
 
 # Training settings a resume may change: each is applied per step from the config, so
 # the continued run honours it from its first iteration on (checkpoint/manifest.py).
-TRAINING_FLAGS = {"lr": "--lr", "total_iters": "--iterations (the schedule's horizon)",
+TRAINING_FLAGS = {"total_iters": "--iterations (the schedule's horizon)",
                   "lr_schedule": "--lr-schedule", "warmup_iters": "--warmup",
                   "min_lr_ratio": "--min-lr-ratio", "clip": "--clip",
                   "precision": "--precision",
-                  "activation_checkpointing": "--activation-checkpointing"}
+                  "activation_checkpointing": "--activation-checkpointing",
+                  **{k: "--" + k.replace("_", "-") for k in OPTIMIZER_SETTINGS}}
 
 
 def resume_changes(saved: dict, training) -> list[str]:
@@ -121,10 +123,11 @@ def resume_changes(saved: dict, training) -> list[str]:
 # or training dict.
 RESUMED = {"model": "workload", "d_model": "d_model", "layers": "n_layers",
            "heads": "n_heads", "seq_len": "seq_len", "vocab": "vocab",
-           "micro_batch_size": "micro_batch_size", "seed": "seed", "lr": "lr",
+           "micro_batch_size": "micro_batch_size", "seed": "seed",
            "precision": "precision", "lr_schedule": "lr_schedule", "warmup": "warmup_iters",
            "clip": "clip", "data": "data",
-           "activation_checkpointing": "activation_checkpointing"}
+           "activation_checkpointing": "activation_checkpointing",
+           **{k: k for k in OPTIMIZER_SETTINGS}}
 
 
 def resumed_defaults(man) -> dict:

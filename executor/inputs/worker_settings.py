@@ -1,15 +1,20 @@
 """What every worker process of a run needs to know, as one typed value: written whole by
 the coordinator into its store (key `config`) and read back whole by executor/worker.py,
-so no field is re-defaulted on the way. Never a secret: the store is unauthenticated (the
+so no field is re-defaulted on the way. How the run checkpoints and recovers ([checkpoint])
+and talks ([comm]) are RunConfig's sections as the coordinator resolved them (the
+checkpoint directory made absolute, the checkpoint resumed from found), not field copies:
+a setting added to a section reaches every worker with nothing else written. Never a
+secret: the store is unauthenticated (the
 service's worker token reaches workers apart, see worker.py)."""
 from __future__ import annotations
 
 import json
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Optional
 
 from executor.compute.config import ModelConfig, TrainingSettings
-from executor.runtime.peer_snapshots.cadence import AUTO, DEFAULT_BUDGET, DEFAULT_LOG_MEMORY
+from executor.inputs.run_config import CheckpointSection, CommSection
 from planner.job import JobSpec
 
 if TYPE_CHECKING:
@@ -24,14 +29,9 @@ class WorkerSettings:
     iterations: int
     run_id: str
     workload: str = "gpt"  # --model NAME: every worker loads the same Workload
-    timeout: float = 5.0
-    checkpoint_dir: Optional[str] = None
-    checkpoint_every: int = 1
-    snapshot_every: int = AUTO  # peer-memory snapshots every K iterations (0: off, -1: auto)
-    snapshot_memory: str = DEFAULT_BUDGET  # the host-memory budget of auto (cadence.py)
-    log_memory: str = DEFAULT_LOG_MEMORY  # the boundary logs' (runtime/replay/)
-    resume: Optional[str] = None  # the checkpoint a first incarnation starts from
-    device: str = "auto"
+    # checkpoint_dir absolute, resume the checkpoint a first incarnation starts from
+    checkpoint: CheckpointSection = CheckpointSection()
+    comm: CommSection = CommSection()  # timeout, device
     local_workers: Optional[int] = None  # workers on this machine (None: torchrun'd)
     kills: list = field(default_factory=list)  # [r, s, iteration]: where to wait for a signal
     stalls: list = field(default_factory=list)
@@ -44,13 +44,12 @@ class WorkerSettings:
         """The workers' part of a local run, with what the coordinator adds: the run's id,
         where checkpoints go, the checkpoint resumed from, the service to follow."""
         f = spec.faults
+        ck = dataclasses.replace(spec.checkpoint, checkpoint_dir=checkpoint_dir, resume=resume)
         return cls(spec.cfg, spec.training, spec.job, spec.iterations, run_id,
-                   workload=spec.model, timeout=spec.timeout, checkpoint_dir=checkpoint_dir,
-                   checkpoint_every=spec.checkpoint_every, resume=resume, device=spec.device,
+                   workload=spec.model, checkpoint=ck, comm=spec.comm,
                    local_workers=None if spec.external else spec.job.replicas * spec.job.stages,
                    kills=[list(k) for k in f.kills], stalls=[list(k) for k in f.stalls],
-                   slows=[list(k) for k in f.slows], snapshot_every=spec.snapshot_every,
-                   snapshot_memory=spec.snapshot_memory, log_memory=spec.log_memory,
+                   slows=[list(k) for k in f.slows],
                    service=service.worker_config() if service else None)
 
     def to_json(self) -> str:
@@ -64,4 +63,6 @@ class WorkerSettings:
         d = json.loads(text)
         return cls(**{**d, "model": ModelConfig.from_dict(d["model"]),
                       "training": TrainingSettings.from_dict(d["training"]),
-                      "job": JobSpec.model_validate(d["job"])})
+                      "job": JobSpec.model_validate(d["job"]),
+                      "checkpoint": CheckpointSection(**d["checkpoint"]),
+                      "comm": CommSection(**d["comm"])})

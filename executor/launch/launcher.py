@@ -70,7 +70,7 @@ class Coordinator:
         self.spec, self.job, self.iterations = spec, spec.job, spec.iterations
         self.D, self.S, self.n = spec.job.replicas, spec.job.stages, spec.job.num_microbatches
         self.external = spec.external
-        self.timeouts = Timeouts(spec.timeout)  # every limit of the run (executor/timeouts.py)
+        self.timeouts = Timeouts(spec.comm.timeout)  # every limit of the run (executor/timeouts.py)
         self.patience = self.timeouts.patience(service is not None)
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.identity_hash() != spec.job.identity_hash():
@@ -93,9 +93,10 @@ class Coordinator:
         self.record = RunRecord()  # what the run did, for the summary (run_record.py)
         self.end = RunEnd(spec, self.run_dir, console=self.console)
         self.processes = Processes(
-            spec.store_port, WorkerSettings.of(spec, uuid.uuid4().hex[:8], self.end.checkpoint_dir,
-                                               self.end.resume, service),
-            external=spec.external, timeout=spec.timeout, run_dir=self.run_dir,
+            spec.comm.store_port,
+            WorkerSettings.of(spec, uuid.uuid4().hex[:8], self.end.checkpoint_dir,
+                              self.end.resume, service),
+            external=spec.external, timeout=spec.comm.timeout, run_dir=self.run_dir,
             token=service.token if service else None, console=self.console)
         self.store, self.mailbox = self.processes.store, self.processes.mailbox
         self.progress = Progress(self.store)
@@ -104,7 +105,7 @@ class Coordinator:
         # weighed over the run's length; planner/control/elastic.py).
         members = Membership.start(
             self.D, self.S, trace.initial_failed if trace else (), job=spec.job,
-            snapshots=spec.snapshot_every != 0, horizon=LOCAL_HORIZON,
+            snapshots=spec.checkpoint.snapshot_cadence != 0, horizon=LOCAL_HORIZON,
             disk=True,  # a stage lost whole restores from a disk checkpoint or the start
             pause=True, shapes=spec.shape == "auto" and reshapes(spec.model)
         ).with_speeds(spec.job.speed)
@@ -119,7 +120,7 @@ class Coordinator:
         self.trace = None if trace is None else TraceFaults(
             trace, self.processes, self.plans, self.progress, self.admission, record=self.record,
             event=self.event)
-        self.snapshots = SnapshotFigures(spec.snapshot_every, self.event)
+        self.snapshots = SnapshotFigures(spec.checkpoint.snapshot_cadence, self.event)
         self.lines = ProgressLines(self.console, self.n * spec.cfg.micro_batch_size * spec.cfg.seq_len,
                                    self.end.start, spec.iterations - 1)
         self.iteration_end: dict[int, float] = {}

@@ -45,16 +45,17 @@ class RunEnd:
         job, cfg, training = spec.job, spec.cfg, spec.training
         self.iterations, self.S, self.console = spec.iterations, job.stages, console
         self.external = spec.external
-        self.checkpoint_dir = os.path.abspath(spec.checkpoint_dir or os.path.join(run_dir, "checkpoints"))
+        self.checkpoint_dir = os.path.abspath(spec.checkpoint.checkpoint_dir
+                                              or os.path.join(run_dir, "checkpoints"))
         self.checkpoints = CheckpointStore(self.checkpoint_dir,
                                            (job.replicas, job.stages, job.microbatches),
                                            dict(cfg.to_dict(), workload=spec.model),
                                            job=job.model_dump(mode="json"),
                                            training=training.to_dict())
         self.start, losses, self.resume = 0, {}, None
-        if spec.resume:
-            resume, man = read_checkpoint(spec.resume, job, cfg, training, spec.iterations,
-                                          spec.model)
+        if spec.checkpoint.resume:
+            resume, man = read_checkpoint(spec.checkpoint.resume, job, cfg, training,
+                                          spec.iterations, spec.model)
             self.resume = os.path.abspath(resume)
             self.start = man.iteration + 1
             losses = {i: {g: v for g, v in enumerate(row)} for i, row in enumerate(man.losses)}

@@ -29,8 +29,9 @@ class StageRuntime:
                                     checkpointing=conf.training.activation_checkpointing)
         self.stepper = StageStepper(self.module, self.opt, conf.training, stage, S, store,
                                     log=log)
-        self.parts = PartWriter(conf.checkpoint_dir, conf.checkpoint_every, conf.iterations,
-                                stage, log, shape=conf.part_shape, run=conf.run_id)
+        ck = conf.checkpoint
+        self.parts = PartWriter(ck.checkpoint_dir, ck.checkpoint_every, conf.iterations, stage,
+                                log, shape=conf.part_shape, run=conf.run_id)
         # Micro-batches of the next iteration, loaded on a thread while this one computes
         # (a loader's work off the critical path). Only the first and last stage load data.
         self.batches = Batches(lambda it, g: wl.microbatch(cfg, it, g), stage in (0, S - 1))
