@@ -49,3 +49,39 @@ def test_an_iteration_under_a_shape_names_the_dead_workers_not_the_shapes_empty_
     rec.plans[0] = solve(JOB, [(1, 1)]).stamped(0, [[1, 1], [1, 1]])
     rec.trained[1] = 0
     assert rec.trained_under(1, 0, []) == (0, [(1, 1)])
+
+
+def test_the_record_is_written_through_its_own_methods_only():
+    """The parts that learn a fact say it (`record.killed(...)`, `record.paused()`); no
+    product module outside run_record.py assigns, appends to or updates a RunRecord's
+    field (it was written from 4 files, each with its own tuple layout)."""
+    import ast
+    import dataclasses
+    import os
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    names = {f.name for f in dataclasses.fields(RunRecord)}
+    mutators = {"append", "extend", "update", "pop", "clear", "setdefault", "insert"}
+    offenders = []
+    for part in ("executor", "api", "recycle"):
+        for dp, _, fs in os.walk(os.path.join(root, part)):
+            for f in fs:
+                path = os.path.join(dp, f)
+                if not f.endswith(".py") or path.endswith("run_record.py"):
+                    continue
+                tree = ast.parse(open(path, encoding="utf-8").read())
+
+                def is_field(n):  # <anything>.record.<field>
+                    return (isinstance(n, ast.Attribute) and n.attr in names
+                            and isinstance(n.value, ast.Attribute) and n.value.attr == "record")
+                for node in ast.walk(tree):
+                    targets = []
+                    if isinstance(node, (ast.Assign, ast.AugAssign)):
+                        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                        targets = [t.value if isinstance(t, ast.Subscript) else t
+                                   for t in targets]
+                    elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                          and node.func.attr in mutators):
+                        targets = [node.func.value]
+                    offenders += [f"{os.path.relpath(path, root)}:{node.lineno}"
+                                  for t in targets if is_field(t)]
+    assert not offenders, offenders

@@ -65,7 +65,7 @@ class Admission:
             self.event(f"restarting worker {wkey(w)} to rejoin at iteration {rejoin.iteration}")
             self.processes.spawn(w)
             rejoin.spawned = time.monotonic()
-            self.record.restarts_at.append((time.time(), w, rejoin.iteration))
+            self.record.restarted(w, rejoin.iteration)
 
     def admitted(self, w: Worker) -> None:
         if self.rejoins.drop(w):

@@ -22,7 +22,7 @@ def on_mid(c, w, m: P.Mid) -> None:
             c.faults.drop(w, m.it)
     if pid is not None and c.faults.mid(w, m.it, pid):
         t = max(row[0] for row in c.faults.log if row[2] == "kill")
-        c.record.kills_at.append((t, w, m.it))
+        c.record.killed(w, m.it, t)
         if w not in c.processes.procs and w not in c.failed:  # torchrun'd: no exit to poll, and
             c.died(w, "SIGKILLed by the coordinator")  # the kill is sure
     if m.wait:
@@ -32,7 +32,7 @@ def on_mid(c, w, m: P.Mid) -> None:
 def on_done(c, w, m: P.Done) -> None:
     """An iteration completed: its losses, the compute time, the last checksum."""
     if m.sync:
-        c.record.entries.append((m.at, w, m.inc, m.v, m.it + 1))
+        c.record.entered(m.at, w, m.inc, m.v, m.it + 1)
     slot = tuple(m.slot or w)  # the slot it fills (a plan's roles may move it)
     # measured speeds are of the job's own grid: after a change of shape the slots are
     # another grid's, and the detector waits (a shaped plan is made for nominal speeds)
@@ -41,7 +41,7 @@ def on_done(c, w, m: P.Done) -> None:
         c.detector.observe(slot[0], slot[1], m.compute, m.it)  # paired by iteration
     c.progress.completed(w, m.it, m.v)
     if m.losses:
-        c.record.trained[m.it] = m.v
+        c.record.trained_with(m.it, m.v)
         c.end.losses.add(m.it, m.losses)
     if m.it == c.iterations - 1:
         c.end.final(slot[1], m.v, m.checksum, m.base_checksums)
@@ -55,9 +55,7 @@ def on_done(c, w, m: P.Done) -> None:
 def on_replayed(c, w, m: P.Replayed) -> None:
     """A stage lost whole was replayed from the boundary logs: counted, said, and the
     losses of the iterations its dead workers never reported filled in."""
-    c.record.recoveries.append({"version": m.v, "kind": "replay", "stage": m.stage,
-                                "first": m.first, "last": m.last, "seconds": m.seconds,
-                                "workers": m.workers})
+    c.record.replayed(m.v, m.stage, m.first, m.last, m.seconds, m.workers)
     c.event(f"plan v{m.v}: stage {m.stage} replayed iterations {m.first}..{m.last} from the "
             f"boundary logs on {m.workers} worker(s) in {m.seconds:.3f} s; the other stages "
             f"kept their work")
@@ -68,8 +66,7 @@ def on_replayed(c, w, m: P.Replayed) -> None:
 
 def on_rolled_back(c, w, m: P.RolledBack) -> None:
     """A stage lost whole could not be replayed: every stage went back to a snapshot."""
-    c.record.recoveries.append({"version": m.v, "kind": "rollback", "to": m.to, "why": m.why,
-                                "tier": m.tier, "again": m.again})
+    c.record.rolled_back(m.v, m.to, m.why, m.tier, m.again)
     c.event(f"plan v{m.v}: the job rolled back to iteration {m.to} from {m.tier}, "
             f"{m.again} iteration(s) to train again ({m.why})")
 

@@ -57,7 +57,7 @@ class Plans:
         if isinstance(decision, Pause):  # nobody trains until enough workers are back
             if self.paused_since is None:
                 self.paused_since = time.monotonic()
-                self.record.pauses += 1
+                self.record.paused()
                 self.event(f"training paused: {decision.reason}; waiting for workers to "
                            "come back (every stage's state has a copy in peer memory, on "
                            "disk or at the start)")
@@ -66,7 +66,7 @@ class Plans:
             return
         if self.paused_since is not None:
             waited = time.monotonic() - self.paused_since
-            self.record.paused_s += waited
+            self.record.resumed(waited)
             self.paused_since = None
             self.event(f"training resumes after {waited:.1f} s paused")
         # a plan of another shape is planned on the job its partition cuts (measured

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from typing import Callable, Optional
 
 from executor.launch.coordinator.admission import Admission
@@ -52,7 +51,7 @@ class TraceFaults:
                         self.killed.add(pid)
                         removed.append(w)
                         self.trace.kills += 1
-                        self.record.kills_at.append((time.time(), w, self.progress.committed + 1))
+                        self.record.killed(w, self.progress.committed + 1)
                         self.event(f"trace: node removed, SIGKILL worker {wkey(w)}")
             elif e.kind == "recover":
                 for w in e.workers:

@@ -5,11 +5,17 @@ The coordinator records, on the wall clock shared with the workers' reports: eac
 restart it injected, each plan version it published or followed, and each worker's entry
 into a version (the `done` message a worker sends once it has entered). The figures are
 derived from these alone, after the run.
+
+The record is written only through its methods, one per fact (`killed`, `restarted`,
+`published`, `entered`, `trained_with`, `paused`, `resumed`, `replayed`, `rolled_back`):
+the parts that learn a fact say it, the record keeps it. Its fields are read, never
+written, elsewhere (tests/test_run_record.py checks the product's source for that).
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Optional
 
 from planner.control.roles import dead_of
 
@@ -37,6 +43,42 @@ class RunRecord:
     def published(self, plan) -> None:
         self.plans[plan.version] = plan
         self.published_at.append((time.time(), plan.version))
+
+    def killed(self, w: Worker, iteration: int, t: Optional[float] = None) -> None:
+        """An injected SIGKILL of `w` in `iteration` (at wall time `t`, default now)."""
+        self.kills_at.append((time.time() if t is None else t, w, iteration))
+
+    def restarted(self, w: Worker, iteration: int) -> None:
+        """`w`'s next process started, to rejoin at `iteration`."""
+        self.restarts_at.append((time.time(), w, iteration))
+
+    def entered(self, t: float, w: Worker, incarnation: int, version: int,
+                first: int) -> None:
+        """`w` (incarnation) entered `version` at `t`, to train from iteration `first`."""
+        self.entries.append((t, w, incarnation, version, first))
+
+    def trained_with(self, iteration: int, version: int) -> None:
+        """`iteration`'s step ran under plan `version` (its losses are in)."""
+        self.trained[iteration] = version
+
+    def paused(self) -> None:
+        self.pauses += 1
+
+    def resumed(self, seconds: float) -> None:
+        """Training resumed after `seconds` paused."""
+        self.paused_s += seconds
+
+    def replayed(self, version: int, stage: int, first: int, last: int, seconds: float,
+                 workers: int) -> None:
+        """Stage `stage`, lost whole, replayed iterations first..last alone."""
+        self.recoveries.append({"version": version, "kind": "replay", "stage": stage,
+                                "first": first, "last": last, "seconds": seconds,
+                                "workers": workers})
+
+    def rolled_back(self, version: int, to: int, why: str, tier: str, again: int) -> None:
+        """The job went back to iteration `to`'s copies (from `tier`)."""
+        self.recoveries.append({"version": version, "kind": "rollback", "to": to, "why": why,
+                                "tier": tier, "again": again})
 
     def trained_under(self, it: int, version: int, failed) -> tuple[int, list]:
         """(version, failed workers) iteration `it` ran under; the given ones if unknown."""
