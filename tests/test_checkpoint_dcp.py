@@ -194,7 +194,7 @@ def _as_flat_v2(directory) -> dict:
 
 def test_a_manifest_from_before_the_split_still_loads_and_resumes(periodic, tmp_path):
     """A v2 checkpoint (model and training settings in one dict) loads as the two dicts
-    and resumes exactly; its training settings are still checked (weight decay) and still
+    and resumes exactly; its training settings are still checked (Adam's betas) and still
     fill the flags left out of `--resume DIR` (the lr)."""
     import shutil
 
@@ -212,8 +212,10 @@ def test_a_manifest_from_before_the_split_still_loads_and_resumes(periodic, tmp_
     read_checkpoint(ck, job, CFG, TrainingSettings(lr=1e-2), 4)  # the lr: resumable
     # activation checkpointing changes memory and time, not the numbers: resumable too
     read_checkpoint(ck, job, CFG, TrainingSettings(activation_checkpointing="full"), 4)
-    with pytest.raises(ValueError, match="weight_decay=0.01, this run asks 0.1"):
-        read_checkpoint(ck, job, CFG, TrainingSettings(weight_decay=0.1), 4)
+    # so is an [optimizer] setting (--weight-decay): the optimizer is built from the run's
+    read_checkpoint(ck, job, CFG, TrainingSettings(weight_decay=0.1), 4)
+    with pytest.raises(ValueError, match=r"betas=\[0.9, 0.95\], this run asks \[0.8, 0.95\]"):
+        read_checkpoint(ck, job, CFG, TrainingSettings(betas=(0.8, 0.95)), 4)
     assert resumed_defaults(man)["lr"] == TrainingSettings().lr
     (tmp_path / "run").mkdir()
     res = run(tmp_path / "run", 2, 2, 4, resume=ck)

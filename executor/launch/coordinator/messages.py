@@ -4,7 +4,6 @@ HANDLERS. `Bye` is read only at the end (ending.py); any other is ignored."""
 from __future__ import annotations
 
 import socket
-import time
 
 from executor import protocol as P
 from executor.protocol import wkey
@@ -81,8 +80,7 @@ def on_fatal(c, w, m: P.Fatal) -> None:
 
 def on_suspect(c, w, m: P.Suspect) -> None:
     """A peer's comm op failed under version v: resync if nobody dies (launcher tick)."""
-    if m.v == c.version and c.plans.suspect_since is None:
-        c.plans.suspect_since = time.monotonic()
+    c.plans.suspected(m.v)
 
 
 def on_ready(c, w, m: P.Ready) -> None:

@@ -84,6 +84,12 @@ class Plans:
         self.suspect_since = None
         self._install(plan)
 
+    def suspected(self, version: int) -> None:
+        """A worker's comm op failed under `version`: from now (the first report) a resync
+        is due unless somebody dies (launcher tick, planner/control/timing.py)."""
+        if version == self.version and self.suspect_since is None:
+            self.suspect_since = time.monotonic()
+
     def snapshots_chosen(self, every: int) -> None:
         """The run's K is known (`--snapshot-every auto` chose it, cadence.py; the
         membership took them as on until then). Off (the copies exceed the memory budget):
