@@ -63,6 +63,10 @@ def _worker(rank: int, S: int, port: int, cfg_d: dict, M: int, iters: int, warmu
             kind: str, q, model: str = DEFAULT_MODEL) -> None:
     try:
         torch.set_num_threads(1)
+        # the host allocator ReCycle's workers run with (RECYCLE_HOST_ALLOCATOR decides for
+        # both sides): the rows compare schedules and runtimes, not malloc settings
+        from executor.compute.host_allocator import keep_freed_memory
+        keep_freed_memory()
         from torch.distributed.pipelining import (PipelineStage, Schedule1F1B,
                                                   ScheduleInterleavedZeroBubble,
                                                   ScheduleZBVZeroBubble)

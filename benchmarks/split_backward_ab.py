@@ -37,6 +37,7 @@ import torch
 from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
 
 from benchmarks.executor_bench import bench_config
+from executor.compute.host_allocator import keep_freed_memory
 from executor.compute.stage import StageCompute
 from executor.inputs.workload_name import load_workload
 
@@ -204,8 +205,13 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--allocator", choices=("worker", "system"), default="worker", help=(
+        "worker: host memory kept mapped as a worker keeps it (executor/compute/"
+        "host_allocator.py); system: glibc's defaults (an ablation)"))
     a = ap.parse_args()
     torch.set_num_threads(1)
+    if a.allocator == "worker" and not keep_freed_memory():
+        raise SystemExit("the worker's allocator setting is not available here (glibc only)")
     load0 = os.getloadavg()[0]
     rows = [r for m in a.models for r in measure(m, a.stages, a.rounds)]
     shared = shared_weight_check()
@@ -217,7 +223,7 @@ def main() -> None:
              f"with other jobs (1-min load average {load0:.1f} at start, "
              f"{os.getloadavg()[0]:.1f} at the end). us of thread CPU time per micro-batch, "
              f"median of {a.rounds} rounds, the mechanisms in rotating order each round; "
-             f"S={a.stages}. ours I (walk): I alone, and within it the walk over the graph that "
+             f"S={a.stages}; host allocator: {a.allocator}. ours I (walk): I alone, and within it the walk over the graph that "
              "finds the intermediates (GraphPlans.plan_groups). exact: max abs difference of "
              "parameter (and input) gradients to fused B's.", "",
              "| model | stage | fused B | ours I (walk) | ours I+W | / B | wt-d I+W | / B "

@@ -19,6 +19,7 @@ from datetime import timedelta
 import torch
 
 from executor.checkpoint import Manifest
+from executor.compute.host_allocator import keep_freed_memory
 from executor import protocol as P
 from executor.runtime.worker_loop import WorkerLoop
 from executor.runtime.transport.endpoints import connect_store, local_workers_hint, pick_device
@@ -42,6 +43,7 @@ def main(argv=None, world_size: int | None = None, slot_of=None) -> int:
     if not args.store:
         ap.error("no store address: pass --store HOST:PORT or set RECYCLE_STORE")
     torch.set_num_threads(int(os.environ.get("RECYCLE_THREADS", "1")))
+    keep_freed_memory()  # buffers reused each micro-batch stay mapped (host_allocator.py)
     host, port = args.store.rsplit(":", 1)
     store = connect_store(host, int(port), timeout_s=60)
     conf = WorkerSettings.from_json(store.get(P.CONFIG))
