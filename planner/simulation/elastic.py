@@ -143,6 +143,10 @@ class ElasticRecycle(Policy):
         """The job whose stages the workers train now (a shape's, in shaped.py)."""
         return self.ctx.job
 
+    def _cut(self):
+        """The cut points of the shape in force (None: the job's own, never changed)."""
+        return None
+
     def _replay_s_per_mb(self, emptied: list[int], job) -> Optional[float]:
         """Seconds the replay of the lost stages takes per micro-batch trained since their
         snapshot (executor/runtime/replay/): each stage's F+I+W over the workers that now
@@ -208,7 +212,7 @@ class ElasticRecycle(Policy):
             slot[1] for w, slot in self.live.items() if w not in gone})
         for w in gone:
             self.live.pop(w)
-        before = self._stage_job()  # the stages the emptied ones are numbered in
+        before, cut = self._stage_job(), self._cut()  # the stages the emptied ones are in
         got = self._assign(speed)
         if got is None:
             # fewer live workers than stages: pause; the state stays in memory unless some
@@ -225,7 +229,12 @@ class ElasticRecycle(Policy):
                             parts=detect + (("restart", p.restart_s),) + _moves(stall))
         if emptied:
             self.snapshot_restores += 1
-            per_mb = self._replay_s_per_mb(emptied, before)
+            # the runtime replays a lost stage only where the shape stays: a change of shape
+            # cuts the new stages from copies of one iteration, so it rolls the whole job
+            # back to the snapshot (executor/runtime/stage_state/entry_plan.py
+            # restore_source)
+            per_mb = (self._replay_s_per_mb(emptied, before) if self._cut() == cut
+                      else None)
             if per_mb is not None:  # replayed alone: the others keep their work
                 self.replays += 1
                 return Decision(ctx.DM / P, P, lose="replay", stall_s=p.detect_s + stall,

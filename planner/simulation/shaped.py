@@ -35,6 +35,9 @@ class ShapedRecycle(ElasticRecycle):
     def _stage_job(self):
         return self.shape.job
 
+    def _cut(self):
+        return tuple(self.shape.bounds)
+
     def _choose(self, speed):
         ctx, sc, cur = self.ctx, self.costs, self.shape
         here = self._slot_speed(speed)
