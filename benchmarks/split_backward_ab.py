@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import shlex
 import statistics
 import sys
@@ -46,6 +47,11 @@ MECHS = ("fused B", "ours", "wt-d", "torch")
 
 def _t() -> float:
     return time.thread_time()
+
+
+def _faults() -> int:
+    """Minor page faults of this thread so far (pages the allocator had given back)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_minflt
 
 
 class Stage:
@@ -82,6 +88,7 @@ class Stage:
         """One micro-batch's backward by `mech`: (CPU seconds, parameter grads, input grad)."""
         for p in self.params:
             p.grad = None
+        f0 = _faults()
         if mech == "torch":
             x = self.x if self.first else self.x.detach().requires_grad_(True)
             with torch.enable_grad():
@@ -114,6 +121,7 @@ class Stage:
                 comp.backward_weight(0)
             dt = _t() - t0
             comp._losses.clear()
+        self.faults = _faults() - f0  # the forward's too: the micro-batch's pages
         return dt, [p.grad for p in self.params], gx
 
 
@@ -137,7 +145,7 @@ def measure(model: str, stages: int, rounds: int) -> list[dict]:
             got = st.run(m)
             exact[m] = max(_diff(got[1], ref[1]),
                            0.0 if st.first else _diff([got[2]], [ref[2]]))
-        times = {m: [] for m in MECHS + ("ours I", "walk")}
+        times = {m: [] for m in MECHS + ("ours I", "walk", "faults B", "faults ours")}
         k = len(MECHS)
         for r in range(rounds + 3):
             order = MECHS[r % k:] + MECHS[:r % k]
@@ -145,11 +153,14 @@ def measure(model: str, stages: int, rounds: int) -> list[dict]:
                 dt = st.run(m)[0]
                 if r >= 3:
                     times[m].append(dt * 1e6)
+                    if m in ("fused B", "ours"):
+                        times["faults B" if m == "fused B" else "faults ours"].append(st.faults)
                     if m == "ours":
                         times["ours I"].append(st.i_s * 1e6)
                         times["walk"].append(st.walk_s * 1e6)
-        rows.append({"model": model, "stage": s, "exact": exact,
-                     **{m: statistics.median(v) for m, v in times.items()}})
+        rows.append({"model": model, "stage": s, "exact": exact,  # faults come in bursts:
+                     **{m: (statistics.mean if m.startswith("faults") else statistics.median)(v)
+                        for m, v in times.items()}})
         print(rows[-1], flush=True)
     return rows
 
@@ -205,6 +216,9 @@ def main() -> None:
     ap.add_argument("--stages", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=40)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--append", action="store_true", help=(
+        "add this run's table to --out under its own heading (an ablation beside the "
+        "headline run) instead of replacing the file"))
     ap.add_argument("--allocator", choices=("worker", "system"), default="worker", help=(
         "worker: host memory kept mapped as a worker keeps it (executor/compute/"
         "host_allocator.py); system: glibc's defaults (an ablation)"))
@@ -216,7 +230,9 @@ def main() -> None:
     rows = [r for m in a.models for r in measure(m, a.stages, a.rounds)]
     shared = shared_weight_check()
     us = lambda v: f"{v:,.0f}"  # noqa: E731
-    lines = ["# I/W split vs fused backward vs torch's stage_backward_input/weight", "",
+    title = ("## Ablation: host allocator " + a.allocator if a.append else
+             "# I/W split vs fused backward vs torch's stage_backward_input/weight")
+    lines = [title, "",
              "Command: `PYTHONPATH=. .venv/bin/python -m benchmarks.split_backward_ab "
              + " ".join(shlex.quote(x) for x in sys.argv[1:]) + "`", "",
              f"torch {torch.__version__}, CPU, 1 torch thread, {os.cpu_count()} cores shared "
@@ -225,19 +241,22 @@ def main() -> None:
              f"median of {a.rounds} rounds, the mechanisms in rotating order each round; "
              f"S={a.stages}; host allocator: {a.allocator}. ours I (walk): I alone, and within it the walk over the graph that "
              "finds the intermediates (GraphPlans.plan_groups). exact: max abs difference of "
-             "parameter (and input) gradients to fused B's.", "",
+             "parameter (and input) gradients to fused B's. faults: the thread's minor page "
+             "faults per micro-batch (forward and backward; mean), fused B / ours.", "",
              "| model | stage | fused B | ours I (walk) | ours I+W | / B | wt-d I+W | / B "
-             "| torch I+W | / B | exact ours | exact wt-d | exact torch |",
+             "| torch I+W | / B | exact ours | exact wt-d | exact torch | faults B / ours |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-             "| ---: |"]
+             "| ---: | ---: |"]
     for model in a.models:
         rs = [r for r in rows if r["model"] == model]
         for r in rs + [None]:
             if r is None:
                 b, o, e, t, i, w = (sum(x[k] for x in rs) for k in MECHS + ("ours I", "walk"))
+                fb, fo = (sum(x[k] for x in rs) for k in ("faults B", "faults ours"))
                 lines.append(f"| {model} | all stages | {us(b)} | {us(i)} ({us(w)}) | {us(o)} "
                              f"| {o / b:.2f} "
-                             f"| {us(e)} | {e / b:.2f} | {us(t)} | {t / b:.2f} | | | |")
+                             f"| {us(e)} | {e / b:.2f} | {us(t)} | {t / b:.2f} | | | "
+                             f"| {fb:.0f} / {fo:.0f} |")
                 continue
             b, o, e, t, i, w = (r[k] for k in MECHS + ("ours I", "walk"))
             ex = r["exact"]
@@ -245,14 +264,15 @@ def main() -> None:
                          f"| {o / b:.2f} "
                          f"| {us(e)} "
                          f"| {e / b:.2f} | {us(t)} | {t / b:.2f} | {ex['ours']:.1e} "
-                         f"| {ex['wt-d']:.1e} | {ex['torch']:.1e} |")
+                         f"| {ex['wt-d']:.1e} | {ex['torch']:.1e} "
+                         f"| {r['faults B']:.0f} / {r['faults ours']:.0f} |")
     lines += ["", "Parameter used twice in one stage (ALBERT block of tests/test_shared_weights.py), "
               f"gradients against autograd's: ours {shared['ours']}; torch {shared['torch']}.", ""]
     text = "\n".join(lines)
     print(text)
     if a.out:
-        with open(a.out, "w") as fh:
-            fh.write(text)
+        with open(a.out, "a" if a.append else "w") as fh:
+            fh.write("\n" + text if a.append else text)
 
 
 if __name__ == "__main__":
