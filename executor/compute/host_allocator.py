@@ -3,11 +3,12 @@
 A worker allocates the same buffers every micro-batch: activations, the gradients I
 captures for W, W's intermediates. glibc gives a freed chunk above its mmap threshold
 back to the kernel at once (munmap) and trims the heap's top past 128 KiB, so the next
-micro-batch faults those pages in again, zeroed by the kernel. On a CPU that was most of
-what the I/W split cost beyond fused B: the same instructions within 1-4% under
-callgrind, but 200-430 minor page faults per micro-batch on GPT's last stage where fused
-B took 0-40 (docs/executor.md, "Counted, not timed"). Keeping freed memory mapped is what
-torch's caching allocator does for CUDA memory; on the host it is two mallopt settings:
+micro-batch faults those pages in again, zeroed by the kernel: 100-500 minor page faults
+per micro-batch on GPT's stages, fused B and the I/W split alike, 0-9 with this setting
+(benchmarks/results/split_backward.md; fused B and the split each ran 3-5% faster, their
+ratio within the runs' spread; docs/executor.md, "Counted, not timed"). Keeping freed
+memory mapped is what torch's caching allocator does for CUDA memory; on the host it is
+two mallopt settings:
 chunks up to MMAP_THRESHOLD come from the heap, and the heap keeps up to TRIM_THRESHOLD
 of free memory at its top. The worker's resident memory then stays at its high-water
 mark, which it reaches every iteration anyway.
