@@ -31,10 +31,6 @@ AUTO = -1  # `snapshot_every` value of --snapshot-every auto (0: off, K >= 1: ev
 # 3.7%); where GPUs train and the host is idle the real cost is below the measure.
 TARGET = 0.01
 CALIBRATION = 4  # iterations after the first before K is chosen (the first send is done)
-DEFAULT_BUDGET = "25%"  # of the host's memory, shared by the workers on it
-# What the boundary logs of a replay (executor/runtime/replay/) may take by default, shared
-# by the workers of a host (--log-memory): they hold at most two snapshot intervals.
-DEFAULT_LOG_MEMORY = "10%"
 # Copies of one stage's state a worker may hold: up to 3 of its own stage (local.py) and a
 # holder's newest two of another's (host.py).
 COPIES_HELD = 5
