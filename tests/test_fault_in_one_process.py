@@ -7,6 +7,7 @@ failed and re-plans, and training ends equal to the one-process reference. No pr
 started: this runs in the fast tier."""
 import io
 import threading
+import time
 
 import pytest
 
@@ -74,6 +75,7 @@ def _run(tmp_path, D_, S_, iterations, dies, snapshot_every=0, log_memory="off")
                       **sections(external=True, timeout=TIMEOUT, snapshot_every=snapshot_every,
                                  log_memory=log_memory))
     text = io.StringIO()
+    before = set(threading.enumerate())
     coord = Coordinator(spec, console=Console(file=text, width=200))
     exits: dict = {}
     threads = [threading.Thread(target=_worker, daemon=True, name=f"agent-{r}:{s}",
@@ -84,7 +86,15 @@ def _run(tmp_path, D_, S_, iterations, dies, snapshot_every=0, log_memory="off")
         t.start()
     res = coord.run()
     for t in threads:
-        t.join(10)
+        t.join(30)
+    # Everything a WorkerLoop starts ends with its run(): a heartbeat or snapshot thread
+    # left behind holds store connections into the interpreter's shutdown, which then
+    # aborted now and then ("terminate called without an active exception").
+    deadline = time.monotonic() + 10
+    while (left := [t.name for t in set(threading.enumerate()) - before if t.is_alive()]) \
+            and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"threads outlived their WorkerLoop: {sorted(left)}"
     assert res.summary is not None, f"halted: {res.halted}\n{text.getvalue()}"
     return res, exits, text.getvalue()
 

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from typing import Optional
 
 from executor.protocol import Bye, Fatal, NoCopyLeft
@@ -55,12 +54,14 @@ class WorkerLoop:
         self.h = StageHandle.open(conf, state, store, source)
         self.state, self.fence, self.source, self.log = state, self.h.fence, source, self.h.log
         self.iteration = IterationRuntime(self.h)
+        self._stopped = threading.Event()  # set when run() ends: the heartbeats stop
 
     # ---- main loop --------------------------------------------------------------------
     def run(self) -> int:
         st, h = self.state, self.h
         self.log(f"started (incarnation {st.incarnation}) on {h.conf.device}")
-        threading.Thread(target=self._heartbeats, daemon=True).start()
+        beats = threading.Thread(target=self._heartbeats, name="heartbeats", daemon=True)
+        beats.start()
         plan: Optional[Plan] = None
         try:
             while True:
@@ -92,9 +93,14 @@ class WorkerLoop:
             self.log(exc.traceback_text())
             return self._fatal(exc.one_line(), error="exception", log=own_log())
         finally:
-            self._close()
+            self._close(beats)
 
-    def _close(self) -> None:
+    def _close(self, beats: threading.Thread) -> None:
+        """Everything run() started ends with it: in a process the exit would end it, but a
+        WorkerLoop run in a thread (tests/test_fault_in_one_process.py) left its heartbeat
+        and snapshot threads running, holding store connections into the interpreter's
+        shutdown, where they aborted it now and then ("terminate called without an active
+        exception")."""
         h = self.h
         self.log(f"optimizer: {h.stage.stepper.stats.line()}")
         if h.snaps is not None:
@@ -104,11 +110,15 @@ class WorkerLoop:
         h.stage.close()  # the last iteration's part, before the process ends
         if h.world is not None:
             h.world.close()
+        if h.snaps is not None:
+            h.snaps.close()
         if self.state.leaving:  # the last word: the coordinator may close its store now
             try:
                 self.source.send(Bye())
             except Exception:  # closed already (it waited for us in vain)
                 pass
+        self._stopped.set()
+        beats.join(self.h.conf.timeouts.comm + 1.0)  # a beat in flight has its store timeout
 
     def _fatal(self, reason: str, **extra) -> int:
         """Halt the run with `reason` (the coordinator publishes the halt), then exit 2.
@@ -140,15 +150,15 @@ class WorkerLoop:
 
     def _heartbeats(self) -> None:
         st = self.state
-        while True:
+        while not self._stopped.is_set():
             try:
                 self.source.heartbeat(st.home[0], st.home[1], st.done + 1, st.incarnation,
                                       st.last_compute, entered=st.in_version)
             except Exception:  # the coordinator is gone: nothing left to train for
-                if st.leaving:  # unless we are done: it closed its store after our bye
-                    return
+                if st.leaving or self._stopped.is_set():  # unless we are done: it closed
+                    return  # its store after our bye
                 os._exit(3)
-            time.sleep(0.5)
+            self._stopped.wait(0.5)
 
     # ---- one plan version -------------------------------------------------------------
     def _run_plan(self, plan: Plan) -> Optional[Plan]:

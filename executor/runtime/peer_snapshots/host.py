@@ -106,6 +106,10 @@ class SnapshotHost:
 
     def close(self) -> None:
         self.closed = True
+        try:  # close() alone does not wake a thread blocked in accept() on Linux
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         try:
             self.sock.close()
         except OSError:
