@@ -13,8 +13,9 @@ Rows per trace and grid: `recycle` (the shape follows the live workers), `recycl
 stages are left, and at every event once changed), `recycle-roles`
 (roles on the job's own partition), `recycle-fixed` (the paper's fixed roles), Oobleck,
 Bamboo as stated (its own placement: a stage and its shadow on different nodes;
-`--bamboo-hidden` of its redundant forward hidden in bubbles) and `limit` (the best rate
-any shape of the live workers reaches, no event costs: docs/simulator.md); the
+`--bamboo-hidden` of its redundant forward hidden in bubbles), `limit` (a bound no layout
+of the live workers beats, no event costs: docs/simulator.md) and, as a what-if beside
+it, `shape-limit` (the best one-depth shape the planner schedules, no event costs); the
 sensitivity of Bamboo (placement as the trace packs nodes, hidden 0 and 1, re-formed
 pipelines) and checkpoint-restart with and without the shrink option; each policy's
 share of the limit, and where `recycle`'s remainder to the limit goes.
@@ -47,10 +48,10 @@ ROWS = [("P3", "p3-trace.csv", 4, 1, 8, 0), ("P3", "p3-trace.csv", 16, 4, 8, 0),
         ("g4dn", "g4dn-trace.csv", 6, 1, 4, 0),  # the same nodes as 4 stages
         ("P3", "p3-trace.csv", 4, 1, 8, 5), ("P3", "p3-trace.csv", 16, 4, 8, 5)]
 MAIN = ["recycle", "recycle-short", "recycle-roles", "recycle-fixed", "oobleck", "bamboo",
-        "limit"]
+        "limit", "shape-limit"]
 PARTS = ["detection", "iteration in flight", "state moves", "replay",
          "since the snapshot (rollback)", "since the checkpoint (restore)", "restart", "paused",
-         "slower than the limit"]
+         report.SHAPE_GAP, report.SCHEDULE_GAP]
 
 
 def live_hours(trace, slots: int, duration: float) -> dict[int, float]:
@@ -88,11 +89,13 @@ def main() -> None:
     md, short, parts_rows = [], [], []
     summary = ["| trace, grid | recycle | recycle-short | recycle-roles | recycle-fixed | oobleck "
                "| bamboo | limit | recycle / limit | recycle-short / limit "
+               "| oobleck / limit | what-if: shape-limit | recycle / shape-limit "
                "| recycle / oobleck | the same, each against its own best grid "
                "| recycle / best other (all variants) "
                "| best shape, all live: stages, / user's grid | shape changes | hours by stages "
                "| cpu (s) |",
                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
+               "| ---: | ---: | ---: "
                "| ---: | ---: | ---: | --- | ---: |"]
     for i in pick:
         name, fname, D, G, S, start_h = ROWS[i]
@@ -125,9 +128,10 @@ def main() -> None:
             o = r.outcomes[0]
             extra.append((label, o.microbatches / r.ideal, o.microbatches))
         others = [(o.policy, o.microbatches) for o in res.outcomes
-                  if o.policy not in ("recycle", "limit")] + [(lb, mb) for lb, _, mb in extra]
+                  if o.policy not in ("recycle", "limit", "shape-limit")] + [(lb, mb) for lb, _, mb in extra]
         best_other = max(others, key=lambda x: x[1])
         lim = res.outcome("limit").microbatches
+        shape_lim = res.outcome("shape-limit").microbatches
         hours = live_hours(tr, D * S, duration)
         below = sum(h for n, h in hours.items() if n < S)
         total_h = sum(hours.values())
@@ -144,6 +148,8 @@ def main() -> None:
             f"{kept['recycle-fixed']:.1%} | {kept['oobleck']:.1%} | {kept['bamboo']:.1%} | "
             f"{kept['limit']:.1%} | **{rec.microbatches / lim:.3f}** | "
             f"{res.outcome('recycle-short').microbatches / lim:.3f} | "
+            f"{res.outcome('oobleck').microbatches / lim:.3f} | {kept['shape-limit']:.1%} | "
+            f"{rec.microbatches / shape_lim:.3f} | "
             f"**{_x(rec.microbatches, res.outcome('oobleck').microbatches)}** | "
             f"{_x(rec.microbatches / st['full_factor'], oob_own)} | "
             f"{_x(rec.microbatches, best_other[1])} ({best_other[0]}) | "
@@ -187,12 +193,17 @@ def main() -> None:
         "",
         "Throughput kept: samples trained over what the user's D x S grid trains with no"
         " failure (its failure-free plan), one currency for every policy. Policies that re-cut"
-        " the model (recycle's shapes, Oobleck's templates, the limit) may keep more than"
+        " the model (recycle's shapes, Oobleck's templates, the limits) may keep more than"
         " 100%: with every worker live the best shape trains faster than the user's 8-stage"
-        " grid (the column \"best shape, all live\"). The limit: at every instant the best"
-        " rate any shape (one depth for every pipeline, at most the job's stages) and filled"
-        " slots of the live workers reach with the planner's schedules, with no cost for any"
-        " event. \"The same, each against its own best grid\": recycle / oobleck with each"
+        " grid (the column \"best shape, all live\"). The limit is a bound, not a policy:"
+        " at every instant the rate no layout of the live workers beats (any cut, pipelines"
+        " of any depths, any number of replicas: the work and optimizer steps its workers"
+        " must run, with no pipeline bubble, no p2p latency, fractional workers;"
+        " planner/simulation/throughput_bound.py), and no cost for any event. Beside it, a"
+        " what-if: `shape-limit`, the best rate the planner's own schedules reach on one-depth"
+        " shapes of the live workers, again with no event cost (what the limit was before it"
+        " was a bound; pipelines of unequal depth can beat it)."
+        " \"The same, each against its own best grid\": recycle / oobleck with each"
         " policy's samples over what its own best configuration of all D*S workers trains"
         " (the currency this table used before shapes, for Oobleck alone).",
         "",
@@ -200,7 +211,10 @@ def main() -> None:
     parts_md = ["", "Where recycle's remainder to the limit goes, as shares of the limit's"
                 " samples (report.remainder: what the limit trains while recycle stalls, per"
                 " cause; what recycle trains and loses; and while both train, the difference"
-                " of their rates). The parts add up to 1 - recycle / limit.", "",
+                " of their rates, in two parts: what the best one-depth shape the planner"
+                " schedules trains beyond recycle, and what the bound trains beyond that shape,"
+                " the bubbles, p2p and whole workers the bound leaves out). The parts add up"
+                " to 1 - recycle / limit.", "",
                 "| trace, grid | 1 - recycle / limit | " + " | ".join(PARTS) + " |",
                 "| --- | ---: | " + " | ".join("---:" for _ in PARTS) + " |"]
     for grid, lim, rmb, parts, known in parts_rows:

@@ -19,7 +19,7 @@ from planner.simulation.base import Context, Params, Policy  # noqa: F401 (re-ex
 from planner.simulation.checkpoint import CheckpointRestart
 from planner.simulation.elastic import ElasticRecycle
 from planner.simulation.engine import Decision
-from planner.simulation.limit import Limit
+from planner.simulation.limit import Limit, ShapeLimit
 from planner.simulation.shaped import ShapedRecycle, ShapedWhenShort
 
 
@@ -246,8 +246,9 @@ def _spread(lines: list[tuple[float, float]], total: int) -> Optional[float]:
 POLICIES = {cls.name: cls for cls in (ShapedRecycle, ShapedWhenShort, ElasticRecycle,
                                       RecycleFixed, CheckpointRestart, Rollback, LossyForward,
                                       DropReplica, Oobleck, Bamboo, SwiftReplay, BambooReform,
-                                      Limit)}
+                                      Limit, ShapeLimit)}
 
 __all__ = ["POLICIES", "Params", "Context", "Policy", "RecycleFixed", "SwiftReplay",
            "DropReplica", "Rollback", "LossyForward", "Oobleck", "Bamboo", "BambooReform",
-           "CheckpointRestart", "ElasticRecycle", "ShapedRecycle", "ShapedWhenShort", "Limit"]
+           "CheckpointRestart", "ElasticRecycle", "ShapedRecycle", "ShapedWhenShort", "Limit",
+           "ShapeLimit"]

@@ -48,23 +48,51 @@ LOST = {"inflight": "iteration in flight", "snapshot": "since the snapshot (roll
         "checkpoint": "since the checkpoint (restore)", "fraction": "skipped"}
 
 
+SLOWER = "slower than the limit"
+SHAPE_GAP = "slower than the best one-depth shape"
+SCHEDULE_GAP = "the bound's relaxation (bubbles, p2p, whole workers)"
+
+
 def remainder(result: Result, policy: str = "recycle", ref: str = "limit") -> dict[str, float]:
     """Where `policy`'s remainder to the limit goes, in micro-batches, exactly: what the
     limit trains while `policy` stalls, per cause of the stall (detection, state moves,
     restart, paused, ...); the work `policy` trains and loses, per kind; and, while it
-    trains, the difference of the two rates ("slower than the limit": the shape and roles
-    it keeps, and the planner's schedule against the limit's). The parts add up to the
-    limit's micro-batches less the policy's."""
+    trains, the difference of the two rates. With a `shape-limit` run that difference is
+    split in two: what the best one-depth shape the planner schedules trains beyond
+    `policy` (the shape and roles it keeps), and what the limit trains beyond that shape
+    (what the bound leaves out: bubbles, p2p latency, whole workers); otherwise it is one
+    part, "slower than the limit". The parts add up to the limit's micro-batches less the
+    policy's."""
+    T = result.duration_s
+    limit = _integral(result.outcome(ref).segments, T)
+    o = result.outcome(policy)
+    out: dict[str, float] = {}
+    for a, b, cause in o.stall_spans:
+        out[cause] = out.get(cause, 0.0) + limit(a, b)
+    for kind, mb in o.lost_by.items():
+        name = LOST.get(kind, kind)
+        out[name] = out.get(name, 0.0) + mb
+    training = [(a, min(b, T), r) for a, b, r in o.segments if a < T]
+    if "shape-limit" not in {x.policy for x in result.outcomes}:
+        out[SLOWER] = sum(limit(a, b) - r * (b - a) for a, b, r in training)
+        return out
+    shape = _integral(result.outcome("shape-limit").segments, T)
+    out[SHAPE_GAP] = sum(shape(a, b) - r * (b - a) for a, b, r in training)
+    out[SCHEDULE_GAP] = sum(limit(a, b) - shape(a, b) for a, b, _ in training)
+    return out
+
+
+def _integral(segments, T: float):
+    """f(a, b): the micro-batches the (t0, t1, rate) segments train in [a, b) within [0, T)."""
     import bisect
 
-    T = result.duration_s
-    segs = sorted(result.outcome(ref).segments)
+    segs = sorted(segments)
     starts = [a for a, _, _ in segs]
     cum = [0.0]
     for a, b, r in segs:
         cum.append(cum[-1] + r * (b - a))
 
-    def upto(t: float) -> float:  # the limit's micro-batches trained in [0, t)
+    def upto(t: float) -> float:
         i = bisect.bisect_right(starts, t)
         if i == 0:
             return 0.0
@@ -75,16 +103,7 @@ def remainder(result: Result, policy: str = "recycle", ref: str = "limit") -> di
         a, b = max(0.0, a), min(T, b)
         return upto(b) - upto(a) if b > a else 0.0
 
-    o = result.outcome(policy)
-    out: dict[str, float] = {}
-    for a, b, cause in o.stall_spans:
-        out[cause] = out.get(cause, 0.0) + between(a, b)
-    for kind, mb in o.lost_by.items():
-        name = LOST.get(kind, kind)
-        out[name] = out.get(name, 0.0) + mb
-    out["slower than the limit"] = sum(between(a, b) - r * (min(b, T) - a)
-                                       for a, b, r in o.segments if a < T)
-    return out
+    return between
 
 
 def series(result: Result, bins: int = 240) -> tuple[list[float], dict[str, list[float]]]:
