@@ -128,12 +128,30 @@ def test_simulate_a_trace_file_with_json_png_and_html(spec, tmp_path):
     (["--gpus-per-node", "3"], "divide the stages"),
     (["--placement", "diagonal"], "unknown placement"),
     (["-p", "magic"], "unknown policy"),
+    (["--failure-model", "nope"], "unknown failure model 'nope'"),
+    (["--failure-model", "llama3-405b", "--every", "1h"], "at most one of"),
+    (["--failure-model", "llama3-405b", "--gpus-per-node", "2"], "a failure model places"),
     (["--png", "/nonexistent/dir/x.png"], "cannot write"),
 ])
 def test_bad_simulate_input_is_one_line_and_exit_2(spec, args, words):
     r = recycle("simulate", spec, "--no-progress", *args)
     assert r.returncode == 2, r.stdout + r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and words in r.stderr, r.stderr
+
+
+def test_simulate_draws_a_failure_model_and_says_where_its_hangs_went():
+    """Llama 3's record on a small grid of its own preset (4 x 16 hosts of 8 GPUs: 512
+    GPUs), two weeks: a draw of a few failures, every named policy run on it."""
+    r = recycle("simulate", "--preset", "llama3-405b", "-d", "4", "-s", "16",
+                "--failure-model", "llama3-405b", "--hours", "336", "--seed", "3", "--json",
+                "--no-progress", "-p", "checkpoint-restart", "-p", "recycle-short",
+                "-p", "limit")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert "failure model llama3-405b, seed 3" in out["trace"]["source"]
+    assert out["trace"]["hours"] == 336 and out["trace"]["failures"] >= 1
+    rows = {p["policy"]: p for p in out["policies"]}
+    assert rows["recycle-short"]["kept"] > rows["checkpoint-restart"]["kept"]
 
 
 def test_oversized_specs_are_refused_before_planning(tmp_path):

@@ -100,8 +100,9 @@ def simulate(job: JobSpec, trace: Trace, duration_s: float, unit_s: float,
             stats[name] = {"full_factor": ctx.DM / policy.full_T / ctx.base}
         if name in ("recycle", "recycle-short"):
             stats[name].update(shape_changes=policy.shape_changes,
-                               stages_hours=policy.stages_hours(duration_s),
-                               best_full_stages=ctx.shapes.best_full.stages,
+                               stages_hours=policy.stages_hours(duration_s))
+        if name == "recycle":  # (its best shape of every worker: it starts on it)
+            stats[name].update(best_full_stages=ctx.shapes.best_full.stages,
                                full_factor=ctx.shapes.full_factor)
     return Result(job, model, trace, duration_s, ctx.base, outcomes, periods.planned,
                   stats.get("recycle", {}), stats)

@@ -56,11 +56,15 @@ class ElasticRecycle(Policy):
         self.snapshot_restores = 0
         self.replays = 0  # of those, stages replayed alone from the boundary logs
         self.lost_copy: Optional[bool] = None  # while paused: whether a stage lost every copy
+        self._nodes: dict[str, object] = {}  # worker id -> its node (_node)
 
     # ---- helpers -------------------------------------------------------------------
     def _node(self, wid: str):
-        r, s = (int(x) for x in wid.split("."))
-        return self.ctx.node_of((r, s))
+        node = self._nodes.get(wid)
+        if node is None:  # parsed once per worker: at 2,048 workers this was most of an event
+            r, s = (int(x) for x in wid.split("."))
+            node = self._nodes[wid] = self.ctx.node_of((r, s))
+        return node
 
     def _slot_speed(self, speed: dict) -> dict:
         """Speeds follow workers, the planner reads them per slot."""

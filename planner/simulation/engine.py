@@ -136,6 +136,30 @@ class Run:
                 cur = t
         self.t = max(self.t, t)
 
+    def hung(self, a: float, b: float) -> None:
+        """[a, b): every worker waits on a hung one (failure_model.py) until a watchdog
+        finds it; the iteration in flight when it hung is lost."""
+        if self.rate > 0:
+            if a >= self.resume_at and self.iter_s > 0:
+                lost = min(((a - self.resume_at) % self.iter_s) * self.rate,
+                           self.out.microbatches)
+                self.out.microbatches -= lost
+                self.out.lost += lost
+                self.out.lost_by["inflight"] = self.out.lost_by.get("inflight", 0.0) + lost
+                self.since_ckpt = max(0.0, self.since_ckpt - lost)
+            self.pending.append((max(a, self.resume_at), b, "hang"))
+            self.resume_at = max(self.resume_at, b)
+
+    def drain(self, t: float) -> None:
+        """Announced maintenance: a checkpoint at `t`, before the workers go (nothing
+        since it is lost), its cost stalled as any checkpoint's."""
+        if self.rate > 0:
+            self.since_ckpt, self.ckpt_clock = 0.0, 0.0
+            if self.cost > 0:
+                self.pending.append((max(t, self.resume_at), max(t, self.resume_at) + self.cost,
+                                     "checkpoint"))
+                self.resume_at = max(self.resume_at, t) + self.cost
+
     def apply(self, t: float, d: Optional[Decision]) -> None:
         if d is None:
             return
@@ -194,10 +218,17 @@ def run_policy(policy, events: list[Event], initial_failed: frozenset, duration_
     speed: dict = {}
     run = Run(policy.name, policy.start(frozenset(failed), speed), checkpoint_every_s,
               checkpoint_cost_s, snapshot_iters)
+    free = getattr(policy, "free", False)  # the limit: no event costs it anything
     for t, kind, group in batches(events):
         if t >= duration_s:
             break
+        hang = max((e.hang_s for e in group), default=0.0) if not free else 0.0
+        if hang > 0 and t - hang > run.t:  # the job waited on a hung worker until found
+            run.advance(t - hang)
+            run.hung(t - hang, t)
         run.advance(t)
+        if not free and any(e.planned for e in group):
+            run.drain(t)
         workers = {w for e in group for w in e.workers}
         before = frozenset(failed)
         if kind == "fail":

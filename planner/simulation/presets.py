@@ -38,6 +38,10 @@ PRESETS = {
     "gpt3-medium": Shape(24, 1024, 16, reconfig_s=2.0),
     "gpt3-2.7b": Shape(32, 2560, 32, reconfig_s=5.0),
     "gpt3-6.7b": Shape(32, 4096, 32, reconfig_s=10.0),
+    # Llama 3 405B's shape (126 layers, width 16,384, 128 heads, 8K sequences, a 128K
+    # vocabulary), its 12*d^2 parameters a layer as GPT's (3.2B: 405B in all); its
+    # grouped-query attention and SwiGLU are not modelled apart
+    "llama3-405b": Shape(126, 16384, 128, seq=8192, vocab=128256, reconfig_s=10.0),
 }
 UNIT_S = 1e-6
 BANDWIDTH = 25e9  # bytes/s, network
@@ -45,7 +49,9 @@ HBM = 1.5e12  # bytes/s
 
 
 def preset_model(name: str, replicas: int, microbatch_size: int = 1, tflops: float = 150.0,
-                 memory_gb: float = 80.0) -> Model:
+                 memory_gb: float = 80.0, bandwidth: float = BANDWIDTH) -> Model:
+    """`tflops`, `memory_gb` and `bandwidth` (bytes/s) are a worker's: a GPU's, or a host's
+    when a worker is a host's GPUs (tensor parallel inside it)."""
     if name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; choose from {', '.join(PRESETS)}")
     if not (tflops > 0 and memory_gb > 0 and microbatch_size >= 1):
@@ -58,7 +64,7 @@ def preset_model(name: str, replicas: int, microbatch_size: int = 1, tflops: flo
         return max(1, round(flops / rate / UNIT_S))
 
     def opt_us(params: float) -> int:
-        allreduce = 2 * params * 2 * (replicas - 1) / max(replicas, 1) / BANDWIDTH
+        allreduce = 2 * params * 2 * (replicas - 1) / max(replicas, 1) / bandwidth
         adam = 16 * params * 2 / HBM
         return max(1, round((allreduce + adam) / UNIT_S))
 
@@ -80,7 +86,8 @@ def preset_model(name: str, replicas: int, microbatch_size: int = 1, tflops: flo
 
 
 def preset_job(model: Model, replicas: int, stages: int, microbatches: int,
-               seq: int, d_model: int, microbatch_size: int) -> JobSpec:
+               seq: int, d_model: int, microbatch_size: int,
+               bandwidth: float = BANDWIDTH) -> JobSpec:
     """The D x S job whose stages group the model's units (balanced F+I+W)."""
     if stages > len(model.units) - 2:
         raise ValueError(f"{model.name} has {len(model.units) - 2} layers: at most that many stages")
@@ -91,10 +98,10 @@ def preset_job(model: Model, replicas: int, stages: int, microbatches: int,
     if any(c < a for a, c in zip(act, cap)):
         raise ValueError(f"{model.name} does not fit in {stages} stages of "
                          f"{model.capacity / 1024:g} GB: use more stages")
-    hop = max(1, round(2 * microbatch_size * seq * d_model / BANDWIDTH / UNIT_S))
+    hop = max(1, round(2 * microbatch_size * seq * d_model / bandwidth / UNIT_S))
     # a worker that takes a stage loads its parameters and Adam state over the network
     state = [sum(u.params for u in g) * 2**20 for g in groups]
     return JobSpec(replicas=replicas, stages=stages, microbatches=microbatches,
                    cost=Cost(**sums), p2p=P2P(intra=hop, cross=hop),
                    memory=Memory(activation=act, capacity=cap),
-                   state_bytes=state, bandwidth=BANDWIDTH * UNIT_S)
+                   state_bytes=state, bandwidth=bandwidth * UNIT_S)

@@ -56,6 +56,12 @@ class ThroughputBound:
         `max_stages` stages needs to serve every micro-batch within `period`."""
         L = len(self.units)
         S = min(max_stages, L)
+        if S == L:  # no cut has more stages than units: the count binds nothing
+            best = [0.0] + [math.inf] * L
+            for (a, b), (work, step) in self.stages.items():  # a < b: best[a] is final
+                if best[a] < math.inf and period > step:
+                    best[b] = min(best[b], best[a] + work / (period - step))
+            return self.DM * best[L]
         # need[s][b]: the least sum of w / (P - o) over cuts of units [0, b) into s stages
         need = [[math.inf] * (L + 1) for _ in range(S + 1)]
         need[0][0] = 0.0

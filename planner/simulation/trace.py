@@ -45,6 +45,12 @@ class Event:
     kind: str  # "fail" | "recover" | "speed"
     workers: tuple[Worker, ...]
     speed: float = 1.0  # for kind "speed"
+    # a failure model's (failure_model.py): its cause; a hang's wait before it was found
+    # (the job stalled on the hung worker for hang_s up to this event); announced
+    # maintenance, drained first (a checkpoint just before: no work lost)
+    cause: str = ""
+    hang_s: float = 0.0
+    planned: bool = False
 
 
 @dataclass(frozen=True)

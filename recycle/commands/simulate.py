@@ -33,8 +33,8 @@ def _finite(name: str, value: float, low: float = 0.0, strict: bool = True) -> N
 
 def simulate_cmd(
     spec: Optional[str] = typer.Argument(None, help="job spec JSON (or --preset)"),
-    preset: Optional[str] = typer.Option(None, help="gpt3-medium | gpt3-2.7b | gpt3-6.7b "
-                                         "(per-stage times from FLOPs: estimates)"),
+    preset: Optional[str] = typer.Option(None, help="gpt3-medium | gpt3-2.7b | gpt3-6.7b | "
+                                         "llama3-405b (per-stage times from FLOPs: estimates)"),
     replicas: int = typer.Option(16, "--replicas", "-d", help="with --preset: replicas"),
     stages: int = typer.Option(8, "--stages", "-s", help="with --preset: stages"),
     microbatches: int = typer.Option(16, "--microbatches", "-m", help="with --preset: micro-batches per replica"),
@@ -45,6 +45,10 @@ def simulate_cmd(
     trace_format: str = typer.Option("auto", help="auto | spot | failstop"),
     every: Optional[str] = typer.Option(None, help="synthetic: one node failure every 6h, 30m, ..."),
     spot: bool = typer.Option(False, "--spot", help="synthetic: bursty spot preemptions"),
+    failure_model: Optional[str] = typer.Option(
+        None, help="a dedicated cluster's failures, drawn with --seed: llama3-405b (Meta's "
+        "54-day record on 16,384 GPUs; a worker is a host of 8 GPUs, so --gpu-* figures are "
+        "multiplied by 8; default --hours: the record's 1,296)"),
     hours: Optional[float] = typer.Option(None, help="simulated hours (default: a trace file's "
                                           "length, else 12)"),
     mtbf_hours: float = typer.Option(10_000.0, help="exponential trace: MTBF of one GPU"),
@@ -121,20 +125,35 @@ def simulate_cmd(
         unknown = [p for p in policies if p not in POLICIES]
         if unknown:
             raise ValueError(f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}")
-        if sum(x is not None and x is not False for x in (trace, every, spot or None)) > 1:
-            raise ValueError("give at most one of --trace, --every, --spot")
+        if sum(x is not None and x is not False
+               for x in (trace, every, spot or None, failure_model)) > 1:
+            raise ValueError("give at most one of --trace, --every, --spot, --failure-model")
+        fm = None
+        if failure_model is not None:
+            from planner.simulation.failure_model import preset as failure_preset
+            fm = failure_preset(failure_model)
+            if gpus_per_node != 1 or placement != "stages":
+                raise ValueError("--gpus-per-node and --placement apply to node traces; a "
+                                 "failure model places its own units")
+            gpu_tflops, gpu_memory_gb = (gpu_tflops * fm.gpus_per_worker,
+                                         gpu_memory_gb * fm.gpus_per_worker)
         if trace is None and trace_format != "auto":
             raise ValueError("--trace-format applies to --trace")
         from planner.simulation.report import check_writable
         for path in (write_trace, png, html_out, markdown_out):
             check_writable(path)
         job, model = _load_job(spec, preset, replicas, stages, microbatches, gpu_tflops,
-                               gpu_memory_gb)
+                               gpu_memory_gb, 1 if fm is None else fm.gpus_per_worker)
         if unit_s is None:
             unit_s = 1e-6 if preset else 1e-3
         where = Placement(job.replicas, job.stages, gpus_per_node, placement)
-        tr, duration = _trace(trace, trace_format, every, spot, hours, mtbf_hours, repair_hours,
-                              seed, where)
+        if fm is not None:
+            from planner.simulation.failure_model import sample
+            duration = (hours if hours is not None else fm.hours) * 3600
+            tr = sample(fm, job.replicas, job.stages, duration / 3600, seed)
+        else:
+            tr, duration = _trace(trace, trace_format, every, spot, hours, mtbf_hours,
+                                  repair_hours, seed, where)
         reconfig = oobleck_reconfig_seconds
         if reconfig is None:
             from planner.simulation.presets import PRESETS
@@ -172,7 +191,8 @@ def simulate_cmd(
     _print(result, report)
 
 
-def _load_job(spec, preset, replicas, stages, microbatches, tflops, memory_gb):
+def _load_job(spec, preset, replicas, stages, microbatches, tflops, memory_gb, gpus=1):
+    """The job and its model; `gpus`: GPUs a worker is (their network with them)."""
     from planner.simulation.costs import Model
 
     if preset:
@@ -185,9 +205,11 @@ def _load_job(spec, preset, replicas, stages, microbatches, tflops, memory_gb):
         check_plannable(replicas, stages, microbatches)
         _finite("--gpu-tflops", tflops)
         _finite("--gpu-memory-gb", memory_gb)
-        model = preset_model(preset, replicas, 1, tflops, memory_gb)
+        from planner.simulation.presets import BANDWIDTH
+        model = preset_model(preset, replicas, 1, tflops, memory_gb, BANDWIDTH * gpus)
         sh = PRESETS[preset]
-        return preset_job(model, replicas, stages, microbatches, sh.seq, sh.d_model, 1), model
+        return preset_job(model, replicas, stages, microbatches, sh.seq, sh.d_model, 1,
+                          BANDWIDTH * gpus), model
     job = load_spec(spec)  # refused by size before parsing, then by grid
     return job, Model.of_spec(job)
 
