@@ -9,7 +9,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 # (file, the loop's condition): thread lifetimes, each named in docs/design.md
 THREAD_LIVES = {
-    ("executor/runtime/worker_loop.py", "True"),  # the worker's heartbeats
+    ("executor/runtime/worker_loop.py", "not self._stopped.is_set()"),  # its heartbeats
     ("executor/launch/launcher.py", "True"),  # the coordinator's tick
     ("executor/runtime/transport/rendezvous.py", "True"),  # the mailbox reader
     ("executor/runtime/peer_snapshots/sender.py", "True"),  # the snapshot sender
