@@ -116,3 +116,16 @@ def test_a_large_grids_periods_planned_on_a_proxy_grid_are_the_whole_grids():
         assert rp.proxy_width(f) < 64
         assert rp(f) == pytest.approx(rp.exact(f), rel=0.02), sorted(f)
     assert rp(frozenset()) == rp.exact(frozenset())
+
+
+def test_a_hang_found_after_another_failure_stalls_from_that_failure_on():
+    """A hang started at 400 s is found at 1000 s; a crash at 700 s came between. The
+    simulation had already run to 700 s, so the hang's stall runs from there (it used to be
+    dropped whole when another event fell inside its window)."""
+    job = JobSpec.uniform(4, 2, 4)
+    ev = [Event(700.0, "fail", ((0, 0),)),
+          Event(1000.0, "fail", ((1, 1),), cause="NCCL watchdog timeout", hang_s=600.0)]
+    res = simulate(job, Trace(ev), 2000.0, 1e-3, Params(detect_s=5.0), ["recycle-roles"],
+                   1e9, 0.0)
+    spans = [(round(a), round(b), c) for a, b, c in res.outcomes[0].stall_spans]
+    assert (705, 1000, "hang") in spans and (700, 705, "detection") in spans, spans

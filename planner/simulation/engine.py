@@ -17,6 +17,11 @@ and what work is lost:
   "replay"      the iteration in flight, and a stall while the lost stage replays the
                 iterations since its snapshot from the boundary logs: `replay_s_per_mb`
                 seconds for each micro-batch trained since (the others keep their work).
+A failure model's events (failure_model.py) add two things before the policy answers: a
+hang found by a watchdog `hang_s` after it started stalls the run for that long (the
+synchronous job waits on the hung worker; the iteration in flight when it hung is lost),
+and announced maintenance is drained (a checkpoint at the event: nothing since is lost).
+Neither touches the limit, which pays for no event.
 Checkpoints are taken every `checkpoint_every_s` seconds of training and stall everyone
 `checkpoint_cost_s`; the clock stops while a policy is halted and restarts at a restore.
 A checkpoint due at the very time of an event is taken after it.
@@ -223,9 +228,9 @@ def run_policy(policy, events: list[Event], initial_failed: frozenset, duration_
         if t >= duration_s:
             break
         hang = max((e.hang_s for e in group), default=0.0) if not free else 0.0
-        if hang > 0 and t - hang > run.t:  # the job waited on a hung worker until found
-            run.advance(t - hang)
-            run.hung(t - hang, t)
+        if hang > 0 and max(run.t, t - hang) < t:  # it waited on a hung worker till found
+            run.advance(max(run.t, t - hang))
+            run.hung(max(run.t, t - hang), t)
         run.advance(t)
         if not free and any(e.planned for e in group):
             run.drain(t)
