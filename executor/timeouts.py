@@ -39,8 +39,10 @@ class Timeouts:
         return max(3 * self.comm, 5.0)
 
     @property
-    def snapshot_io(self) -> float:
-        """One peer-memory snapshot transfer (megabytes to gigabytes over TCP)."""
+    def state_io(self) -> float:
+        """One stage's state moved whole: a peer-memory snapshot, a restore's or a change of
+        shape's blob, a replay's boundary messages (megabytes to gigabytes over TCP, and the
+        sender gathers and serialises it first)."""
         return max(30.0, 4 * self.comm)
 
     @property

@@ -28,7 +28,8 @@ def enter(h: StageHandle, plan: Plan) -> None:
     h.world = World(h.store, plan.version, st.me, live, h.conf.timeouts.comm, h.conf.device,
                     h.conf.local_workers, newer=h.newer_plan,
                     missing=lambda workers: _missing(h, workers),
-                    incarnations={w: plan.incarnation(*plan.filler(*w)) for w in live})
+                    incarnations={w: plan.incarnation(*plan.filler(*w)) for w in live},
+                    state_timeout_s=h.conf.timeouts.state_io)
     h.world.on_idle = h.stage.stepper.idle
     synced = sync_state(h, plan)
     st.done = synced.iteration - 1

@@ -53,7 +53,7 @@ class StageHandle:
         # Peer-memory snapshots (docs/executor.md; 0: none, -1: auto): this worker's host
         # keeps other stages' snapshots, its own stage's copies stay here.
         snaps = (PeerSnapshots(store, home_id(*state.home), conf.snapshot_every,
-                               conf.stages, timeout_s=conf.timeouts.snapshot_io, log=log,
+                               conf.stages, timeout_s=conf.timeouts.state_io, log=log,
                                first=conf.start_iteration, budget=conf.snapshot_budget)
                  if conf.snapshot_every else None)
         # What this worker sends across stage boundaries, for the replay of a stage lost

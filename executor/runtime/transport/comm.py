@@ -48,13 +48,16 @@ class World:
                  timeout_s: float, device: torch.device = torch.device("cpu"),
                  local_workers: Optional[int] = None, newer: Optional[Callable] = None,
                  missing: Optional[Callable[[list], None]] = None,
-                 incarnations: Optional[dict] = None, poll_waits: Optional[bool] = None):
+                 incarnations: Optional[dict] = None, poll_waits: Optional[bool] = None,
+                 state_timeout_s: Optional[float] = None):
         self.version, self.me = version, me
         self._newer, self.incarnations = newer, incarnations
         self.workers = sorted(tuple(w) for w in live)
         self.rank_of = {w: i for i, w in enumerate(self.workers)}
         self.rank = self.rank_of[me]
         self.timeout = timedelta(seconds=timeout_s)
+        # a blob of state (send_blob/recv_blob): Timeouts.state_io, the comm timeout if none
+        self.state_timeout = timedelta(seconds=state_timeout_s or timeout_s)
         self.device = device
         n_local = local_workers or len(self.workers)
         # NCCL only where each local rank owns a GPU; else gloo sees CPU copies.
@@ -210,10 +213,11 @@ class World:
         self._wait_until(lambda: self.store.check([key]), what, None, max_poll_s=0.005)
 
     def _wait_until(self, done, what: str, peer: Optional[Worker], poll_s: float = 0.0005,
-                    max_poll_s: float = 0.0005) -> None:
-        """Poll done() until true, within the comm timeout, leaving as soon as a newer plan
-        no longer has this world's members (one of them died: never done)."""
-        wait_until(done, f"v{self.version} {what}", limit_s=self.timeout.total_seconds(),
+                    max_poll_s: float = 0.0005, limit: Optional[timedelta] = None) -> None:
+        """Poll done() until true, within the comm timeout (or `limit`), leaving as soon as
+        a newer plan no longer has this world's members (one of them died: never done)."""
+        wait_until(done, f"v{self.version} {what}",
+                   limit_s=(limit or self.timeout).total_seconds(),
                    newer=self._newer, leave_for=self._drops_member, peer=peer,
                    poll_s=poll_s, max_poll_s=max_poll_s)
 
@@ -288,22 +292,24 @@ class World:
         for work, _, to in pending:
             self._wait(work, f"send to {to}", to)
 
-    def _wait(self, work, what: str, peer: Optional[Worker] = None) -> None:
+    def _wait(self, work, what: str, peer: Optional[Worker] = None,
+              limit: Optional[timedelta] = None) -> None:
         if self.poll_waits:
-            return self._poll(work, what, peer)
+            return self._poll(work, what, peer, limit)
         try:
-            if not work.wait(timeout=self.timeout):
+            if not work.wait(timeout=limit or self.timeout):
                 raise RuntimeError("timed out")
         except CommError:
             raise
         except Exception as exc:
             raise CommError(f"v{self.version} {what}: {said(exc)}", peer) from exc
 
-    def _poll(self, work, what: str, peer: Optional[Worker]) -> None:
+    def _poll(self, work, what: str, peer: Optional[Worker],
+              limit: Optional[timedelta] = None) -> None:
         """Wait for `work` without blocking in it (see _wait_until). The caller's abort
         (close) frees the communicator."""
         try:
-            self._wait_until(work.is_completed, what, peer)
+            self._wait_until(work.is_completed, what, peer, limit=limit)
             work.wait()  # completed: raises if it completed with an error
         except CommError:
             raise
@@ -356,13 +362,21 @@ class World:
         data = torch.frombuffer(bytearray(bio.getvalue()), dtype=torch.uint8)
         size = torch.tensor([data.numel()], dtype=torch.int64)
         for i, t in enumerate((size, data)):
-            self._wait(self._post(self.ctrl.send, t, to, _BLOB_TAG + i), f"state to {to}", to)
+            self._wait(self._post(self.ctrl.send, t, to, _BLOB_TAG + i), f"state to {to}", to,
+                       self.state_timeout)
 
     def recv_blob(self, frm: Worker):
+        """The sender's object. Waited for up to the state limit, not the comm timeout: the
+        sender first gathers and serialises it (a stage's pieces from snapshots, gigabytes
+        at a time), and a receiver that gave up sooner failed the version every time it
+        was re-published (a change of shape under a profiler, with a 2 s timeout, never
+        got past its transfers)."""
         size = torch.empty(1, dtype=torch.int64)
-        self._wait(self._post(self.ctrl.recv, size, frm, _BLOB_TAG), f"state from {frm}", frm)
+        self._wait(self._post(self.ctrl.recv, size, frm, _BLOB_TAG), f"state from {frm}", frm,
+                   self.state_timeout)
         data = torch.empty(int(size), dtype=torch.uint8)
-        self._wait(self._post(self.ctrl.recv, data, frm, _BLOB_TAG + 1), f"state from {frm}", frm)
+        self._wait(self._post(self.ctrl.recv, data, frm, _BLOB_TAG + 1), f"state from {frm}", frm,
+                   self.state_timeout)
         return torch.load(io.BytesIO(data.numpy().tobytes()), map_location=self.device,
                           weights_only=False)
 
