@@ -254,8 +254,9 @@ class JobOut(BaseModel):
     speeds: list[list[float]] = Field(description="[replica][stage]: the speed factors the "
                                                   "current plan was made for (1.0 nominal)")
     max_failures: int
-    shape: Literal["auto", "fixed"] = Field(description="auto: the service may cut the "
-                                                        "pipeline into fewer stages")
+    shape: Literal["auto", "speed", "fixed"] = Field(
+        description="auto: the service may cut the pipeline into fewer stages when too few "
+                    "workers live; speed: at every event, for speed too; fixed: never")
     created: float
     plans: list[PlanSummary]
     precompute: Precompute

@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 
 from planner.control.membership import Halt, Membership, Pause, Publish, Reject, Unchanged
 from planner.job import JobSpec
+from planner.shapes.planning import chooser_for
 from planner.plan import home_of
 
 
@@ -222,6 +223,26 @@ def shaped(D, S, snapshots=True, **kw):
                             shapes=True, **kw).first()
     assert isinstance(d, Publish) and d.partition is None
     return m
+
+
+def test_with_speed_cuts_one_failure_cuts_for_speed_and_the_return_goes_back():
+    """`--shape speed`: the chooser at every event. One of 2x4 lost leaves one worker to
+    carry a stage's two replicas (twice the period); seven workers on two stages train
+    faster, so the job is cut with as many live workers as stages. When the worker comes
+    back, the shape is chosen again for all eight: the best of the family for eight (here
+    four replicas of two stages, fewer bubbles than the user's 2x4), every slot filled.
+    Without speed cuts (`auto`) the same failure keeps the four stages (re-routed)."""
+    m = shaped(2, 4, speed_cuts=True)
+    m, d = m.fail((1, 2))
+    assert isinstance(d, Publish) and d.partition is not None
+    assert len(d.partition.bounds) - 1 < 4, d.partition
+    m = m.entered(d.version)
+    m, d = m.recover((1, 2))
+    assert isinstance(d, Publish) and d.partition is not None
+    best, _ = chooser_for(JobSpec.uniform(2, 4, 4)).best(8)
+    assert list(d.partition.bounds) == list(best.bounds) and d.failed == (), d
+    _, d = shaped(2, 4).fail((1, 2))
+    assert isinstance(d, Publish) and d.partition is None and d.failed == ((1, 2),)
 
 
 def test_fewer_live_workers_than_stages_cut_the_job_into_fewer_stages_instead_of_pausing():

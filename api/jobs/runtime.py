@@ -124,9 +124,10 @@ class ServiceConfig:
         """A job's Membership arguments that make it elastic: `failed` is then its dead
         workers, and a decision carries the empty slots to plan for and the roles. With
         shape `auto` (the job's workers can build stages of other unit ranges), fewer live
-        workers than stages cut the pipeline into fewer stages (planner/shapes/)."""
+        workers than stages cut the pipeline into fewer stages (planner/shapes/); with
+        `speed`, the shape is chosen at every event (cut for speed, and back)."""
         return {"job": spec, "snapshots": self.elastic_snapshots, "disk": self.elastic_disk,
-                "shapes": shape == "auto",
+                "shapes": shape != "fixed", "speed_cuts": shape == "speed",
                 "horizon": self.elastic_horizon_of(spec),
                 # nothing is lost while some tier holds every stage: too few live workers
                 # pause the job (no version published) until enough are back; the

@@ -65,11 +65,13 @@ async def create_job(spec: JobSpec, request: Request,
                      max_failures: Optional[int] = Query(
                          None, ge=0, le=64, description="precompute plans for every failed "
                          "set of up to this many workers (default: the service's)"),
-                     shape: Literal["auto", "fixed"] = Query(
+                     shape: Literal["auto", "speed", "fixed"] = Query(
                          "auto", description="auto: when fewer workers are live than stages, "
                          "the service cuts the pipeline into fewer stages (its workers must "
-                         "build stages of other layer ranges, as recycle's models do); fixed: "
-                         "it pauses for workers to come back")):
+                         "build stages of other layer ranges, as recycle's models do); speed: "
+                         "at every failure and return it takes the shape that trains most "
+                         "over the horizon (cut for speed, and back); fixed: it pauses for "
+                         "workers to come back")):
     """Body: the job spec (docs/design.md section 5). Publishes plan version 0, starts
     precomputing plans for likely failed sets, and returns the job's worker token."""
     job, token = await unless_client_leaves(

@@ -18,6 +18,9 @@ from executor.launch.faults.injector import check_faults, parse_event, parse_slo
 from executor.launch.faults.trace_replay import TraceReplay
 from executor.runtime.peer_snapshots.cadence import log_budget, parse_budget
 from planner.errors import UserError
+
+# `--shape` (run_config.PlanSection.shape): when the pipeline may change its stage count
+SHAPES = ("auto", "speed", "fixed")
 from planner.job import JobSpec
 from planner.plan import Mode
 
@@ -121,8 +124,9 @@ class LaunchSpec:
         if self.solver not in BACKENDS:
             raise UserError(f"unknown solver {self.solver!r}; choose one of "
                             f"{', '.join(BACKENDS)}")
-        if self.shape not in ("auto", "fixed"):
-            raise UserError(f"--shape must be auto or fixed, not {self.shape!r}")
+        if self.shape not in SHAPES:
+            raise UserError(f"--shape must be {', '.join(SHAPES[:-1])} or {SHAPES[-1]}, not "
+                            f"{self.shape!r}")
         if not 0 <= comm.store_port <= 65535:
             raise UserError(f"--store-port must be a port number 0..65535 (0: any free), "
                             f"not {comm.store_port}")

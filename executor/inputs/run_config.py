@@ -201,8 +201,10 @@ class PlanSection:
         "synchronous optimizer: plans for it, and a barrier after every iteration"))
     shape: str = setting("auto", doc=(
         "auto: when fewer live workers are left than stages, the pipeline is cut into fewer, "
-        "deeper stages (state moved by parameter name) instead of pausing; fixed: the stage "
-        "count never changes (it pauses for restarts, or halts)"))
+        "deeper stages (state moved by parameter name) instead of pausing; speed: at every "
+        "failure and return, the shape that trains most over the horizon (the simulator's "
+        "recycle: it also cuts for speed with as many workers as stages, and goes back); "
+        "fixed: the stage count never changes (it pauses for restarts, or halts)"))
 
 
 @dataclass(frozen=True)

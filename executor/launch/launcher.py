@@ -75,13 +75,13 @@ class Coordinator:
         self.service = service  # ServiceWatch: the service plans, the coordinator follows
         if service is not None and service.plan.job.identity_hash() != spec.job.identity_hash():
             raise ValueError(f"job {service.job_id} at the service has another spec than this run")
-        if service is not None and service.shape == "auto" and not (
-                spec.shape == "auto" and reshapes(spec.model)):
-            why = ("was run with --shape fixed" if spec.shape != "auto" else
+        if service is not None and service.shape != "fixed" and not (
+                spec.shape != "fixed" and reshapes(spec.model)):
+            why = ("was run with --shape fixed" if spec.shape == "fixed" else
                    f"cannot (model {spec.model!r} builds its stages by count)")
             raise ValueError(f"job {service.job_id} at the service may change the pipeline's "
-                             f"shape (registered with shape=auto) but this run {why}; "
-                             "register it with ?shape=fixed")
+                             f"shape (registered with shape={service.shape}) but this run "
+                             f"{why}; register it with ?shape=fixed")
         self.run_dir = spec.run_dir or tempfile.mkdtemp(prefix="recycle-run-")
         # The workers' logs go here: with --checkpoint-dir elsewhere nothing else creates it
         os.makedirs(self.run_dir, exist_ok=True)
@@ -107,7 +107,8 @@ class Coordinator:
             self.D, self.S, trace.initial_failed if trace else (), job=spec.job,
             snapshots=spec.checkpoint.snapshot_cadence != 0, horizon=LOCAL_HORIZON,
             disk=True,  # a stage lost whole restores from a disk checkpoint or the start
-            pause=True, shapes=spec.shape == "auto" and reshapes(spec.model)
+            pause=True, shapes=spec.shape != "fixed" and reshapes(spec.model),
+            speed_cuts=spec.shape == "speed"
         ).with_speeds(spec.job.speed)
         self.plans = Plans(self.store, spec.job, members, solver=spec.solver, mode=spec.mode,
                            record=self.record, event=self.event)

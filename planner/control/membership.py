@@ -138,6 +138,9 @@ class Membership:
     # once cut, every later version is planned on a shape (it carries a partition, the
     # job's own one included: the workers then know to compare shapes, reshape.py).
     shapes: bool = False
+    # ... and at every event, with as many live workers as stages too: the pipeline is cut
+    # for speed, and goes back (`--shape speed`; without it, only once too few are left)
+    speed_cuts: bool = False
     partition: Optional[Partition] = None  # of the newest version (None: the job's own)
     shape_job: Optional[JobSpec] = None  # the job that partition cuts
 
@@ -148,13 +151,15 @@ class Membership:
               state: State = "running", reason: Optional[str] = None,
               job: Optional[JobSpec] = None, roles: Optional[Iterable[Role]] = None,
               snapshots: bool = False, horizon: float = 0.0,
-              pause: bool = False, shapes: bool = False, disk: bool = False) -> "Membership":
+              pause: bool = False, shapes: bool = False, disk: bool = False,
+              speed_cuts: bool = False) -> "Membership":
         grid = (tuple(tuple(row) for row in incarnations) if incarnations is not None
                 else tuple((1,) * stages for _ in range(replicas)))
         return cls(replicas, stages, grid, frozenset(tuple(w) for w in failed), version,
                    state=state, reason=reason, job=job,
                    roles=None if roles is None else tuple(roles), snapshots=snapshots,
-                   horizon=horizon, pause=pause, shapes=shapes, disk=disk)
+                   horizon=horizon, pause=pause, shapes=shapes, disk=disk,
+                   speed_cuts=speed_cuts)
 
     @classmethod
     def following(cls, plan: Plan, **kw) -> "Membership":
@@ -358,12 +363,19 @@ class Membership:
                                                 if w not in failed and w not in fresh))
         live = self.replicas * self.stages - len(failed)
         why = f"{live} live worker{'s' if live != 1 else ''} cannot serve {self.stages} stages"
-        if self.shapes and (live < self.stages or self.partition is not None):
+        kept_own = True
+        if self.shapes and (self.speed_cuts or live < self.stages or self.partition is not None):
+            # the shape worth most over the horizon, the job's own included (the chooser the
+            # simulator's `recycle` calls: with `speed_cuts`, at every event)
+            kept_own = False
             out = self._reshaped(failed, stateless, grid, cause)
-            if not isinstance(out, str):
+            if out is None:
+                kept_own = True  # the job's own shape stays: its roles, as with no shapes
+            elif not isinstance(out, str):
                 return out
-            why = out  # no shape fits them either: pause for returns, as a fixed shape does
-        elif live >= self.stages:
+            else:
+                why = out  # no shape fits them: pause for returns, as a fixed shape does
+        if kept_own and live >= self.stages:
             out, no = reassign(self.job, failed, self.roles, stateless, self.horizon,
                                self.snapshots, restorable=self.restorable)
             if out is not None:
@@ -410,9 +422,10 @@ class Membership:
         return next((s for s in range(stages) if s not in held), None)
 
     def _reshaped(self, failed: frozenset, stateless: tuple, grid: Grid,
-                  cause: str) -> Union[tuple["Membership", Decision], str]:
+                  cause: str) -> Union[tuple["Membership", Decision], str, None]:
         """The shape (planner/shapes/choose.py), slots and moves for the live set, from
-        the shape in force; the reason when no shape fits the live workers."""
+        the shape in force; the reason when no shape fits the live workers; None when the
+        job's own shape, in force, stays (its roles are elastic.reassign's)."""
         from planner.shapes.planning import shaped_plan_parts
         current = (self.partition, self.shape_job) if self.partition is not None else None
         live: dict = slots_of(self.replicas, self.stages, set(failed) | set(stateless),
@@ -429,6 +442,8 @@ class Membership:
         if isinstance(out, str):
             return out
         choice, part = out
+        if current is None and not choice.changed:
+            return None
         new = replace(self, roles=tuple(choice.roles), state="running", reason=None,
                       partition=part, shape_job=choice.shape.job, back=frozenset(),
                       moving=frozenset(home_of(m.worker) for m in choice.moves))

@@ -15,7 +15,8 @@ shape (shape_costs.py).
 """
 from __future__ import annotations
 
-from planner.simulation.elastic import ElasticRecycle
+from planner.simulation.elastic import ElasticRecycle, _wid
+from planner.simulation.engine import Decision
 
 
 class ShapedRecycle(ElasticRecycle):
@@ -49,6 +50,23 @@ class ShapedRecycle(ElasticRecycle):
         self.shape = c.shape
         P = sc.period(c.shape, c.failed, self._slot_speed_of(speed, c.slots)) * ctx.unit_s
         return c.slots, c.moves, P, c.stall
+
+    def start(self, failed, speed):
+        """On the user's grid, every live worker in its home slot, as the product starts
+        (the launcher's and the service's first plan): the shape is chosen at events only,
+        so a run with no failure trains the grid the user asked for. Only a grid with some
+        stage left empty at the start is placed by the chooser."""
+        D, S = self.ctx.job.replicas, self.ctx.job.stages
+        if len({s for d in range(D) for s in range(S) if (d, s) not in failed}) < S:
+            return super().start(failed, speed)
+        self.live = {_wid((d, s)): (d, s) for d in range(D) for s in range(S)
+                     if (d, s) not in failed}
+        self.timeline.append((0.0, S))
+        self._pick_holders()
+        P = self.ctx.periods(frozenset(failed), self._slot_speed(speed))
+        if self.ctx.params.replay:  # the boundary logs' share, as _assign charges it
+            P = P / (1.0 - self.ctx.params.swift_log_overhead)
+        return Decision(self.ctx.DM / P, P)
 
     def on_event(self, kind, workers, before, after, speed, run):
         self.now = run.t

@@ -7,6 +7,7 @@ import os
 import signal
 import sys
 import tempfile
+import dataclasses
 from typing import Optional
 
 import typer
@@ -32,6 +33,10 @@ def chaos_cmd(
     out_dir: Optional[str] = typer.Option(None, "--out-dir",
                                           help="logs, cached references and the dirs of failed "
                                                "runs (default: a new temp dir)"),
+    shape: Optional[str] = typer.Option(None, "--shape",
+                                        help="`recycle train --shape` for every run drawn with "
+                                             "the default (auto or speed; the draws of "
+                                             "--shape fixed keep it)"),
 ):
     """Train under random kills, rejoins, stalls (and service crashes); report each outcome."""
     from rich.console import Console
@@ -46,6 +51,8 @@ def chaos_cmd(
             raise ValueError(f"--runs must be at least 1, got {runs}")
         if seed < 0:
             raise ValueError(f"--seed must be >= 0, got {seed}")
+        if shape not in (None, "auto", "speed"):
+            raise ValueError(f"--shape must be auto or speed, not {shape!r}")
         if time_limit is not None and not time_limit > 0:
             raise ValueError(f"--time-limit must be positive, got {time_limit:g}")
         if json_path:  # fail now, not after an hour of runs (and valid JSON from now on)
@@ -59,6 +66,8 @@ def chaos_cmd(
               f"logs in {out_dir}")
     records = []
     for sched in draw(seed, runs, service):
+        if shape is not None and sched.shape is None and sched.model is None:
+            sched = dataclasses.replace(sched, shape=shape)
         err.print(f"run {sched.index + 1}/{runs}: {sched.grid} m{sched.microbatches} "
                   f"n{sched.iterations} {sched.describe()}")
         rec = run_schedule(sched, out_dir, time_limit)

@@ -196,7 +196,7 @@ def _run_with_service(sched: Schedule, run_dir: str, limit: float, record: dict)
         # --shape fixed and the module-factory models cannot change shape: so registered
         fixed = sched.shape == "fixed" or sched.model is not None
         job_id, token = service.register(spec.model_dump(mode="json"),
-                                         "fixed" if fixed else "auto")
+                                         "fixed" if fixed else sched.shape or "auto")
         cmd = train_command(sched, run_dir, ("--service", service.url, "--job-id", job_id))
         record["command"] = "RECYCLE_TOKEN=<worker token> " + shlex.join(cmd)
         record["serve_command"] = "RECYCLE_ADMIN_TOKEN=<admin token> " + shlex.join(service.cmd)

@@ -136,7 +136,8 @@ class Schedule:
     # None: the default flags (snapshots on, K chosen by `auto`), as every drawn schedule;
     # else an explicit `--snapshot-every K` (a schedule written by hand; 0: off)
     snapshot_every: Optional[int] = None
-    shape: Optional[str] = None  # None: the default (auto); "fixed": `--shape fixed`
+    # None: the default (auto); else `--shape` ("fixed" drawn, "speed" by `chaos --shape`)
+    shape: Optional[str] = None
     model: Optional[str] = None  # None: the built-in GPT; else a key of MODELS
     resume: Optional[Resume] = None
 

@@ -122,10 +122,17 @@ class Plans:
         self.record.published(plan)
 
     def moved(self, plan: Plan) -> None:
+        # a plan with a partition numbers its stages in its own cut: a worker that held
+        # stage 0 of two and takes stage 0 of one moved, though the numbers agree
+        cut = plan.partition is not None
         for m in plan.moves or ():
-            self.event(f"plan v{plan.version}: worker {m.worker} moves "
-                       f"{'in' if m.from_stage is None else f'from stage {m.from_stage}'} "
-                       f"to stage {m.to_stage} ({_STATE_FROM[m.source]})")
+            held = "" if m.from_stage is None else (
+                f" (it held stage {m.from_stage} of the shape before)" if cut else "")
+            what = (f"takes stage {m.to_stage} of {plan.job.stages}{held}" if cut else
+                    f"moves {'in' if m.from_stage is None else f'from stage {m.from_stage}'} "
+                    f"to stage {m.to_stage}")
+            self.event(f"plan v{plan.version}: worker {m.worker} {what} "
+                       f"({_STATE_FROM[m.source]})")
 
 
 # Move.source: "peer", a live holder of the stage sends it; "snapshot", none lives: the
