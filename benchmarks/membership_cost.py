@@ -33,23 +33,29 @@ def timed(fn, *args):
 
 def run(D: int, S: int, M: int, events: int, seed: int) -> dict:
     spec = JobSpec.uniform(D, S, M)
-    elastic = Membership.start(D, S, **ServiceConfig().elastic(spec)).with_speeds(None)
-    plain = Membership.start(D, S)
+    members = {
+        "elastic": Membership.start(D, S, **ServiceConfig().elastic(spec)).with_speeds(None),
+        "plain": Membership.start(D, S),
+        # `?shape=speed`: the shape chooser at every failure and return
+        "speed": Membership.start(D, S, **ServiceConfig().elastic(spec, "speed")
+                                  ).with_speeds(None)}
     rng = random.Random(seed)
-    ms = {"elastic": [], "plain": []}
-    moved = 0
+    ms: dict = {k: [] for k in members}
+    moved = cut = 0
     for i in range(events):
         w = (rng.randrange(D), rng.randrange(S))
-        order = ("elastic", "plain") if i % 2 == 0 else ("plain", "elastic")
+        order = list(members)[i % 3:] + list(members)[:i % 3]  # interleaved
         for kind in order:
-            m = elastic if kind == "elastic" else plain
+            m = members[kind]
             (m1, d), t1 = timed(m.fail, w)
             (m2, _), t2 = timed(m1.recover, w)
             ms[kind] += [t1, t2]
             if kind == "elastic" and isinstance(d, Publish) and d.moves:
                 moved += 1
-    ms["roles"] = in_force(elastic, rng, events)
-    return {"grid": f"{D}x{S}x{M}", "events": events, "moved": moved,
+            if kind == "speed" and isinstance(d, Publish) and d.partition is not None:
+                cut += 1
+    ms["roles"] = in_force(members["elastic"], rng, events)
+    return {"grid": f"{D}x{S}x{M}", "events": events, "moved": moved, "cut": cut,
             **{k: (statistics.median(v), sorted(v)[int(0.9 * (len(v) - 1))])
                for k, v in ms.items()}}
 
@@ -91,7 +97,8 @@ def main() -> None:
         rows.append(r)
         print(f"{r['grid']}: elastic median {r['elastic'][0]:.1f} ms (p90 {r['elastic'][1]:.1f}), "
               f"plain {r['plain'][0]:.3f} ms (p90 {r['plain'][1]:.3f}); roles in force "
-              f"{r['roles'][0]:.1f} ms (p90 {r['roles'][1]:.1f}); "
+              f"{r['roles'][0]:.1f} ms (p90 {r['roles'][1]:.1f}); speed "
+              f"{r['speed'][0]:.1f} ms (p90 {r['speed'][1]:.1f}), {r['cut']} cut; "
               f"{r['moved']}/{r['events']} failures moved a worker", flush=True)
     cmd = "PYTHONPATH=. python benchmarks/membership_cost.py " + " ".join(sys.argv[1:])
     lines = [
@@ -106,17 +113,25 @@ def main() -> None:
         "A/B interleaved per event. ms per transition, median and p90 over failures and "
         "recoveries; `moved`: failures whose version moves a worker to another stage; "
         "`roles in force`: the same on a membership whose plan has roles (random failures "
-        "until one moved a worker, then as many failures and recoveries on it).",
+        "until one moved a worker, then as many failures and recoveries on it); `speed`: a "
+        "job registered with `?shape=speed`, the shape chooser (planner/shapes/choose.py) "
+        "at every failure and return, and `cut`: failures whose version changed the shape "
+        "(the count bound stands in for planned periods above 256 workers, as on the "
+        "service).",
         "",
         "| grid | elastic ms (median / p90) | plain ms (median / p90) | moved | "
-        "roles in force ms (median / p90) |",
-        "| --- | ---: | ---: | ---: | ---: |",
+        "roles in force ms (median / p90) | speed ms (median / p90) | cut |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         lines.append(f"| {r['grid']} | {r['elastic'][0]:.1f} / {r['elastic'][1]:.1f} | "
                      f"{r['plain'][0]:.3f} / {r['plain'][1]:.3f} | {r['moved']} / {r['events']} | "
-                     f"{r['roles'][0]:.1f} / {r['roles'][1]:.1f} |")
-    Path(args.out).write_text("\n".join(lines) + "\n")
+                     f"{r['roles'][0]:.1f} / {r['roles'][1]:.1f} | "
+                     f"{r['speed'][0]:.1f} / {r['speed'][1]:.1f} | {r['cut']} / {r['events']} |")
+    out = Path(args.out)
+    old = out.read_text() if out.exists() else ""
+    notes = old[old.index("\n## Notes"):] if "\n## Notes" in old else ""  # kept by hand
+    out.write_text("\n".join(lines) + "\n" + notes)
     print(f"saved {args.out}")
 
 

@@ -87,15 +87,17 @@ def main() -> None:
     M, sh = args.microbatches, PRESETS[args.preset]
     pick = [int(x) for x in args.rows.split(",") if x] or range(len(ROWS))
     md, short, parts_rows = [], [], []
-    summary = ["| trace, grid | recycle | recycle-short | recycle-roles | recycle-fixed | oobleck "
+    summary = ["| trace, grid | recycle (--shape speed) | recycle-short (default: --shape auto) "
+               "| recycle-roles | recycle-fixed | oobleck "
                "| bamboo | limit | recycle / limit | recycle-short / limit "
                "| oobleck / limit | what-if: shape-limit | recycle / shape-limit "
-               "| recycle / oobleck | the same, each against its own best grid "
+               "| recycle / oobleck | recycle-short / oobleck "
+               "| the same, each against its own best grid "
                "| recycle / best other (all variants) "
                "| best shape, all live: stages, / user's grid | shape changes | hours by stages "
                "| cpu (s) |",
                "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: "
-               "| ---: | ---: | ---: "
+               "| ---: | ---: | ---: | ---: "
                "| ---: | ---: | ---: | --- | ---: |"]
     for i in pick:
         name, fname, D, G, S, start_h = ROWS[i]
@@ -147,10 +149,11 @@ def main() -> None:
             f"{kept['recycle-roles']:.1%} | "
             f"{kept['recycle-fixed']:.1%} | {kept['oobleck']:.1%} | {kept['bamboo']:.1%} | "
             f"{kept['limit']:.1%} | **{rec.microbatches / lim:.3f}** | "
-            f"{res.outcome('recycle-short').microbatches / lim:.3f} | "
+            f"**{res.outcome('recycle-short').microbatches / lim:.3f}** | "
             f"{res.outcome('oobleck').microbatches / lim:.3f} | {kept['shape-limit']:.1%} | "
             f"{rec.microbatches / shape_lim:.3f} | "
             f"**{_x(rec.microbatches, res.outcome('oobleck').microbatches)}** | "
+            f"**{_x(res.outcome('recycle-short').microbatches, res.outcome('oobleck').microbatches)}** | "
             f"{_x(rec.microbatches / st['full_factor'], oob_own)} | "
             f"{_x(rec.microbatches, best_other[1])} ({best_other[0]}) | "
             f"{st['best_full_stages']}, {st['full_factor']:.3f}x | {st['shape_changes']} | "
@@ -190,6 +193,15 @@ def main() -> None:
         f" forward hidden in bubbles; the sensitivity tables show the other choices."
         " Traces: benchmarks/traces/ (README there: source and licence). Cost models:"
         " docs/simulator.md.",
+        "",
+        "What the product runs: `recycle` is `recycle train --shape speed` (a service job"
+        " registered with `?shape=speed`): at every failure and return the shape, pipelines"
+        " and roles worth most over the horizon, chosen by the same chooser"
+        " (tests/test_one_chooser.py), from the user's grid at the start. `recycle-short` is"
+        " what the default, `--shape auto`, runs: the same chooser only once fewer workers"
+        " than stages live (and at every event after the first cut). Both columns are"
+        " headline figures of the product, one per flag; docs/simulator.md says why `speed`"
+        " is not the default yet.",
         "",
         "Throughput kept: samples trained over what the user's D x S grid trains with no"
         " failure (its failure-free plan), one currency for every policy. Policies that re-cut"
