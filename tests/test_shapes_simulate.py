@@ -120,7 +120,7 @@ def test_a_stage_lost_in_a_change_of_shape_is_rolled_back_not_replayed():
     job rolls back to the snapshot. The simulator credited the replay there. Every pair of
     the eight workers failing at once: no event that loses a stage and changes the shape
     is charged a replay, and some pair does lose a stage in a change."""
-    from planner.simulation.shaped import ShapedRecycle
+    from planner.simulation.policies.shaped import ShapedRecycle
     job, model = medium(2, 4, 4)
     seen = []
     real = ShapedRecycle.on_event

@@ -15,7 +15,7 @@ shape (shape_costs.py).
 """
 from __future__ import annotations
 
-from planner.simulation.elastic import ElasticRecycle, _wid
+from planner.simulation.policies.elastic import ElasticRecycle, _wid
 from planner.simulation.engine import Decision
 
 

@@ -13,14 +13,14 @@ from __future__ import annotations
 from typing import Optional
 
 from planner.failures import dead_stage
-from planner.simulation.bamboo import Bamboo
-from planner.simulation.bamboo_reform import BambooReform
+from planner.simulation.policies.bamboo import Bamboo
+from planner.simulation.policies.bamboo_reform import BambooReform
 from planner.simulation.base import Context, Params, Policy  # noqa: F401 (re-exported)
-from planner.simulation.checkpoint import CheckpointRestart
-from planner.simulation.elastic import ElasticRecycle
+from planner.simulation.policies.checkpoint import CheckpointRestart
+from planner.simulation.policies.elastic import ElasticRecycle
 from planner.simulation.engine import Decision
-from planner.simulation.limit import Limit, ShapeLimit
-from planner.simulation.shaped import ShapedRecycle, ShapedWhenShort
+from planner.simulation.policies.limit import Limit, ShapeLimit
+from planner.simulation.policies.shaped import ShapedRecycle, ShapedWhenShort
 
 
 class RecycleFixed(Policy):
@@ -28,7 +28,7 @@ class RecycleFixed(Policy):
     peers, the plan's period for the failed set. A failure costs the detection delay and
     the iteration in flight; a rejoin costs nothing (state comes from a live peer while the
     others train); a stage with no live worker halts until a repair, then restarts from the
-    last checkpoint. (`recycle`, with roles, is planner/simulation/elastic.py.)"""
+    last checkpoint. (`recycle`, with roles and shapes, is shaped.py.)"""
     name = "recycle-fixed"
 
     def steady(self, failed, speed):

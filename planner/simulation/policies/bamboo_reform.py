@@ -11,7 +11,7 @@ p >= G apart). Between reconfigurations a failure is a fail-over as in `bamboo`.
 from __future__ import annotations
 
 from planner.simulation.engine import Decision
-from planner.simulation.bamboo import Bamboo
+from planner.simulation.policies.bamboo import Bamboo
 
 
 class BambooReform(Bamboo):
