@@ -21,16 +21,22 @@ def _train(tmp_path, name, *args):
     return r, (json.loads(summary.read_text()) if r.returncode == 0 else None)
 
 
-def test_five_of_eight_lost_the_three_left_train_on_fewer_stages_never_paused_exact(tmp_path):
-    """The issue's run: 2x4, five workers SIGKILLed for good, stage 3 with both of its;
-    before, the three left paused for restarts that never came (and halted)."""
-    r, got = _train(tmp_path, "run", *GRID, *KILLS)
+def _exact(tmp_path, grid, faults):
+    """The run with `faults`, which must end as `recycle train --reference` does (1e-5)."""
+    r, got = _train(tmp_path, "run", *grid, *faults)
     assert r.returncode == 0, r.stdout + r.stderr
-    _, ref = _train(tmp_path, "ref", *GRID, "--reference")
+    _train(tmp_path, "ref", *grid, "--reference")
     c = subprocess.run([sys.executable, "-m", "recycle.cli", "compare",
                         str(tmp_path / "run.json"), str(tmp_path / "ref.json"), "--tol", "1e-5"],
                        capture_output=True, text=True, timeout=60)
     assert c.returncode == 0, c.stdout + r.stderr
+    return r, got
+
+
+def test_five_of_eight_lost_the_three_left_train_on_fewer_stages_never_paused_exact(tmp_path):
+    """The issue's run: 2x4, five workers SIGKILLed for good, stage 3 with both of its;
+    before, the three left paused for restarts that never came (and halted)."""
+    r, got = _exact(tmp_path, GRID, KILLS)
     assert got["elastic"]["pauses"] == 0, r.stderr
     last = got["plans"][-1]
     assert last["partition"]["grid"][1] < 4 and len(last["roles"]) == 3, last
@@ -55,14 +61,7 @@ def test_shape_speed_cuts_with_as_many_live_as_stages_goes_on_after_the_return_e
     pipeline with every worker live, which `auto` never does, and ends equal to the
     reference."""
     grid = ["-d", "2", "-s", "2", "-m", "2", "--iterations", "10"]
-    r, got = _train(tmp_path, "run", *grid, "--shape", "speed", "--kill", "1:1@3",
-                    "--rejoin", "1:1@6")
-    assert r.returncode == 0, r.stdout + r.stderr
-    _, ref = _train(tmp_path, "ref", *grid, "--reference")
-    c = subprocess.run([sys.executable, "-m", "recycle.cli", "compare",
-                        str(tmp_path / "run.json"), str(tmp_path / "ref.json"), "--tol", "1e-5"],
-                       capture_output=True, text=True, timeout=60)
-    assert c.returncode == 0, c.stdout + r.stderr
+    r, got = _exact(tmp_path, grid, ["--shape", "speed", "--kill", "1:1@3", "--rejoin", "1:1@6"])
     assert "the pipeline changes shape to" in r.stderr, r.stderr
     assert got["elastic"]["shape_changes"] >= 1 and got["elastic"]["pauses"] == 0, got["elastic"]
     last = got["plans"][-1]
