@@ -65,7 +65,8 @@ def main(argv=None) -> int:
               f"the rest rolled the job back: {el.get('retrained_iterations', 0)} iterations "
               f"trained again in all), changed the pipeline's shape "
               f"{el.get('shape_changes', 0)} times in {el.get('runs_with_shape_changes', 0)} "
-              f"runs (fewer live workers than stages: fewer, deeper stages), and paused "
+              f"runs (fewer live workers than stages: fewer, deeper stages; with --shape "
+              f"speed also a faster shape, and back), and paused "
               f"{el.get('pauses', 0)} times.", "",
               "Runs with each kind of fault: " + "; ".join(f"{name} {n}" for name, n in
                                                             having.items()) + ".", "",
