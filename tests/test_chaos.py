@@ -309,6 +309,7 @@ def chaos(*args: str, timeout: float = 60, env_tag: str = "") -> subprocess.Comp
     (["--runs", "0"], "--runs must be at least 1"),
     (["--seed", "-3"], "--seed must be >= 0"),
     (["--time-limit", "0"], "--time-limit must be positive"),
+    (["--shape", "fixed"], "--shape must be auto or speed"),
     (["--json", "/nonexistent-dir/x.json"], "/nonexistent-dir/x.json"),
 ])
 @pytest.mark.procs
