@@ -363,19 +363,16 @@ class Membership:
                                                 if w not in failed and w not in fresh))
         live = self.replicas * self.stages - len(failed)
         why = f"{live} live worker{'s' if live != 1 else ''} cannot serve {self.stages} stages"
-        kept_own = True
-        if self.shapes and (self.speed_cuts or live < self.stages or self.partition is not None):
-            # the shape worth most over the horizon, the job's own included (the chooser the
-            # simulator's `recycle` calls: with `speed_cuts`, at every event)
-            kept_own = False
-            out = self._reshaped(failed, stateless, grid, cause)
-            if out is None:
-                kept_own = True  # the job's own shape stays: its roles, as with no shapes
-            elif not isinstance(out, str):
-                return out
-            else:
-                why = out  # no shape fits them: pause for returns, as a fixed shape does
-        if kept_own and live >= self.stages:
+        # the shape worth most over the horizon, the job's own included (the chooser the
+        # simulator's `recycle` calls: with `speed_cuts`, at every event)
+        shaped = self.shapes and (self.speed_cuts or live < self.stages
+                                  or self.partition is not None)
+        out = self._reshaped(failed, stateless, grid, cause) if shaped else None
+        if isinstance(out, tuple):
+            return out
+        if isinstance(out, str):
+            why = out  # no shape fits them: pause for returns, as a fixed shape does
+        elif live >= self.stages:  # the job's own shape stays: its roles
             out, no = reassign(self.job, failed, self.roles, stateless, self.horizon,
                                self.snapshots, restorable=self.restorable)
             if out is not None:

@@ -1,5 +1,6 @@
 """ReCycle whose shape follows the live workers (docs/design.md section 12): the
-simulator's `recycle` policy.
+simulator's `recycle` policy, what `recycle train --shape speed` runs, and `recycle-short`,
+what the default `--shape auto` runs (the same chooser, asked only once too few live).
 
 `recycle-roles` (elastic.py) with one more choice after every event: the partition of the
 model's units into stages (planner/shapes/). The live workers train on the shape worth most
@@ -82,9 +83,9 @@ class ShapedRecycle(ElasticRecycle):
 
 
 class ShapedWhenShort(ShapedRecycle):
-    """`recycle` as the runtime carries it out (planner/control/membership.py): the shape
-    is chosen only where fewer live workers than the job's stages are left, and at every
-    event once it changed; until then the roles on the job's own partition
+    """`recycle` under the default `--shape auto` (planner/control/membership.py without
+    `speed_cuts`): the shape is chosen only where fewer live workers than the job's stages
+    are left, and at every event once it changed; until then the roles on the job's own partition
     (`recycle-roles`). What `recycle` gains over it is the speed a shallower shape gives
     while as many workers as stages live."""
     name = "recycle-short"
