@@ -51,7 +51,7 @@ def pytest_configure(config):
 
 
 # ---- the fast tier stays fast ---------------------------------------------------------------
-# `pytest -m "not procs"` is the day-to-day tier: no test in it may start a process. Every
+# `pytest -m "not procs and not slow"` is the day-to-day tier: no test in it may start a process. Every
 # start in this pytest process is counted (subprocess and multiprocessing both end in one
 # of these two calls); a test not marked `procs` that starts one fails, naming the mark.
 

@@ -20,3 +20,12 @@ def test_benchmark_script_imports(name, monkeypatch):
     monkeypatch.setattr(sys, "argv", [f"benchmarks/{name}.py"])
     importlib.import_module(f"benchmarks.{name}")
     assert os.path.exists(ROOT / "benchmarks" / f"{name}.py")
+
+
+@pytest.mark.parametrize("name", SCRIPTS)
+def test_a_script_reads_its_arguments_only_when_run(name):
+    """Importing a script must not run it: cpsat_wall_limit.py parsed its arguments and ran
+    two CP-SAT solves at import, 13 s of the fast tier in the test above."""
+    text = (ROOT / "benchmarks" / f"{name}.py").read_text()
+    if "parse_args(" in text:
+        assert 'if __name__ == "__main__"' in text, f"benchmarks/{name}.py runs on import"
